@@ -335,7 +335,7 @@ class KafkaCluster:
         cmd = java_command("kafka.Kafka", str(n.properties_file), heap=self.heap,
                            logs_dir=n.directory / "logs", quick_start=False)
         n.process = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                     preexec_fn=_die_with_parent, cwd=n.directory)  # noqa: PLW1509
+                                     preexec_fn=_die_with_parent, cwd=n.directory)
 
     def _wait_ready(self, timeout_s: float) -> None:
         deadline = time.monotonic() + timeout_s
@@ -379,7 +379,7 @@ class KafkaCluster:
                 md = admin.list_topics(timeout=2)
                 if len(md.brokers) == self.size:
                     return
-            except Exception:  # noqa: BLE001 - keep polling until the deadline
+            except Exception:
                 pass
             if time.monotonic() > deadline:
                 raise KafkaStartError(f"brokers not all visible in metadata:\n{self.logs(30)}")
