@@ -60,11 +60,12 @@ def up(directory: Path, nodes: int, sasl: bool) -> int:
 
 
 def _alive(pid: int) -> bool:
+    """Running, and not a zombie waiting for its parent to reap it."""
     try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
         return False
-    return True
+    return stat.rsplit(")", 1)[1].split()[0] != "Z"
 
 
 def down(directory: Path, timeout_s: float = 30.0) -> int:

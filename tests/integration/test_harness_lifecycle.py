@@ -1,0 +1,91 @@
+"""The local-cluster command starts and stops brokers, and no broker outlives its parent."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.harness.kafka import REPO
+
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
+
+
+def java_pids_under(directory: Path) -> set[int]:
+    pids = set()
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        try:
+            cmdline = (proc / "cmdline").read_bytes()
+        except OSError:
+            continue
+        if b"kafka.Kafka" in cmdline and str(directory).encode() in cmdline:
+            pids.add(int(proc.name))
+    return pids
+
+
+def port_open(address: str) -> bool:
+    """Is anything listening there? (Asks the kernel: a connect could self-connect on loopback.)"""
+    port = int(address.rsplit(":", 1)[1])
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        for line in Path(table).read_text().splitlines()[1:]:
+            local, state = line.split()[1], line.split()[3]
+            if state == "0A" and int(local.rsplit(":", 1)[1], 16) == port:  # 0A = LISTEN
+                return True
+    return False
+
+
+def start_cluster_command(directory: Path) -> tuple[subprocess.Popen[bytes], dict[str, object]]:
+    proc = subprocess.Popen([sys.executable, "-m", "tests.harness.cluster", "up", "--dir", str(directory)],
+                            cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    state = directory / "cluster.json"
+    deadline = time.monotonic() + 90
+    while not state.exists():
+        assert proc.poll() is None, proc.stderr.read().decode() if proc.stderr else ""
+        assert time.monotonic() < deadline, "cluster did not come up"
+        time.sleep(0.2)
+    time.sleep(0.2)  # the file is written in one call; give it a moment to be complete
+    return proc, json.loads(state.read_text())
+
+
+def wait_until(predicate: object, timeout_s: float) -> bool:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if predicate():  # type: ignore[operator]
+            return True
+        time.sleep(0.2)
+    return False
+
+
+def test_cluster_command_up_status_down(tmp_path: Path) -> None:
+    proc, info = start_cluster_command(tmp_path)
+    bootstrap = str(info["bootstrap"])
+    assert port_open(bootstrap)
+    status = subprocess.run([sys.executable, "-m", "tests.harness.cluster", "status", "--dir", str(tmp_path)],
+                            cwd=REPO, capture_output=True, text=True, check=False)
+    assert status.returncode == 0 and bootstrap in status.stdout
+    down = subprocess.run([sys.executable, "-m", "tests.harness.cluster", "down", "--dir", str(tmp_path)],
+                          cwd=REPO, capture_output=True, text=True, check=False, timeout=60)
+    assert down.returncode == 0
+    assert proc.wait(timeout=30) == 0
+    assert not port_open(bootstrap)
+    assert java_pids_under(tmp_path) == set()
+    assert not (tmp_path / "cluster.json").exists()
+
+
+def test_brokers_die_when_their_parent_is_killed(tmp_path: Path) -> None:
+    proc, info = start_cluster_command(tmp_path)
+    brokers = java_pids_under(tmp_path)
+    assert len(brokers) == 1
+    os.kill(proc.pid, signal.SIGKILL)  # no cleanup code runs in the parent
+    proc.wait(timeout=10)
+    # a dying process loses its cmdline before its sockets close: wait for both
+    assert wait_until(lambda: not java_pids_under(tmp_path) and not port_open(str(info["bootstrap"])), 15), \
+        "broker outlived its parent"
