@@ -1,0 +1,188 @@
+"""The KIP-257 seam (`ClientQuotaCallback`), Python-flavoured, and Kafka's default policy.
+
+A callback decides two things: who shares a rate (`sensor_key`, Kafka's ``quotaMetricTags``) and
+what the limit of a sharing group is (`quota_limit`, Kafka's ``quotaLimit``). The manager
+tells it about configuration changes through `update_quota` / `remove_quota`, and polls
+`quota_reset_required` on every sensor lookup so a callback whose limits change by themselves
+(Strimzi's storage-based quotas, say) can make the manager re-read every limit.
+"""
+
+from __future__ import annotations
+
+from typing import Protocol, runtime_checkable
+
+from quotas.entity import DEFAULT, ClientIdentity, Name, QuotaEntity, QuotaKind, SensorKey
+
+
+@runtime_checkable
+class QuotaCallback(Protocol):
+    def sensor_key(self, kind: QuotaKind, identity: ClientIdentity) -> SensorKey:
+        """The sharing group of `identity` for `kind`; equal keys share one rate and one limit."""
+        ...
+
+    def quota_limit(self, key: SensorKey) -> float | None:
+        """The bound of a sharing group, or `None` for unlimited."""
+        ...
+
+    def update_quota(self, entity: QuotaEntity, kind: QuotaKind, value: float) -> None:
+        """A quota was set (or changed) for `entity`."""
+        ...
+
+    def remove_quota(self, entity: QuotaEntity, kind: QuotaKind) -> None:
+        """The quota of `kind` for `entity` was removed."""
+        ...
+
+    def quota_reset_required(self, kind: QuotaKind) -> bool:
+        """True when every limit of `kind` must be re-read (and every key recomputed)."""
+        ...
+
+    def close(self) -> None: ...
+
+
+@runtime_checkable
+class EntityMatcher(Protocol):
+    """Optional extra for a callback: which configured entity gave a sharing group its limit.
+
+    The manager uses it to report `ThrottleDecision.entity` and to honour per-entry `shadow`.
+    """
+
+    def matched_entity(self, key: SensorKey) -> QuotaEntity | None: ...
+
+
+# Kafka's quota-level bits (`ClientQuotaManager.QuotaTypes`).
+_CLIENT_ID_LEVEL = 1
+_USER_LEVEL = 2
+_USER_CLIENT_ID_LEVEL = 4
+
+_Pair = tuple[Name | None, Name | None]
+
+
+class DefaultQuotaCallback:
+    """Kafka's built-in policy (`ClientQuotaManager.DefaultQuotaCallback`) and its precedence:
+
+    ====  ==================================  ===========  ==================================
+    #     configured entity                   sensor key   who shares one rate
+    ====  ==================================  ===========  ==================================
+    1     /users/<u>/clients/<c>              (u, c)       user u with client id c
+    2     /users/<u>/clients/<default>        (u, c)       each client id of u separately
+    3     /users/<u>                          (u, "")      every client id of u together
+    4     /users/<default>/clients/<c>        (u, c)       per (user, client id)
+    5     /users/<default>/clients/<default>  (u, c)       per (user, client id)
+    6     /users/<default>                    (u, "")      per user
+    7     /clients/<c>                        ("", c)      every user with client id c
+    8     /clients/<default>                  ("", c)      per client id
+    ====  ==================================  ===========  ==================================
+
+    `sensor_key` walks levels 1 to 6 by *existence* of an entity with a quota of that kind, and
+    falls back to ("", c). `quota_limit` maps the key back: both tags set tries (u,c), (u,default),
+    (default,c), (default,default); user only tries (u), (default user); client only tries (c),
+    (default client); neither is unlimited. So an empty client id escapes client-id quotas, and a
+    (u, <default>) quota does not apply to it: it gets key (u, "") and the user-level limit.
+
+    Like Kafka it short-cuts the walk while only one level of entities has been configured for a
+    kind: client-id level gives ("", c), user level (u, ""), user+client-id level (u, c). With
+    `sticky_levels` (Kafka up to 4.0) a level once configured stays "in use" until restart; without
+    (Kafka 4.1+, KAFKA-19282) a level is in use while an entity of that level has a quota. The
+    limits are the same either way; only the keys of unlimited callers differ.
+    """
+
+    __slots__ = ("_level_counts", "_levels", "_levels_ever", "_quotas", "_sticky")
+
+    def __init__(self, *, sticky_levels: bool = True) -> None:
+        self._sticky = sticky_levels
+        self._quotas: dict[QuotaKind, dict[_Pair, tuple[float, QuotaEntity]]] = {k: {} for k in QuotaKind}
+        self._levels_ever: dict[QuotaKind, int] = dict.fromkeys(QuotaKind, 0)
+        self._levels: dict[QuotaKind, int] = dict.fromkeys(QuotaKind, 0)
+        self._level_counts: dict[tuple[QuotaKind, int], int] = {}
+
+    # -- KIP-257 -------------------------------------------------------------------------------
+
+    def sensor_key(self, kind: QuotaKind, identity: ClientIdentity) -> SensorKey:
+        user = identity.principal
+        client_id = identity.client_id
+        levels = self._levels[kind]
+        if levels == 0 or levels == _CLIENT_ID_LEVEL:
+            return SensorKey(kind, "", client_id)
+        if levels == _USER_LEVEL:
+            return SensorKey(kind, user, "")
+        if levels == _USER_CLIENT_ID_LEVEL:
+            return SensorKey(kind, user, client_id)
+        quotas = self._quotas[kind]
+        if (user, client_id) in quotas or (user, DEFAULT) in quotas:  # levels 1, 2
+            return SensorKey(kind, user, client_id)
+        if (user, None) in quotas:  # level 3
+            return SensorKey(kind, user, "")
+        if (DEFAULT, client_id) in quotas or (DEFAULT, DEFAULT) in quotas:  # levels 4, 5
+            return SensorKey(kind, user, client_id)
+        if (DEFAULT, None) in quotas:  # level 6
+            return SensorKey(kind, user, "")
+        return SensorKey(kind, "", client_id)  # levels 7, 8 (or nothing)
+
+    def quota_limit(self, key: SensorKey) -> float | None:
+        found = self._find(key)
+        return None if found is None else found[0]
+
+    def update_quota(self, entity: QuotaEntity, kind: QuotaKind, value: float) -> None:
+        quotas = self._quotas[kind]
+        pair = (entity.user, entity.client_id)
+        if pair not in quotas:
+            self._count_level(kind, entity, +1)
+        quotas[pair] = (value, entity)
+
+    def remove_quota(self, entity: QuotaEntity, kind: QuotaKind) -> None:
+        if self._quotas[kind].pop((entity.user, entity.client_id), None) is not None:
+            self._count_level(kind, entity, -1)
+
+    def quota_reset_required(self, kind: QuotaKind) -> bool:
+        return False
+
+    def close(self) -> None:
+        pass
+
+    # -- extras ------------------------------------------------------------------------------
+
+    def matched_entity(self, key: SensorKey) -> QuotaEntity | None:
+        """The configured entity whose value `quota_limit(key)` returns, or `None`."""
+        found = self._find(key)
+        return None if found is None else found[1]
+
+    def quotas_enabled(self, kind: QuotaKind) -> bool:
+        """Kafka's ``quotasEnabled``: nothing is recorded for a kind until this is true."""
+        return self._levels[kind] != 0
+
+    def _find(self, key: SensorKey) -> tuple[float, QuotaEntity] | None:
+        quotas = self._quotas[key.kind]
+        if not quotas:
+            return None
+        user = key.user
+        client_id = key.client_id
+        if user and client_id:
+            candidates: tuple[_Pair, ...] = ((user, client_id), (user, DEFAULT),
+                                             (DEFAULT, client_id), (DEFAULT, DEFAULT))
+        elif user:
+            candidates = ((user, None), (DEFAULT, None))
+        elif client_id:
+            candidates = ((None, client_id), (None, DEFAULT))
+        else:
+            return None
+        for pair in candidates:
+            found = quotas.get(pair)
+            if found is not None:
+                return found
+        return None
+
+    def _count_level(self, kind: QuotaKind, entity: QuotaEntity, delta: int) -> None:
+        if entity.user is not None and entity.client_id is not None:
+            level = _USER_CLIENT_ID_LEVEL
+        elif entity.user is not None:
+            level = _USER_LEVEL
+        else:
+            level = _CLIENT_ID_LEVEL
+        count = self._level_counts.get((kind, level), 0) + delta
+        self._level_counts[(kind, level)] = count
+        current = 0
+        for bit in (_CLIENT_ID_LEVEL, _USER_LEVEL, _USER_CLIENT_ID_LEVEL):
+            if self._level_counts.get((kind, bit), 0) > 0:
+                current |= bit
+        self._levels_ever[kind] |= current
+        self._levels[kind] = self._levels_ever[kind] if self._sticky else current

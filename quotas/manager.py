@@ -1,0 +1,332 @@
+"""The quota manager: Kafka's `ClientQuotaManager` without threads, delay queues or exceptions.
+
+Per request the proxy calls `record_and_check(kind, identity, value)` and gets a
+`ThrottleDecision`. Semantics follow Kafka exactly:
+
+* Record, then check: the value stays recorded; a violation is ``rate > bound`` (strictly).
+* The throttle is ``round_half_up((rate - bound) / bound * window_size)``; request kinds cap it
+  at one window (`RateConfig.window_ms`), byte rates are uncapped.
+* Nothing is recorded for a kind until a quota of that kind has been configured (Kafka's
+  ``quotasEnabled``; always on with a custom callback).
+* A config update keeps every sensor and its history and only swaps bounds; a removed quota
+  makes a sensor unlimited. Callers whose sharing group changes move to a new sensor.
+* A sensor that saw no record for longer than `sensor_idle_expiry_ms` (1 h) is dropped with its
+  history. Expiry runs lazily every 30 s of clock time, as Kafka's `ExpireSensorTask` does.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import NamedTuple
+
+from quotas.callback import DefaultQuotaCallback, EntityMatcher, QuotaCallback
+from quotas.clock import Clock
+from quotas.config import QuotaConfig
+from quotas.entity import ClientIdentity, QuotaEntity, QuotaKind, SensorKey
+from quotas.errors import QuotaConfigError
+from quotas.stats import RateConfig, SampledRate
+from quotas.throttle import bounded_throttle_time_ms, throttle_time_ms
+
+#: Kafka's `INACTIVE_SENSOR_EXPIRATION_TIME_SECONDS`.
+DEFAULT_SENSOR_IDLE_EXPIRY_MS = 3_600_000
+#: How often (in clock time) the manager sweeps idle sensors; Kafka's `ExpireSensorTask` period.
+SENSOR_SWEEP_INTERVAL_MS = 30_000
+
+
+@dataclass(frozen=True, slots=True)
+class ThrottleDecision:
+    """The outcome of one quota check. Never raised, always returned.
+
+    `would_throttle_ms` is what Kafka would throttle; `throttle_time_ms` is what to enforce, 0 in
+    shadow mode. `bound` is `None` when the caller is unlimited; `entity` is the configured entity
+    whose value applied, when the callback can tell.
+    """
+
+    kind: QuotaKind
+    key: SensorKey
+    would_throttle_ms: int
+    observed: float
+    bound: float | None
+    shadow: bool = False
+    entity: QuotaEntity | None = None
+
+    @property
+    def throttle_time_ms(self) -> int:
+        """The throttle to enforce: `would_throttle_ms`, or 0 for a shadow decision."""
+        return 0 if self.shadow else self.would_throttle_ms
+
+    @property
+    def violated(self) -> bool:
+        return self.would_throttle_ms > 0
+
+
+@dataclass(frozen=True, slots=True)
+class ThrottleStats:
+    """Non-zero throttle times of one sensor since it was created (count, sum and maximum, ms)."""
+
+    count: int = 0
+    total_ms: int = 0
+    max_ms: int = 0
+
+    @property
+    def avg_ms(self) -> float:
+        """Mean of the non-zero throttles, NaN when there were none (as Kafka's `throttle-time`)."""
+        return self.total_ms / self.count if self.count else math.nan
+
+
+class SensorSnapshot(NamedTuple):
+    key: SensorKey
+    rate: SampledRate
+    last_record_ms: int
+
+
+class _Sensor:
+    """One sharing group's rate, its current bound and bookkeeping. Internal."""
+
+    __slots__ = ("bound", "entity", "key", "last_record_ms", "rate", "shadow", "shadow_throttles",
+                 "throttles")
+
+    def __init__(self, key: SensorKey, rate: SampledRate, now_ms: int) -> None:
+        self.key = key
+        self.rate = rate
+        self.last_record_ms = now_ms
+        self.bound: float | None = None
+        self.entity: QuotaEntity | None = None
+        self.shadow = False
+        self.throttles = ThrottleStats()
+        self.shadow_throttles = ThrottleStats()
+
+
+def _add_throttle(stats: ThrottleStats, ms: int) -> ThrottleStats:
+    return ThrottleStats(stats.count + 1, stats.total_ms + ms, max(stats.max_ms, ms))
+
+
+class QuotaManager:
+    """Kafka's client quotas for every `QuotaKind`, sans I/O: time comes from `clock`.
+
+    `rate_config` defaults to `config.window`. Not thread-safe: use it from one event loop.
+    """
+
+    def __init__(self, config: QuotaConfig, clock: Clock, rate_config: RateConfig | None = None,
+                 callback: QuotaCallback | None = None,
+                 sensor_idle_expiry_ms: int = DEFAULT_SENSOR_IDLE_EXPIRY_MS,
+                 *, sticky_quotas_enabled: bool = True) -> None:
+        if sensor_idle_expiry_ms < 0:
+            raise ValueError(f"sensor_idle_expiry_ms must be >= 0, got {sensor_idle_expiry_ms}")
+        self._clock = clock
+        self._rate_config = config.window if rate_config is None else rate_config
+        self._window_ms = self._rate_config.window_ms
+        self._expiry_ms = sensor_idle_expiry_ms
+        self._custom = callback is not None and not isinstance(callback, DefaultQuotaCallback)
+        self._callback: QuotaCallback = (
+            DefaultQuotaCallback(sticky_levels=sticky_quotas_enabled) if callback is None else callback)
+        self._matcher: EntityMatcher | None = (
+            self._callback if isinstance(self._callback, EntityMatcher) else None)
+        # DefaultQuotaCallback never asks for a reset: skip polling it on the hot path.
+        self._poll_reset = not isinstance(self._callback, DefaultQuotaCallback)
+        self._sensors: dict[SensorKey, _Sensor] = {}
+        self._bindings: dict[QuotaKind, dict[ClientIdentity, _Sensor]] = {k: {} for k in QuotaKind}
+        self._enabled: dict[QuotaKind, bool] = dict.fromkeys(QuotaKind, self._custom)
+        self._last_sweep_ms = clock.now_ms()
+        self._config = QuotaConfig(window=config.window)
+        self._apply(config)
+
+    # -- hot path ----------------------------------------------------------------------------
+
+    def record_and_check(self, kind: QuotaKind, identity: ClientIdentity, value: float) -> ThrottleDecision:
+        """Record `value` for `identity`, then check its sharing group's rate against the bound."""
+        now = self._clock.now_ms()
+        if now - self._last_sweep_ms >= SENSOR_SWEEP_INTERVAL_MS:
+            self._sweep(now)
+        if not self._enabled[kind]:
+            return self._unlimited(kind, identity)
+        sensor = self._sensor(kind, identity, now)
+        sensor.last_record_ms = now
+        sensor.rate.record(value, now)
+        return self._decide(kind, sensor, now)
+
+    def check(self, kind: QuotaKind, identity: ClientIdentity) -> ThrottleDecision:
+        """The decision `identity` would get now, without recording anything.
+
+        Like a metrics reporter reading Kafka's rate, this purges old samples (and creates the
+        sensor if needed); it does not count as activity for sensor expiry.
+        """
+        now = self._clock.now_ms()
+        if now - self._last_sweep_ms >= SENSOR_SWEEP_INTERVAL_MS:
+            self._sweep(now)
+        if not self._enabled[kind]:
+            return self._unlimited(kind, identity)
+        return self._decide(kind, self._sensor(kind, identity, now), now, count=False)
+
+    def record(self, kind: QuotaKind, identity: ClientIdentity, value: float) -> None:
+        """Record without checking (Kafka's `recordNoThrottle`, e.g. network-thread time)."""
+        now = self._clock.now_ms()
+        if now - self._last_sweep_ms >= SENSOR_SWEEP_INTERVAL_MS:
+            self._sweep(now)
+        if not self._enabled[kind]:
+            return
+        sensor = self._sensor(kind, identity, now)
+        sensor.last_record_ms = now
+        sensor.rate.record(value, now)
+
+    def unrecord(self, kind: QuotaKind, identity: ClientIdentity, value: float) -> None:
+        """Take back `value` (records ``-value``, no check): Kafka's `unrecordQuotaSensor`, used
+        when a fetch is throttled and its response is replaced by an empty one."""
+        self.record(kind, identity, -value)
+
+    def max_value_in_quota_window(self, kind: QuotaKind, identity: ClientIdentity) -> float:
+        """``bound * (samples - 1) * window_s``: the most one request can carry without being
+        certain to be throttled (KAFKA-9677 caps fetch max_bytes with it). `math.inf` if unlimited."""
+        if not self._enabled[kind]:
+            return math.inf
+        now = self._clock.now_ms()
+        bound = self._sensor(kind, identity, now).bound
+        if bound is None:
+            return math.inf
+        return bound * (self._rate_config.samples - 1) * (self._window_ms / 1000.0)
+
+    # -- configuration -----------------------------------------------------------------------
+
+    @property
+    def config(self) -> QuotaConfig:
+        return self._config
+
+    @property
+    def rate_config(self) -> RateConfig:
+        return self._rate_config
+
+    def update_config(self, config: QuotaConfig) -> None:
+        """Apply a new snapshot live. Sensors keep their history; bounds, matched entities and
+        shadow flags are re-read for every sensor. The window cannot change at runtime (as in
+        Kafka, where `quota.window.*` are static broker configs)."""
+        if config.window != self._config.window:
+            raise QuotaConfigError("window", f"cannot change at runtime ({self._config.window} -> "
+                                             f"{config.window}); restart to apply")
+        self._apply(config)
+
+    def close(self) -> None:
+        self._callback.close()
+
+    # -- sensors and metrics -----------------------------------------------------------------
+
+    def sensors(self) -> Iterator[SensorSnapshot]:
+        """Every live sensor, for metrics export. Measuring a rate purges it, as in Kafka."""
+        for sensor in list(self._sensors.values()):
+            yield SensorSnapshot(sensor.key, sensor.rate, sensor.last_record_ms)
+
+    @property
+    def sensor_count(self) -> int:
+        return len(self._sensors)
+
+    @property
+    def binding_count(self) -> int:
+        """How many (kind, identity) lookups are cached; bounded by the identities seen in one
+        sweep interval."""
+        return sum(len(b) for b in self._bindings.values())
+
+    def quota_bound(self, key: SensorKey) -> float | None:
+        sensor = self._sensors.get(key)
+        return None if sensor is None else sensor.bound
+
+    def throttle_stats(self, key: SensorKey) -> ThrottleStats | None:
+        """Enforced (non-shadow) non-zero throttles of a sensor; `None` if there is no sensor."""
+        sensor = self._sensors.get(key)
+        return None if sensor is None else sensor.throttles
+
+    def shadow_throttle_stats(self, key: SensorKey) -> ThrottleStats | None:
+        """Non-zero throttles computed but not enforced because the decision was shadow."""
+        sensor = self._sensors.get(key)
+        return None if sensor is None else sensor.shadow_throttles
+
+    def expire_idle_sensors(self) -> int:
+        """Drop every sensor with no record for more than the expiry (Kafka's `Sensor.hasExpired`
+        is strict: idle > 3 600 000 ms). Returns how many were dropped."""
+        return self._sweep(self._clock.now_ms())
+
+    # -- internals ---------------------------------------------------------------------------
+
+    def _sensor(self, kind: QuotaKind, identity: ClientIdentity, now: int) -> _Sensor:
+        if self._poll_reset and self._callback.quota_reset_required(kind):
+            self._refresh(kind)
+        bindings = self._bindings[kind]
+        sensor = bindings.get(identity)
+        if sensor is None:
+            key = self._callback.sensor_key(kind, identity)
+            sensor = self._sensors.get(key)
+            if sensor is None:
+                sensor = _Sensor(key, SampledRate(self._rate_config), now)
+                self._bind_limit(sensor)
+                self._sensors[key] = sensor
+            bindings[identity] = sensor
+        return sensor
+
+    def _decide(self, kind: QuotaKind, sensor: _Sensor, now: int, *, count: bool = True) -> ThrottleDecision:
+        total, window_ms = sensor.rate.measure_parts(now)
+        observed = total / (window_ms / 1000.0)
+        bound = sensor.bound
+        throttle_ms = 0
+        if bound is not None and observed > bound:
+            if kind.caps_throttle:
+                throttle_ms = bounded_throttle_time_ms(observed, bound, window_ms, self._window_ms)
+            else:
+                throttle_ms = throttle_time_ms(observed, bound, window_ms)
+            if count and throttle_ms > 0:
+                if sensor.shadow:
+                    sensor.shadow_throttles = _add_throttle(sensor.shadow_throttles, throttle_ms)
+                else:
+                    sensor.throttles = _add_throttle(sensor.throttles, throttle_ms)
+        return ThrottleDecision(kind, sensor.key, throttle_ms, observed, bound, sensor.shadow, sensor.entity)
+
+    def _unlimited(self, kind: QuotaKind, identity: ClientIdentity) -> ThrottleDecision:
+        return ThrottleDecision(kind, self._callback.sensor_key(kind, identity), 0, 0.0, None,
+                                self._config.shadow_all, None)
+
+    def _bind_limit(self, sensor: _Sensor) -> None:
+        sensor.bound = self._callback.quota_limit(sensor.key)
+        entity = self._matcher.matched_entity(sensor.key) if self._matcher is not None else None
+        sensor.entity = entity
+        entry = None if entity is None else self._config.get(entity)
+        sensor.shadow = self._config.shadow_all or (entry is not None and entry.shadow)
+
+    def _apply(self, config: QuotaConfig) -> None:
+        old = self._config
+        callback = self._callback
+        for entry in old:
+            new_entry = config.get(entry.entity)
+            for kind in entry.values:
+                if new_entry is None or kind not in new_entry.values:
+                    callback.remove_quota(entry.entity, kind)
+        for entry in config:
+            old_entry = old.get(entry.entity)
+            for kind, value in entry.values.items():
+                if old_entry is None or old_entry.values.get(kind) != value:
+                    callback.update_quota(entry.entity, kind, value)
+        self._config = config
+        for kind in QuotaKind:
+            if self._custom:
+                self._enabled[kind] = True
+            elif isinstance(callback, DefaultQuotaCallback):
+                self._enabled[kind] = callback.quotas_enabled(kind)
+        self._refresh(None)
+
+    def _refresh(self, kind: QuotaKind | None) -> None:
+        """Re-read limits of every sensor (of `kind`, or all) and forget cached keys."""
+        for sensor in self._sensors.values():
+            if kind is None or sensor.key.kind is kind:
+                self._bind_limit(sensor)
+        for k, bindings in self._bindings.items():
+            if kind is None or k is kind:
+                bindings.clear()
+
+    def _sweep(self, now: int) -> int:
+        self._last_sweep_ms = now
+        expiry = self._expiry_ms
+        expired = [key for key, s in self._sensors.items() if now - s.last_record_ms > expiry]
+        for key in expired:
+            del self._sensors[key]
+        # Cached lookups may point at dropped sensors or at callers long gone: start afresh.
+        for bindings in self._bindings.values():
+            bindings.clear()
+        return len(expired)

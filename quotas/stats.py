@@ -1,0 +1,147 @@
+"""Kafka's windowed rate (`SampledStat` + `WindowedSum` + `Rate`), Kafka >= 3.8 semantics.
+
+The stat keeps a ring of at most N+1 samples (N = `samples`, W = `window_ms`). Each sample holds
+a sum, its start time and the time of its last event:
+
+* record(v, now): the current sample is complete once ``now - start >= W``; then the ring
+  advances (appending a new sample while fewer than N+1 exist, otherwise resetting the next
+  one). Windows start at the first event after the previous one closed: they are not aligned to
+  the wall clock, and idle gaps create no samples.
+* purge(now): a sample whose *last event* is ``>= N*W`` old is reset (sum 0, start = last = now).
+  An old sample therefore survives while its last event is recent, so the covered span can
+  exceed N*W.
+* window_size(now): ``now - min(start)``, padded up to N-1 whole windows when fewer have
+  elapsed (a fresh sensor divides by (N-1)*W, 10 s with the defaults), never less than 1 ms.
+* measure(now) = sum / (window_size / 1000.0), in units per second.
+
+Side effects are Kafka's too: measuring an empty stat creates a sample starting at `now`
+(Kafka's `SampledStat.oldest`), and purging resets samples in place.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from quotas.errors import QuotaConfigError
+
+
+@dataclass(frozen=True, slots=True)
+class RateConfig:
+    """`quota.window.num` (samples, default 11) and `quota.window.size.seconds` (as ms, default 1000)."""
+
+    samples: int = 11
+    window_ms: int = 1000
+
+    def __post_init__(self) -> None:
+        for name in ("samples", "window_ms"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int):
+                raise QuotaConfigError(name, f"must be an integer, got {value!r}")
+            if value < 1:
+                raise QuotaConfigError(name, f"must be >= 1, got {value}")
+
+    @property
+    def retention_ms(self) -> int:
+        """N*W: a sample is purged once its last event is this old."""
+        return self.samples * self.window_ms
+
+    @property
+    def min_window_ms(self) -> int:
+        """(N-1)*W: the smallest window a rate is ever divided by (before the 1 ms floor)."""
+        return (self.samples - 1) * self.window_ms
+
+
+class SampledRate:
+    """A rate over a ring of time-windowed sums; see the module docstring for the exact rules.
+
+    Storage is three parallel lists (sum, start, last event), grown lazily to N+1 entries, so a
+    sensor that saw one event costs three one-element lists.
+    """
+
+    __slots__ = ("_config", "_current", "_expire_age_ms", "_lasts", "_max_slots", "_min_full_windows",
+                 "_starts", "_values", "_window_ms")
+
+    def __init__(self, config: RateConfig = RateConfig()) -> None:
+        self._config = config
+        self._window_ms = config.window_ms
+        self._max_slots = config.samples + 1
+        self._expire_age_ms = config.samples * config.window_ms
+        self._min_full_windows = config.samples - 1
+        self._values: list[float] = []
+        self._starts: list[int] = []
+        self._lasts: list[int] = []
+        self._current = 0
+
+    @property
+    def config(self) -> RateConfig:
+        return self._config
+
+    def record(self, value: float, now_ms: int) -> None:
+        """Add `value` at `now_ms`. Negative values are allowed (Kafka's fetch "un-record")."""
+        values = self._values
+        if not values:
+            self._append(now_ms)
+        i = self._current
+        if now_ms - self._starts[i] >= self._window_ms:
+            i = (i + 1) % self._max_slots
+            self._current = i
+            if i >= len(values):
+                self._append(now_ms)
+            else:
+                values[i] = 0.0
+                self._starts[i] = now_ms
+        values[i] += value
+        self._lasts[i] = now_ms
+
+    def measure(self, now_ms: int) -> float:
+        """The rate in units per second at `now_ms` (Kafka's `Rate.measure`)."""
+        total, window_ms = self.measure_parts(now_ms)
+        return total / (window_ms / 1000.0)
+
+    def window_size_ms(self, now_ms: int) -> int:
+        """The window the rate is divided by at `now_ms` (Kafka's `Rate.windowSize`)."""
+        return self.measure_parts(now_ms)[1]
+
+    def total(self, now_ms: int) -> float:
+        """The sum of the retained samples at `now_ms`, after purging."""
+        return self.measure_parts(now_ms)[0]
+
+    def measure_parts(self, now_ms: int) -> tuple[float, int]:
+        """Purge, then return ``(total, window_size_ms)`` in one pass over the ring.
+
+        The sum is accumulated in ring order from 0.0, as Kafka's `WindowedSum.combine` does, so
+        results are bit-for-bit those of the JVM.
+        """
+        values = self._values
+        if not values:
+            self._append(now_ms)  # Kafka's oldest(): an empty stat gains a sample starting now
+        starts = self._starts
+        lasts = self._lasts
+        expire_age = self._expire_age_ms
+        total = 0.0
+        oldest = now_ms
+        for i in range(len(values)):
+            if now_ms - lasts[i] >= expire_age:
+                values[i] = 0.0
+                starts[i] = now_ms
+                lasts[i] = now_ms
+            total += values[i]
+            if i == 0 or starts[i] < oldest:
+                oldest = starts[i]
+        elapsed = now_ms - oldest
+        window_ms = self._window_ms
+        # Java's long division truncates toward zero; elapsed < 0 only if the clock went back.
+        full_windows = elapsed // window_ms if elapsed >= 0 else -(-elapsed // window_ms)
+        if full_windows < self._min_full_windows:
+            elapsed += (self._min_full_windows - full_windows) * window_ms
+        return total, (elapsed if elapsed > 1 else 1)
+
+    def _append(self, now_ms: int) -> None:
+        self._values.append(0.0)
+        self._starts.append(now_ms)
+        self._lasts.append(now_ms)
+
+    def __repr__(self) -> str:
+        samples = ", ".join(f"({v:g} @{s}..{last})" for v, s, last in
+                            zip(self._values, self._starts, self._lasts, strict=True))
+        return f"SampledRate({self._config}, current={self._current}, samples=[{samples}])"
