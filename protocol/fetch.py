@@ -1,0 +1,92 @@
+"""Fetch: the request's session fields (header-only) and the broker's throttled empty response.
+
+When a consumer is over its quota, a broker does not send the data it read: it answers with an
+empty Fetch response carrying throttle_time_ms (error_code 0, no topics; the session id is kept
+for an incremental fetch session and is 0 for a sessionless or full fetch), then mutes the client
+(KafkaApis.handleFetchRequest, `getThrottledResponse`). The proxy copies this, so it needs the
+request's fetch session (v7+) and a way to build that response.
+
+Request body layout up to the session fields: replica_id int32 (v0-14; a tagged field from v15),
+max_wait_ms int32, min_bytes int32, max_bytes int32 (v3+), isolation_level int8 (v4+),
+session_id int32 (v7+), session_epoch int32 (v7+).
+"""
+
+from __future__ import annotations
+
+import datetime
+import struct
+from dataclasses import dataclass
+from typing import Final
+
+from kio.schema.errors import ErrorCode
+
+from protocol._wire import I32, INT32_MAX, encode_i32, read_i32
+from protocol.apis import ApiKey, response_header_version
+from protocol.encode import encode_response, response_schema
+from protocol.errors import EncodeError, UnsupportedVersion
+from protocol.headers import RequestHeader
+
+FETCH_MAX_VERSION: Final = 18
+_KIO_MIN_FETCH_VERSION: Final = 4
+
+SESSIONLESS_SESSION_ID: Final = 0  # FetchMetadata.INVALID_SESSION_ID
+SESSIONLESS_SESSION_EPOCH: Final = -1  # FetchMetadata.FINAL_EPOCH
+
+
+@dataclass(frozen=True, slots=True)
+class FetchSession:
+    """The fetch session a request refers to (KIP-227). Before v7: (0, -1), i.e. no session."""
+
+    session_id: int
+    session_epoch: int
+
+
+def read_fetch_session(payload: bytes, header: RequestHeader) -> FetchSession:
+    """The request's session_id and session_epoch (v7+), or (0, -1) for older versions.
+
+    Raises UnsupportedVersion above v18, DecodeError on truncation, ValueError for a non-Fetch header.
+    """
+    if header.api_key != ApiKey.FETCH:
+        raise ValueError(f"not a Fetch request: api_key={header.api_key}")
+    version = header.api_version
+    if version > FETCH_MAX_VERSION:
+        raise UnsupportedVersion(ApiKey.FETCH, version, "session position not verified")
+    if version < 7:
+        return FetchSession(SESSIONLESS_SESSION_ID, SESSIONLESS_SESSION_EPOCH)
+    # replica_id (until v14), max_wait_ms, min_bytes, max_bytes, isolation_level
+    pos = header.body_offset + (13 if version >= 15 else 17)
+    session_id = read_i32(payload, pos, "fetch session_id")
+    session_epoch = read_i32(payload, pos + 4, "fetch session_epoch")
+    return FetchSession(session_id, session_epoch)
+
+
+def empty_fetch_response(
+    correlation_id: int, api_version: int, throttle_time_ms: int, session_id: int
+) -> bytes:
+    """The broker's throttled Fetch response payload: error_code 0, no topics, `session_id` kept.
+
+    `session_id` is written from v7 (pass 0 for a sessionless or full fetch) and ignored before.
+    throttle_time_ms is clamped to [0, 2**31-1]. v4-v18 are built with kio; v0-v3 (which kio
+    0.6 no longer has) by hand: [throttle_time_ms int32 (v1+)] + an empty responses array.
+    Raises UnsupportedVersion outside v0-v18, EncodeError for an out-of-range id.
+    """
+    if not 0 <= api_version <= FETCH_MAX_VERSION:
+        raise UnsupportedVersion(ApiKey.FETCH, api_version, "cannot build a Fetch response")
+    throttle_time_ms = max(0, min(throttle_time_ms, INT32_MAX))
+    header_version = response_header_version(ApiKey.FETCH, api_version)
+    if api_version < _KIO_MIN_FETCH_VERSION:
+        throttle = I32.pack(throttle_time_ms) if api_version >= 1 else b""
+        return encode_i32(correlation_id, "correlation_id") + throttle + b"\x00\x00\x00\x00"
+    try:
+        struct.pack(">i", session_id)
+    except struct.error as exc:
+        raise EncodeError(f"session_id={session_id} does not fit in an int32") from exc
+    fields: dict[str, object] = {
+        "throttle_time": datetime.timedelta(milliseconds=throttle_time_ms),
+        "responses": (),
+    }
+    if api_version >= 7:
+        fields["error_code"] = ErrorCode.none
+        fields["session_id"] = session_id
+    body = response_schema(ApiKey.FETCH, api_version)(**fields)
+    return encode_response(header_version, correlation_id, body)
