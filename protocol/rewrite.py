@@ -99,7 +99,8 @@ def _walk(payload: bytes, pos: int, spec: _Spec, flexible: bool, found: list[_Fo
                 raise DecodeError(f"malformed {what}: null host", start + 4)
             port = read_i32(payload, pos, f"{what} port")
             pos += 4
-            found.append((start, pos, BrokerAddress(node_id, host, port)))
+            if node_id >= 0:  # -1/""/-1 marks "no coordinator" in FindCoordinator: not a broker
+                found.append((start, pos, BrokerAddress(node_id, host, port)))
         elif kind == _STR:
             pos = skip_string(payload, pos, flexible, f"{what} string field")
         elif kind == _TAGS:
@@ -173,8 +174,9 @@ def rewrite_find_coordinator_response(
     """Map the coordinator address(es) of a FindCoordinator response (v0-v6).
 
     v0-3 carry one coordinator at the top level; v4+ a `coordinators` array (KIP-699 batching).
-    An entry for a key whose lookup failed has node_id -1, host "" and port -1 and is passed to the
-    mapper like any other (a mapper should return such entries unchanged).
+    An entry for a key whose lookup failed has node_id -1, host "" and port -1: such entries are not
+    brokers, so they are neither passed to the mapper nor returned, and their bytes stay unchanged
+    (the same holds for any negative node_id in the other two APIs).
     """
     _check_version(ApiKey.FIND_COORDINATOR, api_version)
     flexible = is_flexible(ApiKey.FIND_COORDINATOR, api_version)
