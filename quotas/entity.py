@@ -27,6 +27,10 @@ class QuotaKind(enum.Enum):
     REQUEST_RATE = "request_rate"
     """Sluice's own requests-per-second quota; Kafka has no such key."""
 
+    # Members are singletons compared by identity; the C-level identity hash keeps dict lookups
+    # keyed by kind off the (Python-level) Enum.__hash__ on the hot path.
+    __hash__ = object.__hash__
+
     @property
     def is_byte_rate(self) -> bool:
         """Byte rates are Kafka LONG configs (whole numbers) and their throttle is uncapped."""

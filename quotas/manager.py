@@ -34,6 +34,8 @@ DEFAULT_SENSOR_IDLE_EXPIRY_MS = 3_600_000
 #: How often (in clock time) the manager sweeps idle sensors; Kafka's `ExpireSensorTask` period.
 SENSOR_SWEEP_INTERVAL_MS = 30_000
 
+_CAPPED_KINDS = frozenset(k for k in QuotaKind if k.caps_throttle)
+
 
 @dataclass(frozen=True, slots=True)
 class ThrottleDecision:
@@ -86,27 +88,45 @@ class _Sensor:
     """One sharing group's rate, its current bound and bookkeeping. Internal."""
 
     __slots__ = ("bound", "entity", "key", "last_record_ms", "rate", "shadow", "shadow_throttles",
-                 "throttles")
+                 "throttles", "touched_sweep_ms")
 
-    def __init__(self, key: SensorKey, rate: SampledRate, now_ms: int) -> None:
+    def __init__(self, key: SensorKey, rate: SampledRate, now_ms: int, sweep_ms: int) -> None:
         self.key = key
         self.rate = rate
         self.last_record_ms = now_ms
+        # The sweep epoch (time of the last sweep) when this sensor last moved to the end of the
+        # manager's sensor dict; last_record_ms >= touched_sweep_ms always.
+        self.touched_sweep_ms = sweep_ms
         self.bound: float | None = None
         self.entity: QuotaEntity | None = None
         self.shadow = False
-        self.throttles = ThrottleStats()
-        self.shadow_throttles = ThrottleStats()
+        self.throttles = _ThrottleCounter()
+        self.shadow_throttles = _ThrottleCounter()
 
 
-def _add_throttle(stats: ThrottleStats, ms: int) -> ThrottleStats:
-    return ThrottleStats(stats.count + 1, stats.total_ms + ms, max(stats.max_ms, ms))
+class _ThrottleCounter:
+    __slots__ = ("count", "max_ms", "total_ms")
+
+    def __init__(self) -> None:
+        self.count = 0
+        self.total_ms = 0
+        self.max_ms = 0
+
+    def add(self, ms: int) -> None:
+        self.count += 1
+        self.total_ms += ms
+        if ms > self.max_ms:
+            self.max_ms = ms
+
+    def snapshot(self) -> ThrottleStats:
+        return ThrottleStats(self.count, self.total_ms, self.max_ms)
 
 
 class QuotaManager:
     """Kafka's client quotas for every `QuotaKind`, sans I/O: time comes from `clock`.
 
-    `rate_config` defaults to `config.window`. Not thread-safe: use it from one event loop.
+    `rate_config` defaults to `config.window`. The clock must not go backwards. Not thread-safe:
+    use it from one event loop.
     """
 
     def __init__(self, config: QuotaConfig, clock: Clock, rate_config: RateConfig | None = None,
@@ -144,6 +164,8 @@ class QuotaManager:
             return self._unlimited(kind, identity)
         sensor = self._sensor(kind, identity, now)
         sensor.last_record_ms = now
+        if sensor.touched_sweep_ms != self._last_sweep_ms:
+            self._touch(sensor)
         sensor.rate.record(value, now)
         return self._decide(kind, sensor, now)
 
@@ -169,6 +191,8 @@ class QuotaManager:
             return
         sensor = self._sensor(kind, identity, now)
         sensor.last_record_ms = now
+        if sensor.touched_sweep_ms != self._last_sweep_ms:
+            self._touch(sensor)
         sensor.rate.record(value, now)
 
     def unrecord(self, kind: QuotaKind, identity: ClientIdentity, value: float) -> None:
@@ -233,12 +257,12 @@ class QuotaManager:
     def throttle_stats(self, key: SensorKey) -> ThrottleStats | None:
         """Enforced (non-shadow) non-zero throttles of a sensor; `None` if there is no sensor."""
         sensor = self._sensors.get(key)
-        return None if sensor is None else sensor.throttles
+        return None if sensor is None else sensor.throttles.snapshot()
 
     def shadow_throttle_stats(self, key: SensorKey) -> ThrottleStats | None:
         """Non-zero throttles computed but not enforced because the decision was shadow."""
         sensor = self._sensors.get(key)
-        return None if sensor is None else sensor.shadow_throttles
+        return None if sensor is None else sensor.shadow_throttles.snapshot()
 
     def expire_idle_sensors(self) -> int:
         """Drop every sensor with no record for more than the expiry (Kafka's `Sensor.hasExpired`
@@ -256,7 +280,7 @@ class QuotaManager:
             key = self._callback.sensor_key(kind, identity)
             sensor = self._sensors.get(key)
             if sensor is None:
-                sensor = _Sensor(key, SampledRate(self._rate_config), now)
+                sensor = _Sensor(key, SampledRate(self._rate_config), now, self._last_sweep_ms)
                 self._bind_limit(sensor)
                 self._sensors[key] = sensor
             bindings[identity] = sensor
@@ -268,15 +292,12 @@ class QuotaManager:
         bound = sensor.bound
         throttle_ms = 0
         if bound is not None and observed > bound:
-            if kind.caps_throttle:
+            if kind in _CAPPED_KINDS:
                 throttle_ms = bounded_throttle_time_ms(observed, bound, window_ms, self._window_ms)
             else:
                 throttle_ms = throttle_time_ms(observed, bound, window_ms)
             if count and throttle_ms > 0:
-                if sensor.shadow:
-                    sensor.shadow_throttles = _add_throttle(sensor.shadow_throttles, throttle_ms)
-                else:
-                    sensor.throttles = _add_throttle(sensor.throttles, throttle_ms)
+                (sensor.shadow_throttles if sensor.shadow else sensor.throttles).add(throttle_ms)
         return ThrottleDecision(kind, sensor.key, throttle_ms, observed, bound, sensor.shadow, sensor.entity)
 
     def _unlimited(self, kind: QuotaKind, identity: ClientIdentity) -> ThrottleDecision:
@@ -320,10 +341,24 @@ class QuotaManager:
             if kind is None or k is kind:
                 bindings.clear()
 
+    def _touch(self, sensor: _Sensor) -> None:
+        """Move a sensor to the end of the dict, at most once per sweep interval, so the dict stays
+        ordered by `touched_sweep_ms` and a sweep can stop at the first recently touched sensor."""
+        sensors = self._sensors
+        del sensors[sensor.key]
+        sensors[sensor.key] = sensor
+        sensor.touched_sweep_ms = self._last_sweep_ms
+
     def _sweep(self, now: int) -> int:
         self._last_sweep_ms = now
         expiry = self._expiry_ms
-        expired = [key for key, s in self._sensors.items() if now - s.last_record_ms > expiry]
+        cutoff = now - expiry  # expired <=> last_record_ms < cutoff (Kafka: now - last > expiry)
+        expired = []
+        for key, sensor in self._sensors.items():
+            if sensor.touched_sweep_ms >= cutoff:
+                break  # this one and every later one recorded at or after cutoff
+            if now - sensor.last_record_ms > expiry:
+                expired.append(key)
         for key in expired:
             del self._sensors[key]
         # Cached lookups may point at dropped sensors or at callers long gone: start afresh.

@@ -145,8 +145,10 @@ def _with_entry(entry: dict[str, Any]) -> dict[str, Any]:
     ({"user": "bob", "producer_byte_rate": 1.5},
      "quotas.entries[2].producer_byte_rate: must be a whole number of bytes per second, got 1.5"),
     ({"user": "bob", "request_percentage": -1}, "quotas.entries[2].request_percentage: must be > 0"),
-    ({"user": "bob", "producer_byte_rate": "1MB"}, "quotas.entries[2].producer_byte_rate: must be a number, got '1MB'"),
-    ({"user": "bob", "producer_byte_rate": True}, "quotas.entries[2].producer_byte_rate: must be a number, got True"),
+    ({"user": "bob", "producer_byte_rate": "1MB"},
+     "quotas.entries[2].producer_byte_rate: must be a number, got '1MB'"),
+    ({"user": "bob", "producer_byte_rate": True},
+     "quotas.entries[2].producer_byte_rate: must be a number, got True"),
     ({"user": "bob", "producer_byte_rat": 5}, "quotas.entries[2].producer_byte_rat: unknown key"),
     ({"user": "", "producer_byte_rate": 5},
      'quotas.entries[2].user: must not be empty (write "<default>" for the default entity)'),
@@ -156,8 +158,8 @@ def _with_entry(entry: dict[str, Any]) -> dict[str, Any]:
                       "request_percentage, request_rate"),
     ({"user": "<default>", "producer_byte_rate": 5},
      "quotas.entries[2]: duplicate entity user <default> (already at entries[1])"),
-    ({"user": "bob", "producer_byte_rate": 5, "shadow": "yes"}, "quotas.entries[2].shadow: must be true or false, "
-                                                                "got 'yes'"),
+    ({"user": "bob", "producer_byte_rate": 5, "shadow": "yes"},
+     "quotas.entries[2].shadow: must be true or false, got 'yes'"),
 ])
 def test_errors_name_the_key_path(entry: dict[str, Any], message: str) -> None:
     assert _errors(_with_entry(entry)) == [message]
@@ -184,7 +186,8 @@ def test_all_problems_are_reported_at_once() -> None:
     assert err.value.problems == (
         ("sluice.quotas.entries[0].producer_byte_rate", "must be > 0"),
         ("sluice.quotas.entries[0].consumer_byte_rate", "must be > 0"),
-        ("sluice.quotas.entries[1].client_id", 'must not be empty (write "<default>" for the default entity)'),
+        ("sluice.quotas.entries[1].client_id",
+         'must not be empty (write "<default>" for the default entity)'),
         ("sluice.quotas.entries[1].request_rate", "must be > 0"),
     )
     assert err.value.key == "sluice.quotas.entries[0].producer_byte_rate"
