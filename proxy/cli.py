@@ -2,10 +2,51 @@
 
 from __future__ import annotations
 
+import sys
+from pathlib import Path
+from typing import Any
+
 import click
+
+from proxy.config import ConfigError, load_config
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(package_name="sluice")
 def main() -> None:
     """Sluice: a Kafka-protocol throttling proxy with Kafka's quota semantics."""
+
+
+@main.command()
+@click.option("--upstream", metavar="HOST:PORT[,HOST:PORT...]", help="bootstrap brokers behind Sluice")
+@click.option("--listen", metavar="HOST:PORT", help="bootstrap listener for clients [127.0.0.1:9092]")
+@click.option("--advertised-host", metavar="HOST", help="host clients are told to connect to")
+@click.option("--broker-port-base", type=int, help="per-broker listener port = base + node id")
+@click.option("--metrics-port", type=int, help="Prometheus /metrics and /healthz port")
+@click.option("--config", "config_file", type=click.Path(path_type=Path), help="YAML configuration file")
+@click.option("--log-level", type=click.Choice(["DEBUG", "INFO", "WARNING", "ERROR"]))
+def proxy(upstream: str | None, listen: str | None, advertised_host: str | None,
+          broker_port_base: int | None, metrics_port: int | None, config_file: Path | None,
+          log_level: str | None) -> None:
+    """Run the proxy in front of the brokers."""
+    overrides: dict[str, Any] = {}
+    if upstream:
+        overrides["upstream"] = {"bootstrap": upstream}
+    if listen:
+        overrides["listen"] = listen
+    if advertised_host:
+        overrides["advertised_host"] = advertised_host
+    if broker_port_base is not None:
+        overrides["broker_port_base"] = broker_port_base
+    if metrics_port is not None:
+        overrides["metrics"] = {"port": metrics_port}
+    if log_level:
+        overrides["log_level"] = log_level
+    try:
+        config = load_config(config_file, overrides)
+    except ConfigError as exc:
+        click.echo(f"sluice: {exc}", err=True)
+        sys.exit(2)
+    from proxy.app import run
+
+    sys.exit(run(config))

@@ -1,0 +1,197 @@
+"""Sluice's configuration: YAML file, then environment variables, then command-line flags.
+
+Validation is done with pydantic so that a bad value fails at start with the key path and the
+reason (`upstream.tls.ca_file: file not found`), never later on a live connection. Environment
+variables are `SLUICE_<SECTION>__<KEY>` (double underscore between levels), for example
+`SLUICE_METRICS__PORT=9404` or `SLUICE_LISTEN=0.0.0.0:9092`.
+"""
+
+from __future__ import annotations
+
+import os
+import ssl
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+ENV_PREFIX = "SLUICE_"
+
+
+class ConfigError(Exception):
+    """Bad configuration: the message names the key and the reason."""
+
+
+class HostPort(BaseModel):
+    model_config = ConfigDict(frozen=True)
+
+    host: str
+    port: int = Field(ge=0, le=65535)
+
+    @classmethod
+    def parse(cls, text: str) -> HostPort:
+        host, sep, port = text.strip().rpartition(":")
+        if not sep or not host or not port.isdigit():
+            raise ValueError(f"expected HOST:PORT, got {text!r}")
+        return cls(host=host.strip("[]"), port=int(port))
+
+    def __str__(self) -> str:
+        return f"{self.host}:{self.port}"
+
+
+def _host_port(value: Any) -> Any:
+    return HostPort.parse(value) if isinstance(value, str) else value
+
+
+class UpstreamTls(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    enabled: bool = False
+    ca_file: Path | None = None
+    cert_file: Path | None = None
+    key_file: Path | None = None
+    verify_hostname: bool = True
+
+    @field_validator("ca_file", "cert_file", "key_file")
+    @classmethod
+    def _exists(cls, value: Path | None) -> Path | None:
+        if value is not None and not value.is_file():
+            raise ValueError(f"file not found: {value}")
+        return value
+
+    @model_validator(mode="after")
+    def _pair(self) -> UpstreamTls:
+        if (self.cert_file is None) != (self.key_file is None):
+            raise ValueError("cert_file and key_file go together")
+        return self
+
+    def context(self) -> ssl.SSLContext | None:
+        if not self.enabled:
+            return None
+        ctx = ssl.create_default_context(cafile=str(self.ca_file) if self.ca_file else None)
+        ctx.check_hostname = self.verify_hostname
+        if self.cert_file and self.key_file:
+            ctx.load_cert_chain(str(self.cert_file), str(self.key_file))
+        return ctx
+
+
+class UpstreamConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    bootstrap: list[HostPort] = Field(min_length=1)
+    tls: UpstreamTls = UpstreamTls()
+    connect_timeout_ms: int = Field(default=10_000, gt=0)
+
+    @field_validator("bootstrap", mode="before")
+    @classmethod
+    def _split(cls, value: Any) -> Any:
+        if isinstance(value, str):
+            value = [v for v in value.split(",") if v.strip()]
+        return [_host_port(v) for v in value] if isinstance(value, list) else value
+
+
+class MetricsConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    host: str = "127.0.0.1"
+    port: int | None = Field(default=None, ge=0, le=65535)
+
+
+class ProxyConfig(BaseModel):
+    """Everything `sluice proxy` needs. Flags and environment variables override the file."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    listen: HostPort = HostPort(host="127.0.0.1", port=9092)
+    advertised_host: str | None = None
+    broker_port_base: int | None = Field(default=None, ge=1, le=65535,
+                                         description="per-broker listener port = base + node id; "
+                                                     "default listen.port + 1")
+    upstream: UpstreamConfig
+    metrics: MetricsConfig = MetricsConfig()
+    max_frame_bytes: int = Field(default=100 * 1024 * 1024, ge=1024)
+    drain_timeout_ms: int = Field(default=30_000, ge=0)
+    instance: str = Field(default_factory=lambda: os.uname().nodename)
+    log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
+    event_loop: Literal["uvloop", "asyncio"] = "uvloop"
+    quotas: dict[str, Any] = Field(default_factory=dict)
+
+    @field_validator("listen", mode="before")
+    @classmethod
+    def _listen(cls, value: Any) -> Any:
+        return _host_port(value)
+
+    @property
+    def advertised(self) -> str:
+        return self.advertised_host or self.listen.host
+
+    @property
+    def first_broker_port(self) -> int:
+        return self.broker_port_base if self.broker_port_base is not None else self.listen.port + 1
+
+    def broker_port(self, node_id: int) -> int:
+        if self.listen.port == 0 and self.broker_port_base is None:
+            return 0  # ephemeral ports (tests): the broker registry records what the OS chose
+        port = self.first_broker_port + node_id
+        if not 0 < port <= 65535:
+            raise ConfigError(f"broker_port_base: broker {node_id} would need port {port}")
+        return port
+
+
+def _deep_merge(base: dict[str, Any], override: Mapping[str, Any]) -> dict[str, Any]:
+    out = dict(base)
+    for key, value in override.items():
+        if isinstance(value, Mapping) and isinstance(out.get(key), dict):
+            out[key] = _deep_merge(out[key], value)
+        else:
+            out[key] = value
+    return out
+
+
+def env_overrides(environ: Mapping[str, str]) -> dict[str, Any]:
+    """SLUICE_UPSTREAM__BOOTSTRAP=a:1,b:2 -> {"upstream": {"bootstrap": "a:1,b:2"}}."""
+    out: dict[str, Any] = {}
+    for name, value in environ.items():
+        if not name.startswith(ENV_PREFIX) or name in {"SLUICE_KAFKA_LIBS", "SLUICE_KAFKA_BOOTSTRAP"}:
+            continue
+        path = name[len(ENV_PREFIX):].lower().split("__")
+        node = out
+        for part in path[:-1]:
+            node = node.setdefault(part, {})
+        node[path[-1]] = value
+    return out
+
+
+def _format_error(exc: ValidationError, source: str) -> str:
+    lines = []
+    for err in exc.errors():
+        key = ".".join(str(p) for p in err["loc"]) or "(top level)"
+        msg = err["msg"].removeprefix("Value error, ")
+        lines.append(f"{key}: {msg}")
+    return f"invalid configuration ({source}):\n  " + "\n  ".join(lines)
+
+
+def load_config(path: Path | None = None, overrides: Mapping[str, Any] | None = None,
+                environ: Mapping[str, str] | None = None) -> ProxyConfig:
+    """File < environment < explicit overrides (the command-line flags)."""
+    data: dict[str, Any] = {}
+    source = "flags"
+    if path is not None:
+        source = str(path)
+        try:
+            loaded = yaml.safe_load(path.read_text()) or {}
+        except OSError as exc:
+            raise ConfigError(f"config file {path}: {exc.strerror}") from exc
+        except yaml.YAMLError as exc:
+            raise ConfigError(f"config file {path}: not valid YAML: {exc}") from exc
+        if not isinstance(loaded, dict):
+            raise ConfigError(f"config file {path}: the top level must be a mapping")
+        data = loaded
+    data = _deep_merge(data, env_overrides(os.environ if environ is None else environ))
+    data = _deep_merge(data, overrides or {})
+    try:
+        return ProxyConfig.model_validate(data)
+    except ValidationError as exc:
+        raise ConfigError(_format_error(exc, source)) from None

@@ -1,0 +1,400 @@
+"""One client connection and its upstream connection: the two byte pumps.
+
+`ClientConnection` and `UpstreamConnection` are asyncio Protocols (a Protocol-based forwarder moves
+about twice the bytes of a streams-based one on this kind of machine). They only move frames:
+framing is `protocol.FrameSplitter`, order is `InFlightRequests`, muting is `ChannelMute`, and every
+decision about a request or response is the pipeline's. Reading from the client stops while:
+
+- the upstream connection is not up yet;
+- the channel is muted for a throttle (KIP-219), until the throttled response has been written
+  and the delay has passed; frames already buffered wait too;
+- the upstream socket's write buffer is full (back-pressure), or the proxy is draining.
+
+A malformed frame or a broken upstream closes this connection, with the reason logged, and
+nothing else.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+import ssl
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, cast
+
+from protocol.apis import ApiKey, api_name
+from protocol.errors import ProtocolError
+from protocol.framing import FrameSplitter, size_prefix
+from protocol.headers import read_request_header, read_response_correlation_id
+from protocol.produce import read_produce_acks
+from proxy.brokers import BrokerRegistry, UpstreamTarget
+from proxy.inflight import CorrelationMismatch, InFlight, InFlightRequests
+from proxy.muting import ChannelMute
+from proxy.pipeline import ConnectionContext, Pipeline
+from quotas.clock import Clock
+
+log = logging.getLogger("sluice.connection")
+
+_ids = itertools.count(1)
+
+
+@dataclass
+class ConnectionServices:
+    """What every connection shares: configuration-derived settings and the shared objects."""
+
+    pipeline: Pipeline
+    registry: BrokerRegistry
+    clock: Clock
+    bootstrap: list[tuple[str, int]]
+    upstream_ssl: ssl.SSLContext | None = None
+    connect_timeout_s: float = 10.0
+    max_frame_bytes: int = 100 * 1024 * 1024
+    connections: set[ClientConnection] = field(default_factory=set)
+    on_open: Callable[[ClientConnection], None] | None = None
+    on_close: Callable[[ClientConnection], None] | None = None
+
+    def upstream_addresses(self, target: UpstreamTarget) -> list[tuple[str, int]]:
+        if target.node_id is None:
+            return list(self.bootstrap)
+        address = self.registry.upstream_address(target.node_id)
+        return [address] if address is not None else []
+
+
+class ClientConnection(asyncio.Protocol):
+    def __init__(self, services: ConnectionServices, target: UpstreamTarget) -> None:
+        self._services = services
+        self._target = target
+        self._clock = services.clock
+        self._pipeline = services.pipeline
+        self._splitter = FrameSplitter(services.max_frame_bytes)
+        self._inflight = InFlightRequests()
+        self.mute = ChannelMute()
+        self._transport: asyncio.Transport | None = None
+        self._upstream: UpstreamConnection | None = None
+        self._reading_paused = False
+        self._upstream_backpressure = False
+        self._throttle_timer: asyncio.TimerHandle | None = None
+        self._timer_deadline_ms = 0
+        self._draining = False
+        self._processing = False
+        self._closed = False
+        self._close_reason: str | None = None
+        self.ctx = ConnectionContext(next(_ids), "?", target.describe(), target.node_id)
+
+    # ------------------------------------------------------------------ client side
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self._transport = cast(asyncio.Transport, transport)  # uvloop's are not subclasses
+        peer = transport.get_extra_info("peername")
+        self.ctx.client_address = f"{peer[0]}:{peer[1]}" if peer else "?"
+        self._services.connections.add(self)
+        if self._services.on_open:
+            self._services.on_open(self)
+        self._update_reading()  # paused until the upstream is connected
+        task = asyncio.get_running_loop().create_task(self._connect_upstream())
+        task.add_done_callback(lambda t: t.cancelled() or t.exception())
+
+    def data_received(self, data: bytes) -> None:
+        try:
+            self._splitter.feed(data)
+        except ProtocolError as exc:
+            self.close(f"malformed frame from client: {exc}")
+            return
+        self._process_requests()
+
+    def eof_received(self) -> bool:
+        return False  # close our side too; connection_lost follows
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._closed = True
+        self._cancel_timer()
+        pending = self._inflight.pending_upstream()
+        if self._close_reason is not None:
+            log.warning("connection %d from %s (%s) closed: %s", self.ctx.connection_id,
+                        self.ctx.client_address, self.ctx.listener, self._close_reason)
+        elif exc is not None:
+            log.warning("connection %d from %s (%s) lost: %s", self.ctx.connection_id,
+                        self.ctx.client_address, self.ctx.listener, exc)
+        elif pending:
+            log.info("connection %d from %s closed by the client with %d request(s) in flight",
+                     self.ctx.connection_id, self.ctx.client_address, pending)
+        if self._upstream is not None:
+            self._upstream.close()
+        self._services.connections.discard(self)
+        if self._services.on_close:
+            self._services.on_close(self)
+
+    def pause_writing(self) -> None:  # the client reads slower than the broker answers
+        if self._upstream is not None:
+            self._upstream.pause_reading()
+
+    def resume_writing(self) -> None:
+        if self._upstream is not None:
+            self._upstream.resume_reading()
+
+    # ------------------------------------------------------------------ lifecycle
+
+    def close(self, reason: str | None = None) -> None:
+        if reason is not None and self._close_reason is None:
+            self._close_reason = reason
+        if self._transport is not None and not self._transport.is_closing():
+            self._transport.close()
+        if self._upstream is not None:
+            self._upstream.close()
+
+    def begin_drain(self) -> None:
+        """Stop reading requests; close once every forwarded request has been answered."""
+        self._draining = True
+        self._update_reading()
+        if len(self._inflight) == 0:
+            self.close()
+
+    @property
+    def in_flight(self) -> int:
+        return len(self._inflight)
+
+    async def _connect_upstream(self) -> None:
+        loop = asyncio.get_running_loop()
+        services = self._services
+        addresses = services.upstream_addresses(self._target)
+        if not addresses:
+            self.close(f"no known address for {self._target.describe()}")
+            return
+        errors = []
+        for host, port in addresses:
+            try:
+                _, upstream = await asyncio.wait_for(
+                    loop.create_connection(lambda: UpstreamConnection(self), host, port,
+                                           ssl=services.upstream_ssl,
+                                           server_hostname=host if services.upstream_ssl else None),
+                    services.connect_timeout_s)
+            except (OSError, TimeoutError, ssl.SSLError) as exc:
+                errors.append(f"{host}:{port}: {exc or type(exc).__name__}")
+                continue
+            if self._closed:
+                upstream.close()
+                return
+            self._upstream = upstream
+            self._update_reading()
+            self._process_requests()
+            return
+        self.close(f"cannot connect upstream ({self._target.describe()}): {'; '.join(errors)}")
+
+    # ------------------------------------------------------------------ requests
+
+    def _reading_allowed(self) -> bool:
+        return (self._upstream is not None and self.mute.reading_allowed and not self._draining
+                and not self._upstream_backpressure and not self._closed)
+
+    def _update_reading(self) -> None:
+        transport = self._transport
+        if transport is None or transport.is_closing():
+            return
+        allowed = self._reading_allowed()
+        if allowed and self._reading_paused:
+            transport.resume_reading()
+            self._reading_paused = False
+        elif not allowed and not self._reading_paused:
+            transport.pause_reading()
+            self._reading_paused = True
+
+    def _process_requests(self) -> None:
+        if self._processing:  # re-entered from a flush inside _on_request: the outer loop goes on
+            return
+        self._processing = True
+        try:
+            while self._reading_allowed():
+                try:
+                    payload = self._splitter.next_frame()
+                except ProtocolError as exc:
+                    self.close(f"malformed frame from client: {exc}")
+                    return
+                if payload is None:
+                    break
+                self._on_request(payload)
+        finally:
+            self._processing = False
+        self._update_reading()
+
+    def _on_request(self, payload: bytes) -> None:
+        try:
+            header = read_request_header(payload)
+        except ProtocolError as exc:
+            self.close(f"malformed request header: {exc}")
+            return
+        now_ms = self._clock.now_ms()
+        expects_response = True
+        if header.api_key == ApiKey.PRODUCE:
+            try:
+                expects_response = read_produce_acks(payload, header) != 0
+            except ProtocolError as exc:
+                log.warning("connection %d: cannot read Produce acks (%s); expecting a response",
+                            self.ctx.connection_id, exc)
+        verdict = self._pipeline.on_request(self.ctx, header, payload, expects_response)
+        entry = InFlight(header.correlation_id, header.api_key, header.api_version, header.client_id,
+                         len(payload), now_ms, notes=verdict.notes)
+        if verdict.local_response is not None:
+            entry.forwarded = False
+            entry.response = verdict.local_response
+            entry.response_bytes = len(verdict.local_response)
+            entry.response_received_ms = now_ms
+        else:
+            upstream = self._upstream
+            assert upstream is not None
+            upstream.write(payload)
+        if expects_response:
+            self._inflight.add(entry)
+        if verdict.throttle_time_ms > 0:
+            self._start_throttle(now_ms, verdict.throttle_time_ms)
+            if expects_response:
+                entry.mutes_channel = True
+            else:
+                self.mute.response_sent()  # acks=0: no response will come
+        if not expects_response:
+            self._pipeline.on_complete(self.ctx, entry, now_ms)
+        if entry.response is not None:
+            self._flush()
+
+    # ------------------------------------------------------------------ responses
+
+    def on_upstream_frame(self, payload: bytes) -> None:
+        if self._closed:
+            return
+        try:
+            correlation_id = read_response_correlation_id(payload)
+            entry = self._inflight.match_upstream(correlation_id)
+        except (ProtocolError, CorrelationMismatch) as exc:
+            self.close(f"bad response from {self._target.describe()}: {exc}")
+            return
+        now_ms = self._clock.now_ms()
+        entry.response_received_ms = now_ms
+        outcome = self._pipeline.on_response(self.ctx, entry, payload)
+        entry.response = outcome.payload
+        entry.response_bytes = len(outcome.payload)
+        if outcome.throttle_time_ms > 0:
+            self._start_throttle(now_ms, outcome.throttle_time_ms)
+            entry.mutes_channel = True
+        self._flush()
+
+    def _flush(self) -> None:
+        transport = self._transport
+        if transport is None:
+            return
+        sent_any = False
+        for entry in self._inflight.ready():
+            response = entry.response
+            assert response is not None
+            if not transport.is_closing():
+                transport.writelines((size_prefix(len(response)), response))
+            entry.response = None
+            if entry.mutes_channel:
+                self.mute.response_sent()
+            self._pipeline.on_complete(self.ctx, entry, self._clock.now_ms())
+            sent_any = True
+        if self._draining and len(self._inflight) == 0:
+            self.close()
+        elif sent_any:
+            self._process_requests()
+
+    def on_upstream_lost(self, exc: Exception | None) -> None:
+        if self._closed:
+            return
+        pending = self._inflight.pending_upstream()
+        what = f"upstream {self._target.describe()} closed" + (f": {exc}" if exc else "")
+        if pending or exc is not None:
+            self.close(f"{what} with {pending} request(s) in flight")
+        else:
+            self.close()  # an idle upstream went away: the client reconnects
+            log.info("connection %d: %s", self.ctx.connection_id, what)
+
+    def on_upstream_backpressure(self, paused: bool) -> None:
+        self._upstream_backpressure = paused
+        if paused:
+            self._update_reading()
+        else:
+            self._process_requests()
+
+    # ------------------------------------------------------------------ throttling
+
+    def _start_throttle(self, now_ms: int, throttle_time_ms: int) -> None:
+        deadline_ms = now_ms + throttle_time_ms
+        self.mute.throttle_started(deadline_ms)
+        self._update_reading()
+        if deadline_ms > self._timer_deadline_ms:
+            self._cancel_timer()
+            self._schedule_timer(now_ms)
+
+    def _schedule_timer(self, now_ms: int) -> None:
+        self._timer_deadline_ms = self.mute.deadline_ms
+        delay_s = max(0, self.mute.deadline_ms - now_ms) / 1000.0
+        self._throttle_timer = asyncio.get_running_loop().call_later(delay_s, self._on_throttle_timer)
+
+    def _cancel_timer(self) -> None:
+        if self._throttle_timer is not None:
+            self._throttle_timer.cancel()
+            self._throttle_timer = None
+
+    def _on_throttle_timer(self) -> None:
+        self._throttle_timer = None
+        now_ms = self._clock.now_ms()
+        if self.mute.throttle_ended(now_ms):
+            self._timer_deadline_ms = 0
+            self._process_requests()
+        else:  # woke a little early, or the deadline moved
+            self._schedule_timer(now_ms)
+
+
+class UpstreamConnection(asyncio.Protocol):
+    def __init__(self, client: ClientConnection) -> None:
+        self._client = client
+        self._splitter = FrameSplitter(client._services.max_frame_bytes)
+        self._transport: asyncio.Transport | None = None
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self._transport = cast(asyncio.Transport, transport)
+
+    def write(self, payload: bytes) -> None:
+        assert self._transport is not None
+        self._transport.writelines((size_prefix(len(payload)), payload))
+
+    def data_received(self, data: bytes) -> None:
+        try:
+            self._splitter.feed(data)
+            while (payload := self._splitter.next_frame()) is not None:
+                self._client.on_upstream_frame(payload)
+        except ProtocolError as exc:
+            self._client.close(f"malformed frame from the broker: {exc}")
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._client.on_upstream_lost(exc)
+
+    def pause_writing(self) -> None:
+        self._client.on_upstream_backpressure(True)
+
+    def resume_writing(self) -> None:
+        self._client.on_upstream_backpressure(False)
+
+    def pause_reading(self) -> None:
+        if self._transport is not None and not self._transport.is_closing():
+            self._transport.pause_reading()
+
+    def resume_reading(self) -> None:
+        if self._transport is not None and not self._transport.is_closing():
+            self._transport.resume_reading()
+
+    def close(self) -> None:
+        if self._transport is not None and not self._transport.is_closing():
+            self._transport.close()
+
+
+def describe_api(api_key: int, api_version: int) -> str:
+    return f"{api_name(api_key)} v{api_version}"
+
+
+def connection_factory(services: ConnectionServices) -> Callable[[UpstreamTarget], Callable[[], Any]]:
+    def for_target(target: UpstreamTarget) -> Callable[[], ClientConnection]:
+        return lambda: ClientConnection(services, target)
+
+    return for_target

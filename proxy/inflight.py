@@ -1,0 +1,71 @@
+"""Requests in flight on one client connection, answered to the client in request order.
+
+Kafka answers the requests of one connection in the order they were sent, and clients rely on it.
+Most responses come from the broker in that order anyway; the tracker also lets Sluice answer a
+request itself (or finish a response asynchronously) without overtaking earlier ones: each request
+gets a slot, a slot is filled when its response is ready, and responses leave from the head only.
+
+Produce with acks=0 gets no response and therefore no slot.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+
+
+@dataclass(slots=True)
+class InFlight:
+    """One request awaiting its response."""
+
+    correlation_id: int
+    api_key: int
+    api_version: int
+    client_id: str | None
+    request_bytes: int
+    received_ms: int
+    forwarded: bool = True            # False when Sluice answers it itself
+    notes: dict[str, object] = field(default_factory=dict)  # what stages stored at request time
+    response: bytes | None = field(default=None, repr=False)
+    response_bytes: int = 0
+    response_received_ms: int = 0
+    mutes_channel: bool = False       # its response being sent is a RESPONSE_SENT mute event
+
+
+class CorrelationMismatch(Exception):
+    """The broker answered a correlation id that is not the oldest forwarded request."""
+
+
+class InFlightRequests:
+    __slots__ = ("_slots",)
+
+    def __init__(self) -> None:
+        self._slots: deque[InFlight] = deque()
+
+    def __len__(self) -> int:
+        return len(self._slots)
+
+    def add(self, entry: InFlight) -> InFlight:
+        self._slots.append(entry)
+        return entry
+
+    def match_upstream(self, correlation_id: int) -> InFlight:
+        """The slot the broker's next response belongs to: the oldest forwarded, unanswered one."""
+        for entry in self._slots:
+            if entry.forwarded and entry.response is None:
+                if entry.correlation_id != correlation_id:
+                    raise CorrelationMismatch(
+                        f"broker answered correlation id {correlation_id}, "
+                        f"expected {entry.correlation_id}")
+                return entry
+        raise CorrelationMismatch(f"broker answered correlation id {correlation_id} with nothing in flight")
+
+    def ready(self) -> Iterator[InFlight]:
+        """Pop and yield the slots at the head whose responses are ready, in order."""
+        slots = self._slots
+        while slots and slots[0].response is not None:
+            yield slots.popleft()
+
+    def pending_upstream(self) -> int:
+        return sum(1 for e in self._slots if e.forwarded and e.response is None)

@@ -1,0 +1,104 @@
+"""What happens to one request and its response, apart from moving bytes.
+
+The connection (`proxy.connection`) frames bytes and keeps order; the pipeline decides. It is a
+short list of stages, each with one job, called in order:
+
+    on_request(ctx, header, payload)   -> RequestVerdict: forward it, or answer it here; throttle?
+    on_response(ctx, entry, payload)   -> the payload to send (rewritten/patched) and a throttle
+    on_complete(ctx, entry)            -> after the response left (access log, metrics)
+
+A stage never sees a socket; it gets a `ConnectionContext` and the frame's bytes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from protocol.headers import RequestHeader
+from proxy.inflight import InFlight
+
+
+@dataclass(slots=True)
+class ConnectionContext:
+    """What a stage may know about the connection a request came on."""
+
+    connection_id: int
+    client_address: str
+    listener: str                       # "bootstrap" or "broker N"
+    broker_id: int | None
+    principal: str = "ANONYMOUS"
+    client_software_name: str | None = None
+    client_software_version: str | None = None
+
+
+@dataclass(slots=True)
+class RequestVerdict:
+    """A stage's say on a request. `throttle_time_ms` > 0 mutes the channel from now on."""
+
+    local_response: bytes | None = None       # answer it here instead of forwarding
+    throttle_time_ms: int = 0
+    notes: dict[str, object] = field(default_factory=dict)
+
+    def merge(self, other: RequestVerdict) -> None:
+        if other.local_response is not None:
+            self.local_response = other.local_response
+        self.throttle_time_ms = max(self.throttle_time_ms, other.throttle_time_ms)
+        self.notes.update(other.notes)
+
+
+@dataclass(slots=True)
+class ResponseOutcome:
+    payload: bytes
+    throttle_time_ms: int = 0
+
+
+class Stage(Protocol):
+    def on_request(self, ctx: ConnectionContext, header: RequestHeader, payload: bytes,
+                   expects_response: bool) -> RequestVerdict | None: ...
+
+    def on_response(self, ctx: ConnectionContext, entry: InFlight, payload: bytes) -> ResponseOutcome | None:
+        ...
+
+    def on_complete(self, ctx: ConnectionContext, entry: InFlight, sent_ms: int) -> None: ...
+
+
+class StageBase:
+    """No-op defaults, so a stage implements only the hooks it needs."""
+
+    def on_request(self, ctx: ConnectionContext, header: RequestHeader, payload: bytes,
+                   expects_response: bool) -> RequestVerdict | None:
+        return None
+
+    def on_response(self, ctx: ConnectionContext, entry: InFlight, payload: bytes) -> ResponseOutcome | None:
+        return None
+
+    def on_complete(self, ctx: ConnectionContext, entry: InFlight, sent_ms: int) -> None:
+        return None
+
+
+class Pipeline:
+    def __init__(self, stages: Sequence[Stage]) -> None:
+        self.stages = list(stages)
+
+    def on_request(self, ctx: ConnectionContext, header: RequestHeader, payload: bytes,
+                   expects_response: bool) -> RequestVerdict:
+        verdict = RequestVerdict()
+        for stage in self.stages:
+            said = stage.on_request(ctx, header, payload, expects_response)
+            if said is not None:
+                verdict.merge(said)
+        return verdict
+
+    def on_response(self, ctx: ConnectionContext, entry: InFlight, payload: bytes) -> ResponseOutcome:
+        outcome = ResponseOutcome(payload)
+        for stage in self.stages:
+            said = stage.on_response(ctx, entry, outcome.payload)
+            if said is not None:
+                outcome = ResponseOutcome(said.payload, max(outcome.throttle_time_ms, said.throttle_time_ms))
+        return outcome
+
+    def on_complete(self, ctx: ConnectionContext, entry: InFlight, sent_ms: int) -> None:
+        for stage in self.stages:
+            stage.on_complete(ctx, entry, sent_ms)

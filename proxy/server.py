@@ -1,0 +1,111 @@
+"""The proxy process: listeners, shared services, drain on shutdown."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Sequence
+
+from proxy.brokers import BrokerRegistry, UpstreamTarget, schedule_server
+from proxy.config import ProxyConfig
+from proxy.connection import ClientConnection, ConnectionServices, connection_factory
+from proxy.inflight import InFlight
+from proxy.pipeline import ConnectionContext, Pipeline, ResponseOutcome, Stage, StageBase
+from proxy.rewriting import REWRITTEN_APIS, ResponseRewriter
+from quotas.clock import Clock, SystemClock
+
+log = logging.getLogger("sluice.server")
+
+
+class RewriteStage(StageBase):
+    """Broker addresses and ApiVersions caps in control-plane responses."""
+
+    def __init__(self, rewriter: ResponseRewriter) -> None:
+        self._rewriter = rewriter
+
+    def on_response(self, ctx: ConnectionContext, entry: InFlight, payload: bytes) -> ResponseOutcome | None:
+        if entry.api_key not in REWRITTEN_APIS:
+            return None
+        return ResponseOutcome(self._rewriter.rewrite(entry.api_key, entry.api_version, payload))
+
+
+class ProxyServer:
+    def __init__(self, config: ProxyConfig, stages: Sequence[Stage] = (), clock: Clock | None = None) -> None:
+        self.config = config
+        self.clock = clock or SystemClock()
+        self._extra_stages = list(stages)
+        self._servers: list[asyncio.Server] = []
+        self._bootstrap_server: asyncio.Server | None = None
+        self.services: ConnectionServices | None = None
+        self.registry: BrokerRegistry | None = None
+        self.rewriter: ResponseRewriter | None = None
+        self.bootstrap_address: tuple[str, int] | None = None
+        self._stopped = asyncio.Event()
+        self._all_closed = asyncio.Event()
+
+    @property
+    def connections(self) -> set[ClientConnection]:
+        return self.services.connections if self.services else set()
+
+    async def start(self) -> None:
+        loop = asyncio.get_running_loop()
+        config = self.config
+        def start_listener_factory(target: UpstreamTarget) -> object:
+            return connection_factory(self._services())(target)
+
+        self.registry = BrokerRegistry(
+            config.listen.host, config.advertised, config.broker_port,
+            schedule_server(loop, self._servers, start_listener_factory))  # type: ignore[arg-type]
+        self.rewriter = ResponseRewriter(self.registry)
+        pipeline = Pipeline([RewriteStage(self.rewriter), *self._extra_stages])
+        self.services = ConnectionServices(
+            pipeline=pipeline, registry=self.registry, clock=self.clock,
+            bootstrap=[(a.host, a.port) for a in config.upstream.bootstrap],
+            upstream_ssl=config.upstream.tls.context(),
+            connect_timeout_s=config.upstream.connect_timeout_ms / 1000,
+            max_frame_bytes=config.max_frame_bytes, on_close=self._connection_closed)
+        self._bootstrap_server = await loop.create_server(
+            connection_factory(self.services)(UpstreamTarget(None)), config.listen.host, config.listen.port,
+            reuse_address=True)
+        sock = self._bootstrap_server.sockets[0].getsockname()
+        self.bootstrap_address = (sock[0], sock[1])
+        log.info("Sluice listening on %s:%d for %s", sock[0], sock[1],
+                 ",".join(str(a) for a in config.upstream.bootstrap))
+
+    def _connection_closed(self, _conn: ClientConnection) -> None:
+        if not self.connections:
+            self._all_closed.set()
+
+    def _services(self) -> ConnectionServices:
+        assert self.services is not None
+        return self.services
+
+    @property
+    def bootstrap(self) -> str:
+        assert self.bootstrap_address is not None
+        return f"{self.config.advertised}:{self.bootstrap_address[1]}"
+
+    async def drain(self, timeout_s: float | None = None) -> None:
+        """SIGTERM: stop accepting, let in-flight requests finish, then close everything."""
+        timeout = self.config.drain_timeout_ms / 1000 if timeout_s is None else timeout_s
+        servers = [s for s in [self._bootstrap_server, *self._servers] if s is not None]
+        for server in servers:
+            server.close()
+        connections = list(self.connections)
+        log.info("draining %d connection(s), %d request(s) in flight", len(connections),
+                 sum(c.in_flight for c in connections))
+        for conn in connections:
+            conn.begin_drain()
+        if self.connections:
+            self._all_closed.clear()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._all_closed.wait(), timeout)
+        for conn in list(self.connections):
+            conn.close(f"drain timeout with {conn.in_flight} request(s) in flight")
+        for server in servers:
+            await server.wait_closed()
+        self._stopped.set()
+
+    async def wait_stopped(self) -> None:
+        await self._stopped.wait()

@@ -1,0 +1,92 @@
+"""Sluice as a real process (`python -m proxy proxy ...`), for tests, the demo and benchmarks."""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from tests.harness.kafka import REPO, _die_with_parent
+
+READY = re.compile(r"sluice ready: bootstrap (\S+)")
+
+
+class SluiceProcess:
+    def __init__(self, upstream: str, workdir: Path, config: Mapping[str, Any] | None = None,
+                 args: Sequence[str] = (), env: Mapping[str, str] | None = None) -> None:
+        self.upstream = upstream
+        self.workdir = workdir
+        self.config = dict(config or {})
+        self.args = list(args)
+        self.env = dict(env or {})
+        self.process: subprocess.Popen[str] | None = None
+        self.bootstrap = ""
+        self._lines: list[str] = []
+        self._ready = threading.Event()
+
+    @property
+    def config_path(self) -> Path:
+        return self.workdir / "sluice.yaml"
+
+    def write_config(self, config: Mapping[str, Any]) -> None:
+        self.config = dict(config)
+        self.config_path.write_text(yaml.safe_dump(self.config))
+
+    def start(self, timeout_s: float = 20.0) -> SluiceProcess:
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        cfg: dict[str, Any] = {"listen": "127.0.0.1:0", "upstream": {"bootstrap": self.upstream},
+                               "log_level": "INFO"} | self.config
+        self.write_config(cfg)
+        cmd = [sys.executable, "-m", "proxy", "proxy", "--config", str(self.config_path), *self.args]
+        self.process = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                        text=True, preexec_fn=_die_with_parent,
+                                        env={**os.environ, **self.env})
+        threading.Thread(target=self._pump, daemon=True).start()
+        if not self._ready.wait(timeout_s):
+            self.stop()
+            raise RuntimeError(f"Sluice did not start:\n{self.log()}")
+        return self
+
+    def _pump(self) -> None:
+        assert self.process is not None and self.process.stdout is not None
+        for line in self.process.stdout:
+            self._lines.append(line)
+            m = READY.search(line)
+            if m:
+                self.bootstrap = m.group(1)
+                self._ready.set()
+
+    def log(self) -> str:
+        return "".join(self._lines)
+
+    def signal(self, sig: int) -> None:
+        assert self.process is not None
+        self.process.send_signal(sig)
+
+    def stop(self, timeout_s: float = 30.0) -> int | None:
+        if self.process is None:
+            return None
+        if self.process.poll() is None:
+            self.process.send_signal(signal.SIGTERM)
+            try:
+                self.process.wait(timeout=timeout_s)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait(timeout=10)
+        time.sleep(0.05)
+        return self.process.returncode
+
+    def __enter__(self) -> SluiceProcess:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
