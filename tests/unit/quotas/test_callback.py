@@ -161,6 +161,13 @@ def test_levels_in_use_sticky_or_not(sticky: bool) -> None:
     assert callback.quota_limit(callback.sensor_key(P, ALICE_APP)) == 200.0
 
 
+def test_levels_are_sticky_by_default() -> None:
+    callback = DefaultQuotaCallback()
+    callback.update_quota(QuotaEntity(user="alice"), P, 1.0)
+    callback.remove_quota(QuotaEntity(user="alice"), P)
+    assert callback.quotas_enabled(P)
+
+
 def test_single_level_fast_paths() -> None:
     # User level only: every caller is keyed (u, ""), configured or not.
     users = _callback((QuotaEntity(user="alice"), 1.0))

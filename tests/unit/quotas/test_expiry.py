@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
 from quotas import (
     DEFAULT,
     SENSOR_SWEEP_INTERVAL_MS,
@@ -96,3 +99,38 @@ def test_churn_of_100k_client_ids_stays_bounded() -> None:
     live = m.sensor_count
     assert m.expire_idle_sensors() == live
     assert m.sensor_count == 0 and m.binding_count == 0
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.lists(st.tuples(st.integers(min_value=0, max_value=60_000), st.integers(min_value=0, max_value=5),
+                          st.booleans()), max_size=80))
+def test_expiry_matches_brute_force(steps: list[tuple[int, int, bool]]) -> None:
+    # Random records (or plain checks) for six client ids with a 100 s expiry, and an explicit
+    # expire_idle_sensors() after each. Model: a sensor lives while now - last record <= 100 s;
+    # the manager also sweeps by itself when a call comes >= 30 s after the previous sweep; a
+    # check creates a missing sensor but does not refresh an existing one (as Kafka's reads).
+    clock = FakeClock()
+    m = _manager(clock, expiry_ms=100_000)
+    last_record: dict[str, int] = {}
+    last_sweep = 0
+
+    def sweep(now: int) -> None:
+        for c, t in list(last_record.items()):
+            if now - t > 100_000:
+                del last_record[c]
+
+    for gap, client, record in steps:
+        now = clock.advance(gap)
+        if now - last_sweep >= SENSOR_SWEEP_INTERVAL_MS:
+            sweep(now)
+        who = ClientIdentity("u", f"c{client}")
+        if record:
+            m.record_and_check(P, who, 1)
+            last_record[who.client_id] = now
+        else:
+            m.check(P, who)
+            last_record.setdefault(who.client_id, now)
+        m.expire_idle_sensors()
+        sweep(now)
+        last_sweep = now
+        assert {key.client_id for key, _, _ in m.sensors()} == set(last_record)

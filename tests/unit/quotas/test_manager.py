@@ -112,7 +112,8 @@ def test_violation_is_strictly_greater_than_bound() -> None:
     m, clock = manager((QuotaEntity(client_id="c"), {F: 100}))
     c = ClientIdentity("u", "c")
     clock.set(5000)
-    # 1000 B over 10 s = 100.0 B/s exactly: not a violation.
+    # 1000 B over 10 s = 100.0 B/s exactly: not a violation (Kafka's Quota.acceptable is v <= bound;
+    # at O = T the formula would give 0 ms anyway).
     decision = m.record_and_check(F, c, 1000)
     assert decision.observed == 100.0 and decision.throttle_time_ms == 0 and not decision.violated
 
@@ -254,7 +255,9 @@ def test_nothing_recorded_until_a_quota_of_that_kind_exists() -> None:
 @pytest.mark.parametrize("sticky", [True, False])
 def test_quotas_enabled_is_sticky_like_kafka_up_to_4_0(sticky: bool) -> None:
     clock = FakeClock()
-    m = QuotaManager(config((QuotaEntity(user="u"), {P: 1000})), clock, sticky_quotas_enabled=sticky)
+    cfg = config((QuotaEntity(user="u"), {P: 1000}))
+    # The default is Kafka <= 4.0's sticky behaviour.
+    m = QuotaManager(cfg, clock) if sticky else QuotaManager(cfg, clock, sticky_quotas_enabled=False)
     u = ClientIdentity("u", "a")
     m.record_and_check(P, u, 5000)
     m.update_config(QuotaConfig())  # every quota removed
