@@ -1,6 +1,23 @@
 """Kafka's client-quota semantics, sans I/O: windowed rates, throttle times, entity precedence.
 
 Time comes from an injected `Clock`; nothing here touches sockets, files or the event loop.
+
+Typical wiring::
+
+    config = QuotaConfig.from_dict(yaml_doc["quotas"])          # QuotaConfigError names key paths
+    quotas = QuotaManager(config, SystemClock())
+    who = ClientIdentity.of(principal_name, header.client_id)    # None -> "ANONYMOUS" / ""
+
+    # Produce: after forwarding, with the request size (header + body, no length prefix).
+    produce = quotas.record_and_check(QuotaKind.PRODUCE, who, request_size)
+    # Fetch: with the response size; when the final throttle is > 0, take it back and send an
+    # empty response instead (Kafka's un-record).
+    fetch = quotas.record_and_check(QuotaKind.FETCH, who, response_size)
+    if max(fetch.throttle_time_ms, request.throttle_time_ms) > 0:
+        quotas.unrecord(QuotaKind.FETCH, who, response_size)
+    throttle_ms = max(broker_throttle_ms, fetch.throttle_time_ms, ...)   # combine with max
+
+    quotas.update_config(new_config)                             # live reload keeps history
 """
 
 from quotas.callback import DefaultQuotaCallback, EntityMatcher, QuotaCallback

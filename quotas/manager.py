@@ -172,8 +172,8 @@ class QuotaManager:
     def check(self, kind: QuotaKind, identity: ClientIdentity) -> ThrottleDecision:
         """The decision `identity` would get now, without recording anything.
 
-        Like a metrics reporter reading Kafka's rate, this purges old samples (and creates the
-        sensor if needed); it does not count as activity for sensor expiry.
+        Like a metrics reporter reading Kafka's rate, this purges old samples and creates the
+        sensor if needed (as Kafka's lookups do); reading never refreshes a sensor's idle time.
         """
         now = self._clock.now_ms()
         if now - self._last_sweep_ms >= SENSOR_SWEEP_INTERVAL_MS:
