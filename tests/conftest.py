@@ -19,6 +19,7 @@ from pathlib import Path
 import pytest
 
 from tests.harness.kafka import KafkaCluster
+from tests.harness.sluice import SluiceProcess
 from tests.harness.tools import KafkaTools, sasl_properties
 
 _CLUSTERS: list[KafkaCluster] = []
@@ -91,7 +92,13 @@ def topic(topic_factory: Callable[..., str]) -> str:
 @pytest.hookimpl(wrapper=True)
 def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Iterator[None]:
     report = yield
-    uses_kafka = any(name.startswith("kafka") for name in getattr(item, "fixturenames", ()))
+    names = getattr(item, "fixturenames", ())
+    uses_kafka = any(name.startswith(("kafka", "sluice")) for name in names)
+    if report.failed and report.when == "call":  # type: ignore[attr-defined]
+        for name in names:
+            proc = getattr(item, "funcargs", {}).get(name)
+            if isinstance(proc, SluiceProcess):
+                report.sections.append((f"{name} log", proc.log()[-8000:]))  # type: ignore[attr-defined]
     if report.failed and uses_kafka:  # type: ignore[attr-defined]
         for cluster in _CLUSTERS:
             if cluster.nodes:
@@ -119,3 +126,23 @@ if os.environ.get("SLUICE_KAFKA_BOOTSTRAP"):
     @pytest.fixture(scope="session")  # type: ignore[no-redef]
     def kafka() -> Iterator[KafkaCluster]:
         yield _External(os.environ["SLUICE_KAFKA_BOOTSTRAP"])
+
+
+@pytest.fixture
+def sluice(kafka: KafkaCluster, tmp_path: Path) -> Iterator[SluiceProcess]:
+    """Sluice in front of the single-node cluster, as a real `python -m proxy proxy` process."""
+    proc = SluiceProcess(kafka.bootstrap, tmp_path / "sluice").start()
+    try:
+        yield proc
+    finally:
+        proc.stop()
+
+
+@pytest.fixture
+def sluice3(kafka_cluster3: KafkaCluster, tmp_path: Path) -> Iterator[SluiceProcess]:
+    """Sluice in front of the three-node cluster."""
+    proc = SluiceProcess(kafka_cluster3.bootstrap, tmp_path / "sluice3").start()
+    try:
+        yield proc
+    finally:
+        proc.stop()
