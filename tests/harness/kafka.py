@@ -25,6 +25,10 @@ from collections.abc import Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from tests.harness.tls import TestCA
 
 REPO = Path(__file__).resolve().parents[2]
 KAFKA_LIBS = Path(os.environ.get("SLUICE_KAFKA_LIBS", REPO / ".cache" / "kafka-libs"))
@@ -103,6 +107,7 @@ class KafkaNode:
     port: int
     controller_port: int
     sasl_port: int | None
+    ssl_port: int | None = None
     process: subprocess.Popen[bytes] | None = None
     _log_file: object | None = field(default=None, repr=False)
 
@@ -122,6 +127,11 @@ class KafkaNode:
     def sasl_bootstrap(self) -> str:
         assert self.sasl_port is not None, "this node has no SASL listener"
         return f"127.0.0.1:{self.sasl_port}"
+
+    @property
+    def ssl_bootstrap(self) -> str:
+        assert self.ssl_port is not None, "this node has no SSL listener"
+        return f"127.0.0.1:{self.ssl_port}"
 
     def log_text(self) -> str:
         try:
@@ -144,13 +154,14 @@ class KafkaCluster:
     """N combined broker+controller nodes on loopback, formatted with one cluster id.
 
     `sasl=True` adds a SASL_PLAINTEXT listener offering PLAIN, SCRAM-SHA-256 and SCRAM-SHA-512 to
-    every node, with `users` created at format time. Inter-broker and controller traffic stay on
+    every node, with `users` created at format time. `tls=TestCA(...)` adds an SSL listener that
+    requires client certificates signed by that CA. Inter-broker and controller traffic stay on
     PLAINTEXT listeners.
     """
 
     def __init__(self, root: Path, nodes: int = 1, *, sasl: bool = False,
                  users: Sequence[User] = DEFAULT_USERS, broker_properties: dict[str, str] | None = None,
-                 heap: str = BROKER_HEAP) -> None:
+                 heap: str = BROKER_HEAP, tls: TestCA | None = None) -> None:
         if nodes < 1:
             raise ValueError("a cluster needs at least one node")
         self.root = root
@@ -159,6 +170,7 @@ class KafkaCluster:
         self.users = tuple(users)
         self.extra_properties = dict(broker_properties or {})
         self.heap = heap
+        self.tls = tls
         self.cluster_id = new_cluster_id()
         self.nodes: list[KafkaNode] = []
         self.start_seconds: float | None = None
@@ -173,6 +185,10 @@ class KafkaCluster:
     @property
     def sasl_bootstrap(self) -> str:
         return ",".join(n.sasl_bootstrap for n in self.nodes)
+
+    @property
+    def ssl_bootstrap(self) -> str:
+        return ",".join(n.ssl_bootstrap for n in self.nodes)
 
     def node(self, node_id: int) -> KafkaNode:
         return next(n for n in self.nodes if n.node_id == node_id)
@@ -248,7 +264,8 @@ class KafkaCluster:
             d = self.root / f"attempt{attempt}" / f"node{i}"
             d.mkdir(parents=True, exist_ok=True)
             self.nodes.append(KafkaNode(i, d, free_port(), free_port(),
-                                        free_port() if self.sasl else None))
+                                        free_port() if self.sasl else None,
+                                        free_port() if self.tls else None))
         voters = ",".join(f"{n.node_id}@127.0.0.1:{n.controller_port}" for n in self.nodes)
         for n in self.nodes:
             n.properties_file.write_text(self._properties(n, voters))
@@ -260,6 +277,9 @@ class KafkaCluster:
         if n.sasl_port is not None:
             listeners.insert(0, f"CLIENT://127.0.0.1:{n.sasl_port}")
             advertised.insert(0, f"CLIENT://127.0.0.1:{n.sasl_port}")
+        if n.ssl_port is not None:
+            listeners.append(f"SSL://127.0.0.1:{n.ssl_port}")
+            advertised.append(f"SSL://127.0.0.1:{n.ssl_port}")
         props = {
             "process.roles": "broker,controller",
             "node.id": str(n.node_id),
@@ -269,7 +289,7 @@ class KafkaCluster:
             "advertised.listeners": ",".join(advertised),
             "inter.broker.listener.name": "PLAINTEXT",
             "listener.security.protocol.map":
-                "PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT,CLIENT:SASL_PLAINTEXT",
+                "PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT,CLIENT:SASL_PLAINTEXT,SSL:SSL",
             "log.dirs": str(n.directory / "data"),
             "num.partitions": "1",
             "default.replication.factor": str(rf),
@@ -302,6 +322,15 @@ class KafkaCluster:
                     "org.apache.kafka.common.security.scram.ScramLoginModule required;",
                 "listener.name.client.scram-sha-512.sasl.jaas.config":
                     "org.apache.kafka.common.security.scram.ScramLoginModule required;",
+            }
+        if self.tls is not None:
+            server = self.tls.issue(f"broker{n.node_id}", f"broker{n.node_id}", server=True)
+            props |= {
+                "listener.name.ssl.ssl.keystore.type": "PEM",
+                "listener.name.ssl.ssl.keystore.location": str(server.combined),
+                "listener.name.ssl.ssl.truststore.type": "PEM",
+                "listener.name.ssl.ssl.truststore.location": str(self.tls.cert_path),
+                "listener.name.ssl.ssl.client.auth": "required",
             }
         props |= self.extra_properties
         return "".join(f"{k}={v}\n" for k, v in props.items())

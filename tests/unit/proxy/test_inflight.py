@@ -1,0 +1,44 @@
+"""Responses leave in request order, whoever produced them."""
+
+from __future__ import annotations
+
+import pytest
+
+from proxy.inflight import CorrelationMismatch, InFlight, InFlightRequests
+
+
+def entry(correlation_id: int, forwarded: bool = True) -> InFlight:
+    return InFlight(correlation_id, 3, 12, "c", 10, 0, forwarded=forwarded)
+
+
+def test_broker_responses_match_the_oldest_forwarded_request() -> None:
+    tracker = InFlightRequests()
+    first, second = tracker.add(entry(7)), tracker.add(entry(8))
+    assert tracker.match_upstream(7) is first
+    first.response = b"r7"
+    assert tracker.match_upstream(8) is second
+
+
+def test_out_of_order_broker_response_is_a_mismatch() -> None:
+    tracker = InFlightRequests()
+    tracker.add(entry(7))
+    tracker.add(entry(8))
+    with pytest.raises(CorrelationMismatch, match="expected 7"):
+        tracker.match_upstream(8)
+
+
+def test_a_local_answer_waits_for_the_earlier_broker_response() -> None:
+    tracker = InFlightRequests()
+    upstream = tracker.add(entry(1))
+    local = tracker.add(entry(2, forwarded=False))
+    local.response = b"answered by sluice"
+    assert list(tracker.ready()) == []            # request 1 has not been answered yet
+    assert tracker.match_upstream(1) is upstream  # local slots are skipped when matching
+    upstream.response = b"from broker"
+    assert [e.correlation_id for e in tracker.ready()] == [1, 2]
+    assert len(tracker) == 0
+
+
+def test_response_with_nothing_in_flight_is_a_mismatch() -> None:
+    with pytest.raises(CorrelationMismatch, match="nothing in flight"):
+        InFlightRequests().match_upstream(1)
