@@ -42,10 +42,11 @@ class TestCA:
         self.directory = directory
         self._key = ec.generate_private_key(ec.SECP256R1())
         now = dt.datetime.now(dt.UTC)
+        start, end = now - dt.timedelta(days=1), now + dt.timedelta(days=30)
         self._cert = (x509.CertificateBuilder()
                       .subject_name(_name(name)).issuer_name(_name(name))
                       .public_key(self._key.public_key()).serial_number(x509.random_serial_number())
-                      .not_valid_before(now - dt.timedelta(days=1)).not_valid_after(now + dt.timedelta(days=30))
+                      .not_valid_before(start).not_valid_after(end)
                       .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
                       .sign(self._key, hashes.SHA256()))
         self.cert_path = directory / "ca.pem"
