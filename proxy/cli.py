@@ -8,7 +8,7 @@ from typing import Any
 
 import click
 
-from proxy.config import ConfigError, load_config
+from proxy.config import ConfigError, ProxyConfig, load_config
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -49,4 +49,7 @@ def proxy(upstream: str | None, listen: str | None, advertised_host: str | None,
         sys.exit(2)
     from proxy.app import run
 
-    sys.exit(run(config))
+    def reload() -> ProxyConfig:
+        return load_config(config_file, overrides)
+
+    sys.exit(run(config, reload if config_file is not None else None))

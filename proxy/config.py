@@ -17,6 +17,9 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from quotas.config import QuotaConfig
+from quotas.errors import QuotaConfigError
+
 ENV_PREFIX = "SLUICE_"
 
 
@@ -123,6 +126,12 @@ class ProxyConfig(BaseModel):
     def _listen(cls, value: Any) -> Any:
         return _host_port(value)
 
+    def quota_config(self) -> QuotaConfig:
+        try:
+            return QuotaConfig.from_dict(self.quotas, path="quotas")
+        except QuotaConfigError as exc:
+            raise ConfigError("invalid configuration:\n  " + str(exc).replace("\n", "\n  ")) from None
+
     @property
     def advertised(self) -> str:
         return self.advertised_host or self.listen.host
@@ -192,6 +201,8 @@ def load_config(path: Path | None = None, overrides: Mapping[str, Any] | None = 
     data = _deep_merge(data, env_overrides(os.environ if environ is None else environ))
     data = _deep_merge(data, overrides or {})
     try:
-        return ProxyConfig.model_validate(data)
+        config = ProxyConfig.model_validate(data)
     except ValidationError as exc:
         raise ConfigError(_format_error(exc, source)) from None
+    config.quota_config()  # quotas are validated at start too
+    return config

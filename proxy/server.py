@@ -7,10 +7,15 @@ import contextlib
 import logging
 from collections.abc import Sequence
 
+from prometheus_client import CollectorRegistry
+
 from proxy.brokers import BrokerRegistry, UpstreamTarget, schedule_server
 from proxy.config import ProxyConfig
 from proxy.connection import ClientConnection, ConnectionServices, connection_factory
+from proxy.enforcement import QuotaManagers, QuotaStage
+from proxy.http import MetricsEndpoint
 from proxy.inflight import InFlight
+from proxy.metrics import QuotaSensorCollector, SluiceMetrics
 from proxy.pipeline import ConnectionContext, Pipeline, ResponseOutcome, Stage, StageBase
 from proxy.rewriting import REWRITTEN_APIS, ResponseRewriter
 from quotas.clock import Clock, SystemClock
@@ -35,6 +40,11 @@ class ProxyServer:
         self.config = config
         self.clock = clock or SystemClock()
         self._extra_stages = list(stages)
+        self.registry_metrics = CollectorRegistry()
+        self.metrics = SluiceMetrics(self.registry_metrics)
+        self.quotas = QuotaManagers(config.quota_config(), self.clock)
+        self.registry_metrics.register(QuotaSensorCollector(self.quotas, self.clock))
+        self.metrics_endpoint: MetricsEndpoint | None = None
         self._servers: list[asyncio.Server] = []
         self._bootstrap_server: asyncio.Server | None = None
         self.services: ConnectionServices | None = None
@@ -43,6 +53,7 @@ class ProxyServer:
         self.bootstrap_address: tuple[str, int] | None = None
         self._stopped = asyncio.Event()
         self._all_closed = asyncio.Event()
+        self._draining = False
 
     @property
     def connections(self) -> set[ClientConnection]:
@@ -58,13 +69,15 @@ class ProxyServer:
             config.listen.host, config.advertised, config.broker_port,
             schedule_server(loop, self._servers, start_listener_factory))  # type: ignore[arg-type]
         self.rewriter = ResponseRewriter(self.registry)
-        pipeline = Pipeline([RewriteStage(self.rewriter), *self._extra_stages])
+        pipeline = Pipeline([RewriteStage(self.rewriter), QuotaStage(self.quotas, self.metrics),
+                             *self._extra_stages, self.metrics])
         self.services = ConnectionServices(
             pipeline=pipeline, registry=self.registry, clock=self.clock,
             bootstrap=[(a.host, a.port) for a in config.upstream.bootstrap],
             upstream_ssl=config.upstream.tls.context(),
             connect_timeout_s=config.upstream.connect_timeout_ms / 1000,
-            max_frame_bytes=config.max_frame_bytes, on_close=self._connection_closed)
+            max_frame_bytes=config.max_frame_bytes, on_close=self._connection_closed,
+            on_open=lambda c: self.metrics.connection_opened(c.ctx.listener))
         self._bootstrap_server = await loop.create_server(
             connection_factory(self.services)(UpstreamTarget(None)), config.listen.host, config.listen.port,
             reuse_address=True)
@@ -72,8 +85,20 @@ class ProxyServer:
         self.bootstrap_address = (sock[0], sock[1])
         log.info("Sluice listening on %s:%d for %s", sock[0], sock[1],
                  ",".join(str(a) for a in config.upstream.bootstrap))
+        if config.metrics.port is not None:
+            self.metrics_endpoint = MetricsEndpoint(self.registry_metrics, lambda: not self._draining)
+            await self.metrics_endpoint.start(config.metrics.host, config.metrics.port)
 
-    def _connection_closed(self, _conn: ClientConnection) -> None:
+    def reload(self, config: ProxyConfig) -> None:
+        """SIGHUP: apply new quotas to live sensors; connections and sensor history stay."""
+        quotas = config.quota_config()
+        self.quotas.update_config(quotas)
+        self.config = config
+        log.info("configuration reloaded: %d quota entr%s%s", len(quotas), "y" if len(quotas) == 1 else "ies",
+                 " (shadow mode for all)" if quotas.shadow_all else "")
+
+    def _connection_closed(self, conn: ClientConnection) -> None:
+        self.metrics.connection_closed(conn.ctx.listener)
         if not self.connections:
             self._all_closed.set()
 
@@ -89,6 +114,7 @@ class ProxyServer:
     async def drain(self, timeout_s: float | None = None) -> None:
         """SIGTERM: stop accepting, let in-flight requests finish, then close everything."""
         timeout = self.config.drain_timeout_ms / 1000 if timeout_s is None else timeout_s
+        self._draining = True
         servers = [s for s in [self._bootstrap_server, *self._servers] if s is not None]
         for server in servers:
             server.close()
@@ -105,6 +131,8 @@ class ProxyServer:
             conn.close(f"drain timeout with {conn.in_flight} request(s) in flight")
         for server in servers:
             await server.wait_closed()
+        if self.metrics_endpoint is not None:
+            await self.metrics_endpoint.stop()
         self._stopped.set()
 
     async def wait_stopped(self) -> None:

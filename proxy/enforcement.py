@@ -1,0 +1,176 @@
+"""Quota enforcement on the wire, the way a Kafka broker does it (KIP-219).
+
+What is recorded, and when:
+
+- `producer_byte_rate`: the Produce request's size (header + body, without the 4-byte length
+  prefix, as Kafka's `request.sizeInBytes`), when the request arrives. A throttle mutes the client
+  at once; the broker's response then carries the throttle time. acks=0 produces get no response,
+  so for them the mute is the whole enforcement.
+- `consumer_byte_rate`: the Fetch response's size, when it comes back from the broker. When the
+  client is throttled (by bytes or requests) the bytes are un-recorded and the client gets an
+  empty response instead (error 0, no records, the broker's fetch session id kept) and fetches the
+  same offsets again after the delay: nothing is lost.
+- `request_rate` (Sluice's own, requests per second): every request but ApiVersions and SASL, when
+  it arrives.
+- `request_percentage`: what a proxy can measure of broker time. Kafka meters request-handler
+  thread time; Sluice meters the upstream round trip of each request (from forwarding to the
+  response), as percent of one thread, recorded when the response arrives. Fetch is left out:
+  its round trip is mostly a long-poll wait that costs the broker nothing. The round trip also
+  includes network time and queueing in the broker, so it overstates thread time under load;
+  treat the values as relative, and set them from observed usage.
+
+The response carries max(broker's throttle_time_ms, Sluice's); the channel stays muted until the
+response has been written and the delay has passed. In shadow mode the decision is computed,
+counted and logged, and nothing is throttled.
+
+Quotas are per broker, as in Kafka: a client that talks to three brokers through Sluice may use
+three times its quota. Each broker listener (and the bootstrap listener) has its own sensors.
+"""
+
+from __future__ import annotations
+
+import logging
+import struct
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+from protocol.apis import ApiKey, response_header_version
+from protocol.errors import ProtocolError
+from protocol.fetch import empty_fetch_response
+from protocol.headers import RequestHeader, response_body_offset
+from protocol.throttle import patch_throttle_time
+from proxy.inflight import InFlight
+from proxy.pipeline import ConnectionContext, RequestVerdict, ResponseOutcome, StageBase
+from quotas.clock import Clock
+from quotas.config import QuotaConfig
+from quotas.entity import ClientIdentity, QuotaKind
+from quotas.manager import QuotaManager, ThrottleDecision
+
+log = logging.getLogger("sluice.quotas")
+
+_NOT_REQUEST_RATED = frozenset({ApiKey.API_VERSIONS, ApiKey.SASL_HANDSHAKE, ApiKey.SASL_AUTHENTICATE})
+
+# notes keys stored on an in-flight request
+DECISIONS = "decisions"
+ENFORCED_MS = "sluice_throttle_ms"
+IDENTITY = "identity"
+
+
+@dataclass(frozen=True, slots=True)
+class Scope:
+    """Which broker's sensors a connection uses: a broker id, or None for the bootstrap listener."""
+
+    broker_id: int | None
+
+
+class QuotaManagers:
+    """One `QuotaManager` per broker behind Sluice (Kafka's quotas are per broker)."""
+
+    def __init__(self, config: QuotaConfig, clock: Clock) -> None:
+        self._config = config
+        self._clock = clock
+        self._managers: dict[int | None, QuotaManager] = {}
+
+    def for_broker(self, broker_id: int | None) -> QuotaManager:
+        manager = self._managers.get(broker_id)
+        if manager is None:
+            manager = QuotaManager(self._config, self._clock, sticky_quotas_enabled=False)
+            self._managers[broker_id] = manager
+        return manager
+
+    @property
+    def config(self) -> QuotaConfig:
+        return self._config
+
+    def update_config(self, config: QuotaConfig) -> None:
+        """Apply new quotas to live sensors, keeping their history (Kafka's quota update)."""
+        for manager in self._managers.values():
+            manager.update_config(config)
+        self._config = config
+
+    def items(self) -> Iterator[tuple[int | None, QuotaManager]]:
+        return iter(list(self._managers.items()))
+
+
+class QuotaStage(StageBase):
+    def __init__(self, managers: QuotaManagers, observer: DecisionObserver | None = None) -> None:
+        self._managers = managers
+        self._observer = observer
+
+    # ------------------------------------------------------------------ requests
+
+    def on_request(self, ctx: ConnectionContext, header: RequestHeader, payload: bytes,
+                   expects_response: bool) -> RequestVerdict | None:
+        manager = self._managers.for_broker(ctx.broker_id)
+        identity = ClientIdentity.of(ctx.principal, header.client_id)
+        decisions: list[ThrottleDecision] = []
+        if header.api_key not in _NOT_REQUEST_RATED:
+            decisions.append(manager.record_and_check(QuotaKind.REQUEST_RATE, identity, 1.0))
+        if header.api_key == ApiKey.PRODUCE:
+            decisions.append(manager.record_and_check(QuotaKind.PRODUCE, identity, len(payload)))
+        enforced = self._observe(ctx, decisions)
+        return RequestVerdict(throttle_time_ms=enforced,
+                              notes={DECISIONS: decisions, ENFORCED_MS: enforced, IDENTITY: identity})
+
+    # ------------------------------------------------------------------ responses
+
+    def on_response(self, ctx: ConnectionContext, entry: InFlight, payload: bytes) -> ResponseOutcome | None:
+        notes = entry.notes
+        identity = notes.get(IDENTITY)
+        if not isinstance(identity, ClientIdentity):
+            return None
+        manager = self._managers.for_broker(ctx.broker_id)
+        decisions: list[ThrottleDecision] = notes[DECISIONS]  # type: ignore[assignment]
+        earlier_ms = int(notes[ENFORCED_MS])  # type: ignore[call-overload]
+        new_ms = 0
+        if entry.api_key == ApiKey.FETCH:
+            fetch = manager.record_and_check(QuotaKind.FETCH, identity, len(payload))
+            decisions.append(fetch)
+            new_ms = self._observe(ctx, [fetch])
+            if max(new_ms, earlier_ms) > 0:
+                manager.unrecord(QuotaKind.FETCH, identity, len(payload))
+                payload = self._empty_fetch(entry, payload, max(new_ms, earlier_ms))
+        elif entry.forwarded and entry.api_key not in _NOT_REQUEST_RATED:
+            elapsed_ms = entry.response_received_ms - entry.received_ms
+            rp = manager.record_and_check(QuotaKind.REQUEST_PERCENTAGE, identity, elapsed_ms / 10.0)
+            decisions.append(rp)
+            new_ms = self._observe(ctx, [rp])
+        total_ms = max(new_ms, earlier_ms)
+        notes[ENFORCED_MS] = total_ms
+        if total_ms > 0:
+            try:
+                payload = patch_throttle_time(payload, entry.api_key, entry.api_version, total_ms)
+            except ProtocolError as exc:
+                log.warning("cannot write throttle_time_ms into %d v%d response: %s",
+                            entry.api_key, entry.api_version, exc)
+        return ResponseOutcome(payload, new_ms)
+
+    def _empty_fetch(self, entry: InFlight, payload: bytes, throttle_ms: int) -> bytes:
+        try:
+            version = entry.api_version
+            session_id = 0
+            if version >= 7:
+                body = response_body_offset(payload, response_header_version(ApiKey.FETCH, version))
+                _throttle, error_code, session_id = struct.unpack_from(">ihi", payload, body)
+                if error_code != 0:
+                    return payload  # a top-level error (e.g. a session problem) goes through as it is
+            return empty_fetch_response(entry.correlation_id, version, throttle_ms, session_id)
+        except (ProtocolError, struct.error) as exc:
+            log.warning("cannot build a throttled Fetch v%d response, forwarding data: %s",
+                        entry.api_version, exc)
+            return payload
+
+    def _observe(self, ctx: ConnectionContext, decisions: list[ThrottleDecision]) -> int:
+        enforced = 0
+        for d in decisions:
+            if d.would_throttle_ms > 0 and self._observer is not None:
+                self._observer.on_violation(ctx, d)
+            enforced = max(enforced, d.throttle_time_ms)
+        return enforced
+
+
+class DecisionObserver:
+    """Told of every violation (enforced or shadow); metrics and logs implement it."""
+
+    def on_violation(self, ctx: ConnectionContext, decision: ThrottleDecision) -> None:
+        raise NotImplementedError

@@ -1,0 +1,58 @@
+"""A minimal HTTP endpoint on the metrics port: `/metrics` (Prometheus text) and `/healthz`.
+
+asyncio-native so it shares the proxy's loop; prometheus-client renders the exposition format.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Callable
+
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
+
+log = logging.getLogger("sluice.http")
+
+
+class MetricsEndpoint:
+    def __init__(self, registry: CollectorRegistry, healthy: Callable[[], bool]) -> None:
+        self._registry = registry
+        self._healthy = healthy
+        self._server: asyncio.Server | None = None
+        self.port = 0
+
+    async def start(self, host: str, port: int) -> None:
+        self._server = await asyncio.start_server(self._handle, host, port, reuse_address=True)
+        self.port = int(self._server.sockets[0].getsockname()[1])
+        log.info("metrics on http://%s:%d/metrics", host, self.port)
+
+    async def stop(self) -> None:
+        if self._server is not None:
+            self._server.close()
+            await self._server.wait_closed()
+
+    async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            request_line = await asyncio.wait_for(reader.readline(), 5)
+            while (line := await asyncio.wait_for(reader.readline(), 5)) not in (b"\r\n", b"\n", b""):
+                del line
+            parts = request_line.decode("latin-1").split()
+            path = parts[1].split("?", 1)[0] if len(parts) >= 2 else ""
+            if path == "/metrics":
+                status, ctype, body = "200 OK", CONTENT_TYPE_LATEST, generate_latest(self._registry)
+            elif path == "/healthz":
+                ok = self._healthy()
+                status = "200 OK" if ok else "503 Service Unavailable"
+                ctype, body = "text/plain", b"ok\n" if ok else b"draining\n"
+            else:
+                status, ctype, body = "404 Not Found", "text/plain", b"not found\n"
+            writer.write(f"HTTP/1.1 {status}\r\nContent-Type: {ctype}\r\nContent-Length: {len(body)}\r\n"
+                         "Connection: close\r\n\r\n".encode() + body)
+            await writer.drain()
+        except (TimeoutError, ConnectionError, UnicodeDecodeError):
+            pass
+        finally:
+            writer.close()
+            with contextlib.suppress(ConnectionError):
+                await writer.wait_closed()
