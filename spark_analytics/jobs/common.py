@@ -195,8 +195,10 @@ def quotas_frame(spark: SparkSession, entries: Sequence[QuotaEntry]) -> DataFram
 # ------------------------------------------------------------------------------ load
 
 def rows(df: DataFrame, order_by: Sequence[str]) -> list[dict[str, Any]]:
-    """Collect a small result as plain dicts, in a stable order."""
-    return [r.asDict(recursive=True) for r in df.orderBy(*order_by).collect()]
+    """Collect a small result as plain dicts, sorted on the driver (nulls first): a Spark orderBy
+    would cost an extra sampling job for a few hundred rows."""
+    collected = [r.asDict(recursive=True) for r in df.collect()]
+    return sorted(collected, key=lambda r: tuple((r[k] is not None, r[k]) for k in order_by))
 
 
 def write_json(path: Path, doc: Mapping[str, Any]) -> Path:

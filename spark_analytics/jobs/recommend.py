@@ -68,7 +68,7 @@ def run(spark: SparkSession, args: argparse.Namespace, progress: Progress,
 
     progress.step("reading the logs, aggregating and recommending")
     if cs is None:
-        cs = client_seconds_of(spark, args)
+        cs = client_seconds_of(spark, args, cache=False)
     plan = (cs.transform(entity_seconds(policy))
             .transform(rate_stats(policy.percentile))
             .transform(recommend(policy, current)))

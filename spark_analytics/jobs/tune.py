@@ -52,7 +52,7 @@ def main(argv: list[str] | None = None) -> int:
         spark = build_session("sluice-tune", args.master, kafka=bool(args.kafka_bootstrap),
                               conf=common.spark_conf(args))
         with Progress(spark, "tune", enabled=not args.no_progress) as progress:
-            cs = usage_report.client_seconds_of(spark, args)
+            cs = usage_report.client_seconds_of(spark, args, cache=True)
             report_args = argparse.Namespace(**vars(args) | {
                 "out": args.out / "report", "percentile": policy.percentile,
                 "rate_scope": policy.rate_scope, "unmatched": policy.unmatched})

@@ -46,11 +46,12 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def client_seconds_of(spark: SparkSession, args: argparse.Namespace) -> DataFrame:
-    """Extract + the one pass over the records, cached: every later step reads this."""
+def client_seconds_of(spark: SparkSession, args: argparse.Namespace, *, cache: bool) -> DataFrame:
+    """Extract + the one pass over the records. Cache it when more than one step reads it."""
     from spark_analytics.transforms import client_seconds
 
-    return common.extract_logs(spark, args).transform(client_seconds).cache()
+    cs = common.extract_logs(spark, args).transform(client_seconds)
+    return cs.cache() if cache else cs
 
 
 def run(spark: SparkSession, args: argparse.Namespace, progress: Progress,
@@ -69,7 +70,7 @@ def run(spark: SparkSession, args: argparse.Namespace, progress: Progress,
     policy = QuotaPolicy(percentile=args.percentile, rate_scope=args.rate_scope, unmatched=args.unmatched)
     progress.step("reading the logs and aggregating per second")
     if cs is None:
-        cs = client_seconds_of(spark, args)
+        cs = client_seconds_of(spark, args, cache=True)
     totals = cs.agg(F.sum("requests").alias("records"), F.min("second").alias("first"),
                     F.max("second").alias("last")).first()
     assert totals is not None

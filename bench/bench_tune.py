@@ -1,0 +1,278 @@
+"""Benchmark of the quota recommendation job against a bare aggregation, on local[2].
+
+For each size (1, 3 and 10 million records by default) it writes access logs in the default format
+(JSON lines in the date=/hour= layout, exactly what `dumps_record` writes; a sample is checked with
+`validate_record`), then, in one Spark session, times
+
+* the recommendation job (`spark_analytics.jobs.recommend.run`: read, per-second aggregation,
+  exact percentiles, recommendation, plan files), and
+* the baseline: the same files read with the same explicit schema, bytes summed per
+  (principal, client_id, second), then exact p50/p95/p99 per client, collected.
+
+Results go to bench/results/tune.json and bench/results/tune.png. Targets: 10 million records in
+under 30 s, and no more than 2x the baseline.
+
+    .venv/bin/python -m bench.bench_tune                   # 1M, 3M, 10M
+    .venv/bin/python -m bench.bench_tune --max 1000000     # only sizes up to 1M
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import multiprocessing
+import os
+import platform
+import random
+import shutil
+import sys
+import tempfile
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from spark_analytics.access_log_schema import FIELD_NAMES, partition_path, validate_record
+
+RESULTS = Path(__file__).resolve().parent / "results"
+T0_MS = 1_767_225_600_000  # 2026-01-01T00:00:00Z
+RECORDS_PER_SECOND = 2_000  # the generated traffic: span = records / 2000 s
+INSTANCES = ("sluice-1", "sluice-2")
+USERS, CLIENTS_PER_USER = 16, 4
+
+_HEAD = ('{"schema_version":1,"ts_ms":%d,"instance":"%s","broker_id":%d,"client_address":"10.1.%d.%d:%d",'
+         '"principal":"%s","client_id":"%s","client_software_name":"apache-kafka-java",'
+         '"client_software_version":"4.3.1",')
+_PRODUCE = ('"api_key":0,"api_name":"Produce","api_version":11,"correlation_id":%d,"request_bytes":%d,'
+            '"response_bytes":64,"topics":[{"topic":"%s","partition":%d,"records":%d,"bytes":%d}],')
+_FETCH = ('"api_key":1,"api_name":"Fetch","api_version":17,"correlation_id":%d,"request_bytes":120,'
+          '"response_bytes":%d,"topics":[{"topic":"%s","partition":%d,"records":%d,"bytes":%d}],')
+_OTHER = ('"api_key":3,"api_name":"Metadata","api_version":12,"correlation_id":%d,"request_bytes":48,'
+          '"response_bytes":%d,"topics":null,')
+_TAIL = ('"upstream_latency_ms":%.3f,"throttle_time_ms":%d,"broker_throttle_time_ms":0,'
+         '"quota_entity":%s,"quota_kind":%s,"quota_limit":%s,"shadow":false,"would_throttle_ms":null,'
+         '"error_codes":[]}\n')
+
+
+def _clients() -> list[dict[str, Any]]:
+    """64 clients with Zipf-like traffic shares; every other user has a user quota configured."""
+    out = []
+    for u in range(USERS):
+        for c in range(CLIENTS_PER_USER):
+            rank = len(out) + 1
+            quota = u % 2 == 0
+            out.append({"user": f"user-{u:02d}", "client": f"app-{u:02d}-{c}", "weight": 1.0 / rank,
+                        "size": 200 + 40_000 // rank, "entity": f'"user=user-{u:02d}"' if quota else "null",
+                        "limit": "1048576.0" if quota else "null", "host": (u, c)})
+    return out
+
+
+def _generate_slice(args: tuple[str, int, int, int, int]) -> int:
+    root, worker, count, start_ms, span_ms = args
+    rng = random.Random(worker * 7919 + count)
+    clients = _clients()
+    weights = [c["weight"] for c in clients]
+    files: dict[Path, list[str]] = {}
+    paths: dict[tuple[int, str], Path] = {}  # partition_path per (hour, instance): it is not cheap
+    written = 0
+    batch = 20_000
+    for first in range(0, count, batch):
+        n = min(batch, count - first)
+        chosen = rng.choices(clients, weights, k=n)
+        for i, cl in enumerate(chosen):
+            k = first + i
+            ts = start_ms + (k * span_ms) // count
+            instance = INSTANCES[k & 1]
+            head = _HEAD % (ts, instance, 1 + (k % 3), cl["host"][0], cl["host"][1], 40000 + cl["host"][1],
+                            cl["user"], cl["client"])
+            roll = rng.random()
+            size = int(cl["size"] * (0.5 + rng.random()))
+            if roll < 0.45:
+                body = _PRODUCE % (k, size + 90, "orders", k % 12, 1 + size // 100, size)
+                kind = '"producer_byte_rate"'
+            elif roll < 0.9:
+                body = _FETCH % (k, size * 4 + 60, "orders", k % 12, 1 + size // 25, size * 4)
+                kind = '"consumer_byte_rate"'
+            else:
+                body = _OTHER % (k, 900)
+                kind = "null"
+            throttle = 0 if rng.random() < 0.97 else rng.randint(1, 400)
+            quoted = cl["entity"] != "null" and kind != "null"
+            tail = _TAIL % (0.2 + rng.random() * 3, throttle, cl["entity"] if quoted else "null",
+                            kind if quoted else "null", cl["limit"] if quoted else "null")
+            where = (ts // 3_600_000, instance)
+            path = paths.get(where)
+            if path is None:
+                path = paths[where] = partition_path(root, ts, instance, worker)
+            files.setdefault(path, []).append(head + body + tail)
+        for path, lines in files.items():
+            path.parent.mkdir(parents=True, exist_ok=True)
+            with path.open("a") as f:
+                f.write("".join(lines))
+            written += len(lines)
+        files.clear()
+    return written
+
+
+def generate(root: Path, records: int, workers: int) -> float:
+    """Write `records` records under `root`; returns seconds taken."""
+    t = time.perf_counter()
+    span_ms = max(1, records // RECORDS_PER_SECOND) * 1000
+    per = [records // workers + (1 if w < records % workers else 0) for w in range(workers)]
+    starts = [T0_MS + span_ms * sum(per[:w]) // records for w in range(workers)]
+    jobs = [(str(root), w, per[w], starts[w], span_ms * per[w] // records) for w in range(workers)]
+    with multiprocessing.get_context("fork").Pool(workers) as pool:
+        total = sum(pool.map(_generate_slice, jobs))
+    assert total == records, (total, records)
+    return time.perf_counter() - t
+
+
+def check_sample(root: Path, lines: int = 200) -> None:
+    """The generated lines are valid records in field order (the generator is templated by hand)."""
+    path = next(root.rglob("*.jsonl"))
+    with path.open() as f:
+        for _, line in zip(range(lines), f, strict=False):
+            record = json.loads(line)
+            problems = validate_record(record)
+            assert not problems and tuple(record) == FIELD_NAMES, (problems, line)
+
+
+def dir_bytes(root: Path) -> int:
+    return sum(p.stat().st_size for p in root.rglob("*") if p.is_file())
+
+
+# ------------------------------------------------------------------------------ the two timed runs
+
+def baseline(spark: Any, root: Path) -> tuple[float, int]:
+    from pyspark.sql import functions as F
+
+    from spark_analytics.schema import read_access_logs
+
+    t = time.perf_counter()
+    logs = read_access_logs(spark, str(root))
+    per_second = (logs.where(F.col("api_key").isin(0, 1))
+                  .groupBy("principal", "client_id", F.expr("ts_ms div 1000").alias("second"))
+                  .agg(F.sum(F.when(F.col("api_key") == 0, F.col("request_bytes"))
+                             .otherwise(F.col("response_bytes"))).alias("bytes")))
+    result = (per_second.groupBy("principal", "client_id")
+              .agg(F.percentile(F.col("bytes").cast("double"), [0.5, 0.95, 0.99]).alias("p")).collect())
+    return time.perf_counter() - t, len(result)
+
+
+def recommendation(spark: Any, root: Path, out: Path) -> tuple[float, int]:
+    from spark_analytics.jobs import recommend
+    from spark_analytics.plan import read_plan
+    from spark_analytics.session import Progress
+
+    current = out / "current.json"
+    out.mkdir(parents=True, exist_ok=True)
+    current.write_text(json.dumps([{"entity": f"user=user-{u:02d}", "values": {"producer_byte_rate": 1048576.0,
+                                                                              "consumer_byte_rate": 1048576.0}}
+                                   for u in range(0, USERS, 2)]))
+    args = recommend.build_parser().parse_args(["--logs", str(root), "--out", str(out / "plan"),
+                                                "--current-quotas", str(current), "--no-plots"])
+    t = time.perf_counter()
+    with Progress(spark, "bench", enabled=False) as progress:
+        path = recommend.run(spark, args, progress)
+    spark.catalog.clearCache()
+    return time.perf_counter() - t, len(read_plan(path).entries)
+
+
+def session(master: str, driver_memory: str) -> Any:
+    from spark_analytics.session import build_session
+
+    return build_session("sluice-bench-tune", master, conf={"spark.driver.memory": driver_memory},
+                         log_level="ERROR")
+
+
+def plot(runs: Sequence[dict[str, Any]], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    n = [r["records"] / 1e6 for r in runs]
+    fig, ax = plt.subplots(figsize=(7, 4.2))
+    ax.plot(n, [r["job_s"] for r in runs], "o-", label="recommendation job")
+    ax.plot(n, [r["baseline_s"] for r in runs], "s--", label="bare aggregation (baseline)")
+    ax.axhline(30, color="grey", linestyle=":", label="target at 10M: 30 s")
+    ax.set_xlabel("million records (JSON lines)")
+    ax.set_ylabel("seconds on local[2]")
+    ax.set_title("sluice tune: recommendation vs bare aggregation")
+    ax.grid(alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--sizes", type=int, nargs="+", default=[1_000_000, 3_000_000, 10_000_000])
+    p.add_argument("--max", type=int, default=None, help="skip sizes above this")
+    p.add_argument("--workdir", type=Path, default=None, help="where the logs go (default: a temp dir)")
+    p.add_argument("--keep", action="store_true", help="keep the generated logs")
+    p.add_argument("--workers", type=int, default=2, help="processes writing logs")
+    p.add_argument("--master", default="local[2]")
+    p.add_argument("--driver-memory", default="2g")
+    p.add_argument("--results", type=Path, default=RESULTS)
+    args = p.parse_args(argv)
+    sizes = [s for s in args.sizes if args.max is None or s <= args.max]
+    if not sizes:
+        p.error("no sizes left under --max")
+    work = args.workdir or Path(tempfile.mkdtemp(prefix="sluice-bench-tune-"))
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+
+    runs: list[dict[str, Any]] = []
+    datasets = {}
+    for n in sizes:
+        root = work / f"logs-{n}"
+        if root.exists():
+            shutil.rmtree(root)
+        gen_s = generate(root, n, args.workers)
+        check_sample(root)
+        datasets[n] = root
+        print(f"generated {n:,} records in {gen_s:.1f}s ({n / gen_s:,.0f}/s, "
+              f"{dir_bytes(root) / 1e9:.2f} GB)", flush=True)
+        runs.append({"records": n, "generate_s": round(gen_s, 2), "bytes_on_disk": dir_bytes(root)})
+
+    t = time.perf_counter()
+    spark = session(args.master, args.driver_memory)
+    startup_s = time.perf_counter() - t
+    baseline(spark, datasets[sizes[0]])  # warm-up (JIT, file listing code paths), not measured
+    for run in runs:
+        root = datasets[run["records"]]
+        base_s, clients = baseline(spark, root)
+        job_s, entries = recommendation(spark, root, work / f"out-{run['records']}")
+        run |= {"baseline_s": round(base_s, 2), "job_s": round(job_s, 2),
+                "job_records_per_s": round(run["records"] / job_s), "ratio_job_to_baseline": round(job_s / base_s, 2),
+                "baseline_clients": clients, "plan_entries": entries}
+        print(f"{run['records']:>11,} records: job {job_s:6.1f}s ({run['job_records_per_s']:>9,}/s), "
+              f"baseline {base_s:6.1f}s, ratio {job_s / base_s:.2f}", flush=True)
+    spark.stop()
+
+    first, last = runs[0], runs[-1]
+    scale = last["records"] / first["records"]
+    summary = {
+        "machine": {"cores": os.cpu_count(), "python": platform.python_version(), "platform": platform.platform()},
+        "spark": {"master": args.master, "driver_memory": args.driver_memory, "session_start_s": round(startup_s, 2)},
+        "format": "json lines, date=/hour= layout, explicit schema",
+        "runs": runs,
+        "growth": {"records_x": scale, "job_x": round(last["job_s"] / first["job_s"], 2),
+                   "baseline_x": round(last["baseline_s"] / first["baseline_s"], 2)},
+    }
+    if last["records"] >= 10_000_000:
+        summary["targets"] = {"job_under_30s_at_10M": last["job_s"] < 30,
+                              "job_at_most_2x_baseline": last["ratio_job_to_baseline"] <= 2.0}
+    args.results.mkdir(parents=True, exist_ok=True)
+    (args.results / "tune.json").write_text(json.dumps(summary, indent=2) + "\n")
+    plot(runs, args.results / "tune.png")
+    print(json.dumps(summary["growth"] | summary.get("targets", {})))
+    if not args.keep and args.workdir is None:
+        shutil.rmtree(work, ignore_errors=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
