@@ -160,7 +160,8 @@ def patch_throttle_time(
     if patch is None:
         return payload
     offset, new_bytes = patch
-    return b"".join((payload[:offset], new_bytes, payload[offset + 4 :]))
+    with memoryview(payload) as view:  # slices of a view are not copies: one copy in all
+        return b"".join((view[:offset], new_bytes, view[offset + 4 :]))
 
 
 # --- Produce ------------------------------------------------------------------------------------
@@ -182,40 +183,84 @@ def produce_throttle_offset_walk(payload: bytes, body: int, api_version: int) ->
     """Walk a Produce response (v1-v13) to its throttle_time_ms; check that the layout adds up.
 
     Per partition: index int32, error_code int16, base_offset int64, log_append_time_ms int64 (v2+),
-    log_start_offset int64 (v5+), record_errors[] and error_message (v8+), tags (v9+).
+    log_start_offset int64 (v5+), record_errors[] and error_message (v8+), tags (v9+). Unknown
+    tagged fields are skipped at every level. The walk must end exactly at the end of the payload.
     """
-    flexible = api_version >= 9
-    fixed = 14 + (8 if api_version >= 2 else 0) + (8 if api_version >= 5 else 0)
-    n_topics, pos = read_array_len(payload, body, flexible, "produce responses", 2)
-    for _ in range(n_topics):
-        if api_version >= 13:
-            pos = skip(payload, pos, 16, "produce topic_id")
-        else:
-            pos = skip_string(payload, pos, flexible, "produce topic name")
-        n_parts, pos = read_array_len(payload, pos, flexible, "produce partition_responses", fixed)
-        for _ in range(n_parts):
-            pos = skip(payload, pos, fixed, "produce partition response")
-            if api_version >= 8:
-                n_errors, pos = read_array_len(payload, pos, flexible, "produce record_errors", 5)
-                for _ in range(n_errors):
-                    pos = skip(payload, pos, 4, "produce record_errors batch_index")
-                    pos = skip_string(payload, pos, flexible, "produce batch_index_error_message")
-                    if flexible:
-                        pos = skip_tagged_fields(payload, pos, "produce record_error tags")
-                pos = skip_string(payload, pos, flexible, "produce error_message")
-            if flexible:
-                pos = skip_tagged_fields(payload, pos, "produce partition tags")
-        if flexible:
-            pos = skip_tagged_fields(payload, pos, "produce topic tags")
-    offset = pos
-    end = skip(payload, offset, 4, "produce throttle_time_ms")
-    if flexible:
-        end = skip_tagged_fields(payload, end, "produce response tags")
+    if api_version >= 9:
+        offset, end = _produce_walk_flexible(payload, body, api_version)
+    else:
+        offset, end = _produce_walk_legacy(payload, body, api_version)
     if end != len(payload):
         raise DecodeError(
             f"produce v{api_version} response layout mismatch: {len(payload) - end} trailing bytes", end
         )
     return offset
+
+
+def _produce_walk_legacy(payload: bytes, body: int, api_version: int) -> tuple[int, int]:
+    # v1-v8 production code takes the last 4 bytes; this walk exists to cross-check that.
+    fixed = 14 + (8 if api_version >= 2 else 0) + (8 if api_version >= 5 else 0)
+    n_topics, pos = read_array_len(payload, body, False, "produce responses", 2)
+    for _ in range(n_topics):
+        pos = skip_string(payload, pos, False, "produce topic name")
+        n_parts, pos = read_array_len(payload, pos, False, "produce partition_responses", fixed)
+        for _ in range(n_parts):
+            pos = skip(payload, pos, fixed, "produce partition response")
+            if api_version >= 8:
+                n_errors, pos = read_array_len(payload, pos, False, "produce record_errors", 6)
+                for _ in range(n_errors):
+                    pos = skip_string(payload, pos + 4, False, "produce batch_index_error_message")
+                pos = skip_string(payload, pos, False, "produce error_message")
+    return pos, skip(payload, pos, 4, "produce throttle_time_ms")
+
+
+def _produce_walk_flexible(payload: bytes, body: int, api_version: int) -> tuple[int, int]:
+    # The hot path for v9+ (every response to a modern producer), so the common cases are inlined:
+    # one-byte varints (arrays under 127 items, strings under 127 bytes), no record errors, a null
+    # error message and empty tag sections. Everything else goes through the bounds-checked
+    # helpers. Running off the end raises IndexError (turned into DecodeError) or is caught by the
+    # caller's final length check.
+    n = len(payload)
+    try:
+        pos = body
+        byte = payload[pos]
+        if byte < 0x80:
+            n_topics, pos = byte - 1, pos + 1  # 0 = null array: no topics
+        else:
+            n_topics, pos = read_array_len(payload, pos, True, "produce responses", 2)
+        for _ in range(n_topics):
+            if api_version >= 13:
+                pos += 16  # topic_id (uuid)
+            else:
+                byte = payload[pos]  # topic name: compact string, length + 1
+                pos = pos + max(byte, 1) if byte < 0x80 else skip_string(payload, pos, True, "produce topic")
+            byte = payload[pos]
+            if byte < 0x80:
+                n_partitions, pos = byte - 1, pos + 1
+            else:
+                n_partitions, pos = read_array_len(payload, pos, True, "produce partition_responses", 30)
+            for _ in range(n_partitions):
+                pos += 30  # index, error_code, base_offset, log_append_time_ms, log_start_offset
+                if payload[pos] == 1:  # record_errors: empty
+                    pos += 1
+                else:
+                    n_errors, pos = read_array_len(payload, pos, True, "produce record_errors", 6)
+                    for _ in range(n_errors):
+                        pos = skip_string(payload, pos + 4, True, "produce batch_index_error_message")
+                        pos = skip_tagged_fields(payload, pos, "produce record_error tags")
+                if payload[pos] == 0:  # error_message: null
+                    pos += 1
+                else:
+                    pos = skip_string(payload, pos, True, "produce error_message")
+                if payload[pos] == 0:  # partition tags: none (current_leader comes with errors)
+                    pos += 1
+                else:
+                    pos = skip_tagged_fields(payload, pos, "produce partition tags")
+            pos = skip_tagged_fields(payload, pos, "produce topic tags")
+    except IndexError as exc:
+        raise DecodeError(f"truncated produce v{api_version} response", n) from exc
+    end = skip(payload, pos, 4, "produce throttle_time_ms")
+    return pos, skip_tagged_fields(payload, end, "produce response tags")
 
 
 # --- ApiVersions --------------------------------------------------------------------------------

@@ -22,6 +22,7 @@ from hypothesis import strategies as st
 from kafka.protocol.consumer.fetch import FetchResponse as KpFetchResponse
 from kafka.protocol.producer import ProduceResponse as KpProduceResponse
 from kio.index import load_response_schema
+from kio.schema.errors import ErrorCode
 
 from protocol import (
     ApiKey,
@@ -425,3 +426,23 @@ def test_unverified_versions_are_refused(api_key: int, api_version: int) -> None
 def test_malformed_responses_raise_decode_error(api_key: int, api_version: int, payload: bytes) -> None:
     with pytest.raises(DecodeError):
         patch_throttle_time(payload, api_key, api_version, 100)
+
+
+@pytest.mark.parametrize("api_version", [9, 12, 13])
+def test_produce_long_arrays_and_names_take_the_slow_paths(api_version: int) -> None:
+    # 130 partitions and a 200-byte topic name need two-byte varints; errors need the full readers.
+    module = __import__(f"kio.schema.produce.v{api_version}.response", fromlist=["_"])
+    partitions = tuple(
+        module.PartitionProduceResponse(
+            index=p, error_code=ErrorCode.none, base_offset=p, log_append_time=None, log_start_offset=0,
+            record_errors=(module.BatchIndexAndErrorMessage(
+                batch_index=1, batch_index_error_message="x" * 130),) if p % 50 == 0 else (),
+            error_message="e" * 140 if p % 40 == 0 else None)
+        for p in range(130))
+    topic_key = {"topic_id": uuid.UUID(int=3)} if api_version >= 13 else {"name": "t" * 200}
+    body = module.ProduceResponse(
+        responses=(module.TopicProduceResponse(**topic_key, partition_responses=partitions),) * 2,
+        throttle_time=datetime.timedelta(milliseconds=17))
+    payload = response_payload(body)
+    patched = check_patch(payload, ApiKey.PRODUCE, api_version, existing=17, new=900)
+    assert patched == response_payload(with_throttle(body, 900))
