@@ -51,7 +51,8 @@ class ApplyOutcome:
         return [r for r in self.results if not r.ok]
 
 
-def run(args: argparse.Namespace, out: TextIO = sys.stdout) -> ApplyOutcome:
+def run(args: argparse.Namespace, out: TextIO | None = None) -> ApplyOutcome:
+    out = out if out is not None else sys.stdout
     plan = read_plan(args.plan)
     mode = "apply" if args.apply else "validate-only" if args.validate_only else "dry-run"
     with common.quota_client(args) as client:
