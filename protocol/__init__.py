@@ -45,8 +45,10 @@ from protocol.rewrite import (
     cap_api_versions_response,
     read_api_versions_request_client_software,
     rewrite_describe_cluster_response,
+    rewrite_fetch_response_node_endpoints,
     rewrite_find_coordinator_response,
     rewrite_metadata_response,
+    rewrite_produce_response_node_endpoints,
 )
 from protocol.throttle import (
     patch_throttle_time,
@@ -88,8 +90,10 @@ __all__ = [
     "response_body_offset",
     "response_header_version",
     "rewrite_describe_cluster_response",
+    "rewrite_fetch_response_node_endpoints",
     "rewrite_find_coordinator_response",
     "rewrite_metadata_response",
+    "rewrite_produce_response_node_endpoints",
     "size_prefix",
     "throttle_time_offset",
 ]

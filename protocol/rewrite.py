@@ -1,5 +1,5 @@
-"""Control-plane rewrites: broker addresses in Metadata/FindCoordinator/DescribeCluster responses,
-and version caps in ApiVersions responses.
+"""Control-plane rewrites: broker addresses in Metadata/FindCoordinator/DescribeCluster responses
+(and in the KIP-951 leader endpoints of Produce v10+/Fetch v16+), and version caps in ApiVersions.
 
 Clients learn where brokers are from these responses, so the proxy must replace each broker's host
 and port with its own listener for that broker, or clients would connect around it. And it must cap
@@ -19,7 +19,7 @@ as is. That has three effects:
 
 ApiVersions caps are applied in place: entries are fixed-size, so lowering a max_version is a
 2-byte patch. An API whose min_version is above the cap is dropped from the list, as Kafka itself
-does when it intersects its versions with the controller's (`ApiVersionsResponse.intersect...`):
+does when it intersects its versions with the controller's (`intersectForwardableApis`):
 the client then reports that the broker does not support that API, rather than using a version
 the proxy cannot read.
 """
@@ -41,13 +41,16 @@ from protocol._wire import (
     read_i16,
     read_i32,
     read_string,
+    read_uvarint,
     skip,
+    skip_bytes,
     skip_string,
     skip_tagged_fields,
 )
 from protocol.apis import ApiKey, is_flexible
 from protocol.errors import DecodeError, EncodeError, UnsupportedVersion
 from protocol.headers import RequestHeader, response_body_offset
+from protocol.throttle import produce_throttle_offset_walk
 
 # For the APIs Sluice decodes (header-only or with kio), the highest version its code handles: the
 # maximum kio 0.6.5 knows, which is also Kafka 4.3.1's maximum. Advertise no more than this.
@@ -289,3 +292,112 @@ def read_api_versions_request_client_software(
     version, _ = read_string(payload, pos, True, "client_software_version")
     return name, version
 
+
+
+# --- KIP-951 leader endpoints in Produce (v10+) and Fetch (v16+) responses -----------------------
+
+_PRODUCE_NODE_ENDPOINTS_SINCE: Final = 10
+_FETCH_NODE_ENDPOINTS_SINCE: Final = 16
+_NODE_ENDPOINTS_TAG: Final = 0
+_NODE_ENDPOINT: Final[_Spec] = (_NODE, _STR, _TAGS)  # node_id, host, port, rack, tags
+
+
+def rewrite_produce_response_node_endpoints(
+    payload: bytes, api_version: int, mapper: AddressMapper
+) -> tuple[bytes, list[BrokerAddress]]:
+    """Map the leader endpoints (KIP-951) a Produce response v10+ may carry in its tag 0.
+
+    A broker adds them when a partition is NOT_LEADER_OR_FOLLOWER, so that the client can go to
+    the new leader without a Metadata round trip: left alone, they would send clients straight to
+    the broker. Returns (payload itself, []) when there are none, which is the usual case.
+    """
+    _check_version(ApiKey.PRODUCE, api_version)
+    if api_version < _PRODUCE_NODE_ENDPOINTS_SINCE:
+        return payload, []
+    body = response_body_offset(payload, 1)
+    tags = produce_throttle_offset_walk(payload, body, api_version) + 4
+    return _rewrite_node_endpoints_tag(payload, tags, mapper, "produce node_endpoints")
+
+
+def rewrite_fetch_response_node_endpoints(
+    payload: bytes, api_version: int, mapper: AddressMapper
+) -> tuple[bytes, list[BrokerAddress]]:
+    """Map the leader endpoints (KIP-951) a Fetch response v16+ may carry in its tag 0.
+
+    Finding the tag section means walking every partition (records are skipped by length, so the
+    cost grows with the number of partitions, not bytes). Returns (payload itself, []) when the
+    response has no endpoints, which is the usual case.
+    """
+    _check_version(ApiKey.FETCH, api_version)
+    if api_version < _FETCH_NODE_ENDPOINTS_SINCE:
+        return payload, []
+    body = response_body_offset(payload, 1)
+    tags = _fetch_top_level_tags_offset(payload, body, api_version)
+    return _rewrite_node_endpoints_tag(payload, tags, mapper, "fetch node_endpoints")
+
+
+def _fetch_top_level_tags_offset(payload: bytes, body: int, api_version: int) -> int:
+    # throttle_time_ms, error_code, session_id, then responses[]: topic name (v12) or topic_id
+    # (v13+), partitions[]: partition_index, error_code, high_watermark, last_stable_offset,
+    # log_start_offset (30 bytes), aborted_transactions[] (nullable; 16 bytes + tags each),
+    # preferred_read_replica int32, records (nullable bytes), tags; topic tags.
+    pos = skip(payload, body, 10, "fetch throttle_time_ms, error_code, session_id")
+    n_topics, pos = read_array_len(payload, pos, True, "fetch responses", 2)
+    for _ in range(n_topics):
+        if api_version >= 13:
+            pos = skip(payload, pos, 16, "fetch topic_id")
+        else:
+            pos = skip_string(payload, pos, True, "fetch topic")
+        n_partitions, pos = read_array_len(payload, pos, True, "fetch partitions", 38)
+        for _ in range(n_partitions):
+            pos = skip(payload, pos, 30, "fetch partition")
+            n_aborted, pos = read_array_len(payload, pos, True, "fetch aborted_transactions", 17)
+            for _ in range(n_aborted):
+                pos = skip_tagged_fields(payload, skip(payload, pos, 16, "fetch aborted_transaction"))
+            pos = skip(payload, pos, 4, "fetch preferred_read_replica")
+            pos = skip_bytes(payload, pos, True, "fetch records")
+            pos = skip_tagged_fields(payload, pos, "fetch partition tags")
+        pos = skip_tagged_fields(payload, pos, "fetch topic tags")
+    return pos
+
+
+def _rewrite_node_endpoints_tag(
+    payload: bytes, tags: int, mapper: AddressMapper, what: str
+) -> tuple[bytes, list[BrokerAddress]]:
+    """Rewrite tag 0 (node_endpoints) of the top-level tag section starting at `tags`."""
+    if tags < len(payload) and payload[tags] == 0:  # no tagged fields: the usual case
+        if tags + 1 != len(payload):
+            raise DecodeError(f"{what}: {len(payload) - tags - 1} trailing bytes", tags + 1)
+        return payload, []
+    count, pos = read_uvarint(payload, tags, f"{what} tag count")
+    for index in range(count):
+        tag, pos = read_uvarint(payload, pos, f"{what} tag")
+        size_pos = pos
+        size, data_start = read_uvarint(payload, pos, f"{what} tag size")
+        data_end = skip(payload, data_start, size, f"{what} tag data")
+        if tag == _NODE_ENDPOINTS_TAG:
+            data = payload[data_start:data_end]
+            found: list[_Found] = []
+            walked = _walk_array(data, 0, _NODE_ENDPOINT, True, found, what)
+            if walked != len(data):
+                raise DecodeError(f"{what}: {len(data) - walked} stray bytes in the tag", data_start + walked)
+            new_data, original = _splice(data, found, True, mapper)
+            rest_end = _skip_remaining_tags(payload, data_end, count - 1 - index, what)
+            new_payload = b"".join(
+                (payload[:size_pos], encode_uvarint(len(new_data)), new_data, payload[data_end:rest_end])
+            )
+            return new_payload, original
+        pos = data_end
+    if pos != len(payload):
+        raise DecodeError(f"{what}: {len(payload) - pos} trailing bytes", pos)
+    return payload, []
+
+
+def _skip_remaining_tags(payload: bytes, pos: int, remaining: int, what: str) -> int:
+    for _ in range(remaining):
+        _tag, pos = read_uvarint(payload, pos, f"{what} tag")
+        size, pos = read_uvarint(payload, pos, f"{what} tag size")
+        pos = skip(payload, pos, size, f"{what} tag data")
+    if pos != len(payload):
+        raise DecodeError(f"{what}: {len(payload) - pos} trailing bytes", pos)
+    return pos

@@ -35,8 +35,10 @@ from protocol import (
     read_api_versions_request_client_software,
     read_request_header,
     rewrite_describe_cluster_response,
+    rewrite_fetch_response_node_endpoints,
     rewrite_find_coordinator_response,
     rewrite_metadata_response,
+    rewrite_produce_response_node_endpoints,
 )
 from tests.unit.protocol.kio_support import KIO_EXAMPLES, changed_offsets, kio_versions, response_payload
 
@@ -443,3 +445,72 @@ def test_client_software_errors() -> None:
     future = struct.pack(">hhih", 18, 5, 1, -1) + b"\x00\x01\x01\x00"
     with pytest.raises(UnsupportedVersion):
         read_api_versions_request_client_software(future, read_request_header(future))
+
+
+# --- KIP-951 leader endpoints in Produce v10+ / Fetch v16+ ---------------------------------------
+
+
+def _with_endpoints(api_key: int, api_version: int, data: st.DataObject) -> Any:
+    cls = load_response_schema(api_key, api_version)
+    body = data.draw(st.from_type(cls))
+    endpoint_cls = typing.get_type_hints(cls)["node_endpoints"].__args__[0]
+    endpoints = data.draw(st.lists(st.builds(
+        endpoint_cls, node_id=st.integers(-1, 5), host=st.text(max_size=140),
+        port=st.integers(0, 65535), rack=st.none() | st.text(max_size=3)), max_size=3))
+    return dataclasses.replace(body, node_endpoints=tuple(endpoints))
+
+
+@pytest.mark.parametrize(("api_key", "api_version", "rewrite"), [
+    *[(ApiKey.PRODUCE, v, rewrite_produce_response_node_endpoints) for v in (10, 11, 12, 13)],
+    *[(ApiKey.FETCH, v, rewrite_fetch_response_node_endpoints) for v in (16, 17, 18)],
+])
+@settings(KIO_EXAMPLES, max_examples=10)
+@given(data=st.data())
+def test_node_endpoints_equal_kio_full_rewrite(
+    api_key: int, api_version: int, rewrite: Any, data: st.DataObject
+) -> None:
+    body = _with_endpoints(api_key, api_version, data)
+    payload = response_payload(body)
+    new, original = rewrite(payload, api_version, to_proxy)
+    assert original == addresses(body.node_endpoints, "node_id")
+    if not body.node_endpoints:
+        assert new is payload
+    expected = dataclasses.replace(
+        body, node_endpoints=tuple(kio_map(e, "node_id", to_proxy) for e in body.node_endpoints))
+    assert new == response_payload(expected)
+
+
+def test_produce_node_endpoints_golden_with_other_tags() -> None:
+    def payload(host: bytes, port: int) -> bytes:
+        endpoint = b"".join([
+            b"\x02",                        # node_endpoints: 1
+            struct.pack(">i", 2),           #   node_id
+            bytes([len(host) + 1]), host,   #   host
+            struct.pack(">i", port),        #   port
+            b"\x00",                        #   rack = null
+            b"\x00",                        #   tags
+        ])
+        return b"".join([
+            CORR, b"\x00",                  # correlation_id, header tags
+            b"\x01",                        # responses = []
+            struct.pack(">i", 0),           # throttle_time_ms
+            b"\x03",                        # tagged fields: 3
+            b"\x00", bytes([len(endpoint)]), endpoint,  # tag 0: node_endpoints
+            b"\x05\x01Z",                   # tag 5 (unknown), 1 byte: kept
+            b"\x09\x00",                    # tag 9 (unknown), empty: kept
+        ])
+    new, original = rewrite_produce_response_node_endpoints(payload(b"b2", 9092), 10, to_proxy)
+    assert original == [BrokerAddress(2, "b2", 9092)]
+    assert new == payload(b"sluice.proxy.example", 30002)  # the tag's size grows with the host
+
+
+def test_node_endpoints_absent_or_before_kip_951() -> None:
+    produce_v9 = CORR + b"\x00" + b"\x01" + struct.pack(">i", 0) + b"\x00"
+    assert rewrite_produce_response_node_endpoints(produce_v9, 9, to_proxy) == (produce_v9, [])
+    assert rewrite_produce_response_node_endpoints(produce_v9, 10, to_proxy) == (produce_v9, [])
+    fetch_v16 = CORR + b"\x00" + struct.pack(">ihi", 0, 0, 0) + b"\x01" + b"\x00"
+    assert rewrite_fetch_response_node_endpoints(fetch_v16, 16, to_proxy)[0] is fetch_v16
+    with pytest.raises(DecodeError, match="trailing"):
+        rewrite_fetch_response_node_endpoints(fetch_v16 + b"\x00", 16, to_proxy)
+    with pytest.raises(UnsupportedVersion):
+        rewrite_fetch_response_node_endpoints(fetch_v16, 19, to_proxy)
