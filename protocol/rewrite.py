@@ -231,10 +231,10 @@ def cap_api_versions_response(payload: bytes, api_version: int, caps: Mapping[in
     otherwise only the patched max_version bytes (and, for removals, the array length and the
     removed entries) differ.
     """
+    if read_i16(payload, 4, "api_versions error_code") != 0:  # the header is always v0
+        return payload  # includes the v0-format answer to a version the broker does not know
     if not 0 <= api_version <= _API_VERSIONS_MAX:
         raise UnsupportedVersion(ApiKey.API_VERSIONS, api_version, "layout not verified")
-    if read_i16(payload, 4, "api_versions error_code") != 0:
-        return payload
     flexible = api_version >= 3
     count_pos = 6
     count, pos = read_array_len(payload, count_pos, flexible, "api_versions api_keys", 7 if flexible else 6)

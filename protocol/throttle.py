@@ -93,6 +93,8 @@ def throttle_time_offset(payload: bytes, api_key: int, api_version: int) -> int 
     Raises UnsupportedVersion for unknown API keys and versions above the verified range, and
     DecodeError if the payload is too short or its structure does not add up.
     """
+    if api_key == ApiKey.API_VERSIONS and _is_api_versions_v0_fallback(payload):
+        return None  # whatever version was asked for, the answer is in the v0 format
     max_version = MAX_KNOWN_RESPONSE_VERSION.get(api_key)
     if max_version is None or not 0 <= api_version <= max_version:
         raise UnsupportedVersion(api_key, api_version, "throttle_time_ms position not verified")
@@ -266,13 +268,15 @@ def _produce_walk_flexible(payload: bytes, body: int, api_version: int) -> tuple
 # --- ApiVersions --------------------------------------------------------------------------------
 
 
+def _is_api_versions_v0_fallback(payload: bytes) -> bool:
+    # A broker that does not support the request's ApiVersions version answers UNSUPPORTED_VERSION
+    # in the v0 format, which has no throttle_time_ms (Kafka's ApiVersionsResponse.parse falls back
+    # to v0 the same way). The header is always v0, so the error code is at offset 4.
+    return read_i16(payload, 4, "api_versions error_code") == _UNSUPPORTED_VERSION_ERROR
+
+
 def _api_versions_offset(payload: bytes, body: int, api_version: int) -> int | None:
     if api_version == 0:
-        return None
-    error_code = read_i16(payload, body, "api_versions error_code")
-    if error_code == _UNSUPPORTED_VERSION_ERROR:
-        # The broker did not support the request version and answered in the v0 format, which
-        # has no throttle_time_ms (Kafka's ApiVersionsResponse.parse falls back to v0 the same way).
         return None
     flexible = api_version >= 3
     entry_bytes = 7 if flexible else 6  # api_key, min_version, max_version (+ tags)

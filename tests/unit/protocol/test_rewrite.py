@@ -350,6 +350,7 @@ def test_cap_v3_flexible_with_entry_tags() -> None:
 def test_cap_leaves_errors_and_v0_fallback_alone() -> None:
     v0_format = api_versions_v2([(18, 0, 4)], error_code=35)[:-4]  # UNSUPPORTED_VERSION, no throttle
     assert cap_api_versions_response(v0_format, 4, {18: 2}) is v0_format
+    assert cap_api_versions_response(v0_format, 5, {18: 2}) is v0_format  # a future client's v5
     failed = api_versions_v2([(0, 3, 13)], error_code=42)
     assert cap_api_versions_response(failed, 2, {0: 5}) is failed
 

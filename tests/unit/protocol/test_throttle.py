@@ -304,6 +304,7 @@ def test_api_versions_v0_format_error_has_no_throttle() -> None:
     ])
     assert throttle_time_offset(payload, ApiKey.API_VERSIONS, 4) is None
     assert patch_throttle_time(payload, ApiKey.API_VERSIONS, 4, 100) is payload
+    assert throttle_time_offset(payload, ApiKey.API_VERSIONS, 5) is None  # a future client's v5
 
 
 def test_api_versions_v1_golden() -> None:
