@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import multiprocessing
 import os
 import platform
@@ -167,8 +166,8 @@ def recommendation(spark: Any, root: Path, out: Path) -> tuple[float, int]:
 
     current = out / "current.json"
     out.mkdir(parents=True, exist_ok=True)
-    current.write_text(json.dumps([{"entity": f"user=user-{u:02d}", "values": {"producer_byte_rate": 1048576.0,
-                                                                              "consumer_byte_rate": 1048576.0}}
+    limits = {"producer_byte_rate": 1048576.0, "consumer_byte_rate": 1048576.0}
+    current.write_text(json.dumps([{"entity": f"user=user-{u:02d}", "values": limits}
                                    for u in range(0, USERS, 2)]))
     args = recommend.build_parser().parse_args(["--logs", str(root), "--out", str(out / "plan"),
                                                 "--current-quotas", str(current), "--no-plots"])
@@ -224,6 +223,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     work = args.workdir or Path(tempfile.mkdtemp(prefix="sluice-bench-tune-"))
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
 
+    load_before = os.getloadavg()
     runs: list[dict[str, Any]] = []
     datasets = {}
     for n in sizes:
@@ -246,7 +246,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         base_s, clients = baseline(spark, root)
         job_s, entries = recommendation(spark, root, work / f"out-{run['records']}")
         run |= {"baseline_s": round(base_s, 2), "job_s": round(job_s, 2),
-                "job_records_per_s": round(run["records"] / job_s), "ratio_job_to_baseline": round(job_s / base_s, 2),
+                "job_records_per_s": round(run["records"] / job_s),
+                "ratio_job_to_baseline": round(job_s / base_s, 2),
                 "baseline_clients": clients, "plan_entries": entries}
         print(f"{run['records']:>11,} records: job {job_s:6.1f}s ({run['job_records_per_s']:>9,}/s), "
               f"baseline {base_s:6.1f}s, ratio {job_s / base_s:.2f}", flush=True)
@@ -255,8 +256,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     first, last = runs[0], runs[-1]
     scale = last["records"] / first["records"]
     summary = {
-        "machine": {"cores": os.cpu_count(), "python": platform.python_version(), "platform": platform.platform()},
-        "spark": {"master": args.master, "driver_memory": args.driver_memory, "session_start_s": round(startup_s, 2)},
+        "machine": {"cores": os.cpu_count(), "python": platform.python_version(),
+                    "platform": platform.platform(),
+                    # the machine is shared: the 1-minute load average before and after the runs
+                    "load_average_1m": [round(load_before[0], 2), round(os.getloadavg()[0], 2)]},
+        "spark": {"master": args.master, "driver_memory": args.driver_memory,
+                  "session_start_s": round(startup_s, 2)},
         "format": "json lines, date=/hour= layout, explicit schema",
         "runs": runs,
         "growth": {"records_x": scale, "job_x": round(last["job_s"] / first["job_s"], 2),

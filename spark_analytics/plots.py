@@ -88,13 +88,15 @@ def plot_plan(rows: Sequence[Mapping[str, Any]], path: Path, *, percentile_label
     x = list(range(len(rows)))
     width = 0.27
     ax.bar([i - width for i in x], measured, width, label=f"{percentile_label} rate", color="#8C8C8C")
-    ax.bar(x, current, width, label="current quota (0 = none)", color="#4C72B0")
+    ax.bar(x, current, width, label="current quota (no bar: none)", color="#4C72B0")
     ax.bar([i + width for i in x], recommended, width, label="recommended", color="#55A868")
     for i, r in enumerate(rows):
         ax.annotate(r["action"], (i + width, recommended[i]), ha="center", va="bottom", fontsize=7)
     ax.set_xticks(x, labels, fontsize=7, rotation=30, ha="right")
+    if max(measured + current + recommended, default=0) > 0:
+        ax.set_yscale("log")  # quotas of very different sizes side by side; a missing quota draws no bar
     ax.yaxis.set_major_formatter(FuncFormatter(_human))
-    ax.set_title("Quota plan")
+    ax.set_title("Quota plan (log scale)")
     ax.legend(fontsize=8)
     ax.grid(axis="y", alpha=0.3)
     fig.tight_layout()

@@ -119,9 +119,11 @@ def build_session(app_name: str, master: str | None = None, *, kafka: bool = Fal
     if master is not None and master.startswith("local"):
         # one machine: loopback only, no UI, and a few shuffle partitions instead of 200 (the
         # aggregated per-second rows are small; 200 tasks would cost more than the work)
+        # the serial collector: on a few cores, parallel GC threads compete with the task threads
         settings |= {"spark.driver.host": "127.0.0.1", "spark.driver.bindAddress": "127.0.0.1",
                      "spark.ui.enabled": "false",
-                     "spark.sql.shuffle.partitions": str(4 * _local_cores(master))}
+                     "spark.sql.shuffle.partitions": str(4 * _local_cores(master)),
+                     "spark.driver.extraJavaOptions": "-XX:+UseSerialGC"}
     if kafka:
         libdir = spark_libs_dir()
         if libdir is not None:

@@ -47,7 +47,8 @@ def test_every_field_has_a_description_and_a_unique_name() -> None:
     ({"topics": [{"topic": "t", "partition": 0, "records": 1}]}, "topics[0].bytes: missing"),
     ({"topics": [{"topic": "t", "partition": -1, "records": 1, "bytes": 1}]},
      "topics[0].partition: must not be negative, got -1"),
-    ({"topics": [{"topic": "t", "partition": 0, "records": 1, "bytes": 1, "x": 1}]}, "topics[0].x: unknown field"),
+    ({"topics": [{"topic": "t", "partition": 0, "records": 1, "bytes": 1, "x": 1}]},
+     "topics[0].x: unknown field"),
     ({"api_key": 3, "api_name": "Metadata"}, "topics: must be null for APIs other than Produce and Fetch"),
     ({"quota_limit": None}, "quota_entity, quota_kind and quota_limit: set all three or none"),
     ({"quota_entity": "user=alice,user=bob"},
@@ -57,8 +58,9 @@ def test_every_field_has_a_description_and_a_unique_name() -> None:
      "quota_entity: bad quota entity 'client-id=a,user=b': types must be distinct, in the order "
      "('user', 'client-id', 'ip')"),
     ({"quota_entity": "group=x"}, "quota_entity: bad quota entity 'group=x': expected type=name[,type=name]"),
-    ({"quota_kind": "bytes"}, "quota_kind: 'bytes' is not one of ('producer_byte_rate', 'consumer_byte_rate', "
-                              "'request_percentage', 'controller_mutation_rate')"),
+    ({"quota_kind": "bytes"},
+     "quota_kind: 'bytes' is not one of ('producer_byte_rate', 'consumer_byte_rate', "
+     "'request_percentage', 'controller_mutation_rate')"),
     ({"quota_limit": 0.0}, "quota_limit: must be positive, got 0.0"),
     ({"shadow": True}, "would_throttle_ms: required when shadow is true"),
     ({"would_throttle_ms": 5}, "would_throttle_ms: must be null when shadow is false"),
@@ -93,8 +95,8 @@ def test_partition_path_is_utc_date_and_hour() -> None:
     # 2026-01-01T23:59:59.999Z and one millisecond later
     assert partition_path("/logs", 1_767_311_999_999, "sluice-1", 7) == Path(
         "/logs/date=2026-01-01/hour=23/sluice-1-000007.jsonl")
-    assert partition_path(Path("/logs"), 1_767_312_000_000, "sluice-1", 1234567, log_format="parquet") == Path(
-        "/logs/date=2026-01-02/hour=00/sluice-1-1234567.parquet")
+    got = partition_path(Path("/logs"), 1_767_312_000_000, "sluice-1", 1234567, log_format="parquet")
+    assert got == Path("/logs/date=2026-01-02/hour=00/sluice-1-1234567.parquet")
 
 
 @pytest.mark.parametrize(("args", "message"), [

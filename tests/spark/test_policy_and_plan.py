@@ -31,7 +31,8 @@ from spark_analytics.policy import PolicyError, QuotaPolicy, parse_byte_rate
     ({"max_change": 0}, "max_change must be positive, got 0"),
     ({"round_to": 0}, "round_to must be at least 1, got 0"),
     ({"capacity": {"request_percentage": 5.0}},
-     "capacity for 'request_percentage', which is not among keys ('producer_byte_rate', 'consumer_byte_rate')"),
+     "capacity for 'request_percentage', which is not among keys "
+     "('producer_byte_rate', 'consumer_byte_rate')"),
     ({"weights": {"user": 1.0}}, "weights: bad quota entity 'user': expected type=name[,type=name]"),
     ({"weights": {"user=a": -1.0}}, "weight for 'user=a' must be positive, got -1.0"),
     ({"unmatched": "group"}, "unmatched must be one of ('user', 'client-id', 'user-client-id', 'skip'), "
@@ -62,7 +63,8 @@ def test_percentile_label(p: float, label: str) -> None:
 
 
 @pytest.mark.parametrize(("text", "rate"), [
-    ("1048576", 1048576.0), ("512KiB", 524288.0), ("10MB", 10e6), ("1.5 GiB/s", 1.5 * 1024**3), ("2k", 2000.0)])
+    ("1048576", 1048576.0), ("512KiB", 524288.0), ("10MB", 10e6), ("1.5 GiB/s", 1.5 * 1024**3),
+    ("2k", 2000.0)])
 def test_parse_byte_rate(text: str, rate: float) -> None:
     assert parse_byte_rate(text) == rate
 
@@ -82,7 +84,8 @@ def _entry(entity: str, current: float | None, recommended: int, action: str,
 
 def test_plan_file_round_trip(tmp_path: Path) -> None:
     rows = [{"entity": "user=a", "quota_key": "producer_byte_rate", "matched_entity": "user=<default>",
-             "current": 1000.0, "recommended": 1500, "action": "increase", "reason": "r", "p95": float("nan")}]
+             "current": 1000.0, "recommended": 1500, "action": "increase", "reason": "r",
+             "p95": float("nan")}]
     path = write_plan(tmp_path / "out", rows, policy={"headroom": 1.5}, inputs={"logs": ["x"]})
     doc = json.loads(path.read_text())
     assert doc["format"] == PLAN_FORMAT and doc["entries"][0]["p95"] is None  # NaN is not JSON
@@ -96,7 +99,7 @@ def test_plan_file_round_trip(tmp_path: Path) -> None:
 
 def test_read_plan_rejects_other_files(tmp_path: Path) -> None:
     (tmp_path / "x.json").write_text('{"entries": []}')
-    with pytest.raises(PlanError, match="is not a sluice.quota-plan/1 file"):
+    with pytest.raises(PlanError, match=r"is not a sluice\.quota-plan/1 file"):
         read_plan(tmp_path / "x.json")
     with pytest.raises(PlanError, match="cannot read plan"):
         read_plan(tmp_path / "missing.json")
@@ -123,14 +126,16 @@ def test_diff_applies_skips_and_guards_against_drift() -> None:
     assert skipped == [
         Skipped("user=same", "producer_byte_rate", "action keep"),
         Skipped("user=done", "producer_byte_rate", "already set to the recommended value"),
-        Skipped("user=drift", "producer_byte_rate", "changed since the plan was made (plan saw 2,000, now 2,500); "
-                                                    "re-run recommend or use --force"),
+        Skipped("user=drift", "producer_byte_rate",
+                "changed since the plan was made (plan saw 2,000, now 2,500); "
+                "re-run recommend or use --force"),
     ]
     assert operations(changes) == {
         "user=new": [QuotaOp("producer_byte_rate", 5000.0)],
         "user=inh": [QuotaOp("producer_byte_rate", 1500.0), QuotaOp("consumer_byte_rate", 4200.0)]}
     forced, _ = diff(plan, live, force=True)
-    assert Change("user=drift", "producer_byte_rate", 2500.0, 1000, "decrease", "because user=drift") in forced
+    drift = Change("user=drift", "producer_byte_rate", 2500.0, 1000, "decrease", "because user=drift")
+    assert drift in forced
 
 
 def test_format_changes() -> None:

@@ -57,7 +57,8 @@ def user() -> Iterator[str]:
 def test_describe_alter_validate_and_remove(kafka: KafkaCluster, user: str) -> None:
     entity = f"user={user},client-id=<default>"
     with KafkaQuotaClient(kafka.bootstrap) as client:
-        assert client.alter({entity: [QuotaOp(P, 2048)]}, validate_only=True) == [AlterResult(entity, 0, None)]
+        ok = [AlterResult(entity, 0, None)]
+        assert client.alter({entity: [QuotaOp(P, 2048)]}, validate_only=True) == ok
         time.sleep(1.0)
         assert entries_for(client, user) == []  # validate_only wrote nothing
 
@@ -74,7 +75,8 @@ def test_describe_alter_validate_and_remove(kafka: KafkaCluster, user: str) -> N
 
 @pytest.mark.parametrize("mechanism", ["PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512"])
 def test_sasl_admin_principal(kafka: KafkaCluster, mechanism: str) -> None:
-    with KafkaQuotaClient(kafka.sasl_bootstrap, sasl=SaslConfig(mechanism, "admin", "admin-secret")) as client:
+    admin = SaslConfig(mechanism, "admin", "admin-secret")
+    with KafkaQuotaClient(kafka.sasl_bootstrap, sasl=admin) as client:
         assert isinstance(client.describe(), list)
     with pytest.raises(QuotaAdminError, match="SASL authentication failed"), KafkaQuotaClient(
             kafka.sasl_bootstrap, sasl=SaslConfig(mechanism, "admin", "wrong")):

@@ -89,7 +89,8 @@ def test_sharing_entity_follows_kafkas_sharing_rules(spark: SparkSession) -> Non
     ("user-client-id", ["user=carol,client-id=c%2C9", None]),
     ("skip", [None, None]),
 ])
-def test_sharing_entity_for_unmatched_traffic(spark: SparkSession, level: Any, expected: list[str | None]) -> None:
+def test_sharing_entity_for_unmatched_traffic(spark: SparkSession, level: Any,
+                                              expected: list[str | None]) -> None:
     data = df(spark, [(None, "carol", "c,9", 1), (None, "dave", None, 2)],
               "matched string, principal string, client_id string, n int")
     got = data.orderBy("n").select(
@@ -172,8 +173,8 @@ def test_client_stats(spark: SparkSession) -> None:
         ("alice", "a1", "produce_bytes", 2, 150, 75.0, 75.0, 142.5, 148.5, 150.0),
         ("alice", "a1", "fetch_bytes", 2, 1000, 500.0, 500.0, 950.0, 990.0, 1000.0),
         ("alice", "a1", "requests", 2, 7, 3.5, 3.5, 4.85, 4.97, 5.0),
-    ], "principal string, client_id string, metric string, active_seconds long, total long, mean_rate double, "
-       "p50 double, p95 double, p99 double, max_rate double")
+    ], "principal string, client_id string, metric string, active_seconds long, total long, "
+       "mean_rate double, p50 double, p95 double, p99 double, max_rate double")
     assertDataFrameEqual(cs.transform(client_stats), expected)
 
 
@@ -260,6 +261,9 @@ def test_recommend_max_change_and_min_change(spark: SparkSession) -> None:
     assertDataFrameEqual(plan(got), expected)
 
 
+SOURCES = "entity string, current double, current_source string"
+
+
 def test_recommend_current_is_own_then_inherited_then_logged(spark: SparkSession) -> None:
     policy = QuotaPolicy(headroom=1.0, max_change=None, min_change=0.0)
     rows = [("user=a", 1200.0, "user=<default>", 999.0), ("user=b", 1200.0, "user=b", 999.0),
@@ -268,11 +272,11 @@ def test_recommend_current_is_own_then_inherited_then_logged(spark: SparkSession
     got = stats(spark, rows).transform(recommend(policy, now)).select("entity", "current", "current_source")
     assertDataFrameEqual(got, df(spark, [
         ("user=a", 1000.0, "inherited from user=<default>"), ("user=b", 2000.0, "set on entity"),
-        ("user=c", 1000.0, "inherited from user=<default>")], "entity string, current double, current_source string"))
+        ("user=c", 1000.0, "inherited from user=<default>")], SOURCES))
     offline = stats(spark, rows).transform(recommend(policy)).select("entity", "current", "current_source")
     assertDataFrameEqual(offline, df(spark, [
         ("user=a", 999.0, "logged for user=<default>"), ("user=b", 999.0, "logged for user=b"),
-        ("user=c", 999.0, "logged for user=<default>")], "entity string, current double, current_source string"))
+        ("user=c", 999.0, "logged for user=<default>")], SOURCES))
 
 
 def test_recommend_rounds_up_and_never_goes_to_zero(spark: SparkSession) -> None:
@@ -282,8 +286,8 @@ def test_recommend_rounds_up_and_never_goes_to_zero(spark: SparkSession) -> None
 
 
 def test_recommend_only_the_policy_keys_and_notes_throttling(spark: SparkSession) -> None:
-    got = stats(spark, [("user=a", 1000.0, None, None, P, 0.25), ("user=a", 1000.0, None, None, C)]).transform(
-        recommend(QuotaPolicy(headroom=1.0, keys=(P,))))
+    rows = [("user=a", 1000.0, None, None, P, 0.25), ("user=a", 1000.0, None, None, C)]
+    got = stats(spark, rows).transform(recommend(QuotaPolicy(headroom=1.0, keys=(P,))))
     expected = df(spark, [("user=a", None, None, 1000.0, 1000, "create",
                            "p95 1,000 B/s × headroom 1 = 1,000; no quota configured now; throttled in 25% of "
                            "active seconds: demand may exceed what was measured")], PLAN)
@@ -292,7 +296,8 @@ def test_recommend_only_the_policy_keys_and_notes_throttling(spark: SparkSession
 
 def test_fair_share_leaves_demand_alone_under_capacity(spark: SparkSession) -> None:
     policy = QuotaPolicy(headroom=1.0, capacity={P: 10000.0})
-    got = stats(spark, [("user=a", 1500.0, None, None), ("user=b", 3000.0, None, None)]).transform(recommend(policy))
+    rows = [("user=a", 1500.0, None, None), ("user=b", 3000.0, None, None)]
+    got = stats(spark, rows).transform(recommend(policy))
     assert {r["entity"]: (r["target"], r["reason"]) for r in got.collect()} == {
         "user=a": (1500.0, "p95 1,500 B/s × headroom 1 = 1,500; no quota configured now"),
         "user=b": (3000.0, "p95 3,000 B/s × headroom 1 = 3,000; no quota configured now")}
@@ -328,6 +333,7 @@ def test_floor_holds_under_fair_share(spark: SparkSession) -> None:
     policy = QuotaPolicy(headroom=1.0, floor=800.0, capacity={P: 1000.0})
     got = stats(spark, [("user=a", 5000.0, None, None), ("user=b", 5000.0, None, None)]).transform(
         recommend(policy))
+    reason = ("p95 5,000 B/s × headroom 1 = 5,000; fair share 500 of capacity 1,000 (weight 1.0); "
+              "fair share below floor: floor 800 kept; no quota configured now")
     assert {r["entity"]: (r["target"], r["reason"]) for r in got.collect()} == {
-        e: (800.0, "p95 5,000 B/s × headroom 1 = 5,000; fair share 500 of capacity 1,000 (weight 1.0); "
-                   "fair share below floor: floor 800 kept; no quota configured now") for e in ("user=a", "user=b")}
+        "user=a": (800.0, reason), "user=b": (800.0, reason)}
