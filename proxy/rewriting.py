@@ -37,11 +37,11 @@ REWRITTEN_APIS = frozenset({*_ADDRESS_REWRITES, ApiKey.API_VERSIONS})
 
 
 class ResponseRewriter:
-    def __init__(self, registry: BrokerRegistry,
-                 version_caps: dict[int, int] | None = None) -> None:
+    def __init__(self, registry: BrokerRegistry, version_caps: dict[int, int] | None = None,
+                 on_failure: Callable[[], None] | None = None) -> None:
         self._registry = registry
         self._caps = dict(PARSEABLE_MAX_VERSIONS if version_caps is None else version_caps)
-        self.failures = 0
+        self._on_failure = on_failure
 
     def rewrite(self, api_key: int, api_version: int, payload: bytes) -> bytes:
         try:
@@ -53,6 +53,7 @@ class ResponseRewriter:
             new_payload, _original = rewrite(payload, api_version, self._registry.advertise)
             return new_payload
         except ProtocolError as exc:
-            self.failures += 1
+            if self._on_failure is not None:
+                self._on_failure()
             log.warning("forwarding %s v%d response unchanged: %s", api_name(api_key), api_version, exc)
             return payload

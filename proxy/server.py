@@ -68,7 +68,7 @@ class ProxyServer:
         self.registry = BrokerRegistry(
             config.listen.host, config.advertised, config.broker_port,
             schedule_server(loop, self._servers, start_listener_factory))  # type: ignore[arg-type]
-        self.rewriter = ResponseRewriter(self.registry)
+        self.rewriter = ResponseRewriter(self.registry, on_failure=self.metrics.rewrite_failures.inc)
         pipeline = Pipeline([RewriteStage(self.rewriter), QuotaStage(self.quotas, self.metrics),
                              *self._extra_stages, self.metrics])
         self.services = ConnectionServices(

@@ -1,0 +1,179 @@
+"""Timed load from real clients, and rates measured from what the broker acknowledged.
+
+Used by the quota tests and benchmarks: each function runs for a fixed time and returns
+timestamped byte counts, so a rate can be computed over the steady part of the run only (after
+the quota window has filled; Kafka lets a fresh sensor burst).
+"""
+
+from __future__ import annotations
+
+import re
+import threading
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+
+
+@dataclass
+class Timeline:
+    """(monotonic seconds, bytes) events, e.g. one per delivered or consumed record."""
+
+    events: list[tuple[float, int]] = field(default_factory=list)
+    started: float = field(default_factory=time.monotonic)
+    lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+
+    def add(self, nbytes: int, at: float | None = None) -> None:
+        with self.lock:
+            self.events.append((time.monotonic() if at is None else at, nbytes))
+
+    @property
+    def total_bytes(self) -> int:
+        return sum(n for _, n in self.events)
+
+    @property
+    def count(self) -> int:
+        return len(self.events)
+
+    def rate_from_first(self, span_s: float) -> float:
+        """Bytes per second over `span_s` seconds from the first event (so that connecting and
+        joining a group do not count), including that first event."""
+        first = min(t for t, _ in self.events)
+        got = sum(n for t, n in self.events if first <= t < first + span_s)
+        return got / span_s
+
+    def rate(self, from_s: float, to_s: float | None = None) -> float:
+        """Bytes per second between `from_s` and `to_s` seconds after the start."""
+        end = (max(t for t, _ in self.events) - self.started) if to_s is None else to_s
+        lo, hi = self.started + from_s, self.started + end
+        got = sum(n for t, n in self.events if lo <= t < hi)
+        return got / max(end - from_s, 1e-9)
+
+
+def confluent_flood(bootstrap: str, topic: str, seconds: float, *, record_size: int = 1000,
+                    client_id: str = "flood", config: Mapping[str, object] | None = None,
+                    rate_bytes_per_s: float | None = None, stop: threading.Event | None = None,
+                    batch_bytes: int = 64 * 1024) -> Timeline:
+    """Produce for `seconds` as fast as the quota lets librdkafka (or at a fixed pace).
+
+    `batch_bytes` bounds librdkafka's produce requests: against a small quota, 1 MiB batches
+    would make a few huge requests and a measurement over seconds would be all-or-nothing.
+    """
+    from confluent_kafka import Producer
+
+    timeline = Timeline()
+    producer = Producer({"bootstrap.servers": bootstrap, "client.id": client_id, "linger.ms": 5,
+                         "batch.size": batch_bytes,
+                         "queue.buffering.max.kbytes": max(256, 4 * batch_bytes // 1024),
+                         "acks": 1, **(config or {})})
+    value = b"x" * record_size
+
+    def delivered(err: object, msg: object) -> None:
+        if err is None:
+            timeline.add(record_size)
+
+    deadline = timeline.started + seconds
+    sent = 0
+    while time.monotonic() < deadline and not (stop and stop.is_set()):
+        if rate_bytes_per_s is not None:
+            wait_s = timeline.started + sent * record_size / rate_bytes_per_s - time.monotonic()
+            if wait_s > 0:
+                producer.poll(min(0.05, wait_s))  # never negative: that would block forever
+                continue
+        try:
+            producer.produce(topic, value, on_delivery=delivered)
+            sent += 1
+        except BufferError:
+            producer.poll(0.05)
+            continue
+        producer.poll(0)
+    producer.purge()      # what is still queued when time is up does not count
+    producer.flush(30)
+    return timeline
+
+
+def confluent_drain(bootstrap: str, topic: str, seconds: float, *, client_id: str = "drain",
+                    group: str, config: Mapping[str, object] | None = None,
+                    expect: int | None = None, keep: list[bytes] | None = None) -> Timeline:
+    """Consume for `seconds` (or until `expect` records), timing each record's bytes."""
+    from confluent_kafka import Consumer
+
+    timeline = Timeline()
+    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": group, "client.id": client_id,
+                         "auto.offset.reset": "earliest", "enable.auto.commit": False, **(config or {})})
+    consumer.subscribe([topic])
+    deadline = timeline.started + seconds
+    try:
+        while time.monotonic() < deadline and (expect is None or timeline.count < expect):
+            msg = consumer.poll(0.2)
+            if msg is None or msg.error() is not None:
+                continue
+            value = msg.value() or b""
+            timeline.add(len(value))
+            if keep is not None:
+                keep.append(value)
+    finally:
+        consumer.close()
+    return timeline
+
+
+_PERIODIC = re.compile(r"(\d+) records sent, ([\d.]+) records/sec \(([\d.]+) MB/sec\)")
+
+
+def java_producer_windows(stdout: str) -> list[float]:
+    """MiB/s of each periodic ProducerPerformance report (every 5 s), the final summary dropped."""
+    rows = [float(m.group(3)) for m in _PERIODIC.finditer(stdout)]
+    return rows[:-1]
+
+
+def java_consumer_intervals(stdout: str) -> list[float]:
+    """MB/s (MiB) of each `--show-detailed-stats` interval row of ConsumerPerformance."""
+    out = []
+    for line in stdout.splitlines():
+        cols = [c.strip() for c in line.split(",")]
+        if len(cols) >= 4 and cols[0][:1].isdigit() and ":" in cols[0]:
+            try:
+                out.append(float(cols[3]))
+            except ValueError:
+                continue
+    return out
+
+
+class WatermarkSampler:
+    """Samples a partition's log end offset on the broker itself, for clients whose own
+    reports do not line up with the quota window (Kafka's perf tools)."""
+
+    def __init__(self, bootstrap: str, topic: str, partition: int = 0, interval_s: float = 0.1) -> None:
+        from confluent_kafka import Consumer, TopicPartition
+
+        self._consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": "watermark-sampler"})
+        self._tp = TopicPartition(topic, partition)
+        self._interval_s = interval_s
+        self.samples: list[tuple[float, int]] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def __enter__(self) -> WatermarkSampler:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join(10)
+        self._consumer.close()
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            _low, high = self._consumer.get_watermark_offsets(self._tp, timeout=5)
+            self.samples.append((time.monotonic(), high))
+            self._stop.wait(self._interval_s)
+
+    def records_between(self, start_s: float, end_s: float) -> tuple[int, float]:
+        """Records appended in [first growth + start_s, first growth + end_s], and the real span."""
+        first = next(t for t, high in self.samples if high > 0)
+        lo = [s for s in self.samples if s[0] <= first + start_s][-1]
+        hi = [s for s in self.samples if s[0] <= first + end_s][-1]
+        return hi[1] - lo[1], hi[0] - lo[0]
+
+
+def mean(values: Sequence[float]) -> float:
+    return sum(values) / len(values) if values else 0.0

@@ -1,0 +1,127 @@
+"""The quota stage on a fake clock: what is recorded, what is throttled, what the client gets."""
+
+from __future__ import annotations
+
+import datetime as dt
+import struct
+
+from kio.schema.errors import ErrorCode
+from kio.schema.fetch.v12 import response as fr
+
+from protocol.apis import ApiKey
+from protocol.encode import decode_response_body, encode_response
+from protocol.headers import RequestHeader
+from protocol.throttle import read_throttle_time_ms
+from proxy.enforcement import QuotaManagers, QuotaStage
+from proxy.inflight import InFlight
+from proxy.pipeline import ConnectionContext
+from quotas.clock import FakeClock
+from quotas.config import QuotaConfig
+from quotas.entity import ClientIdentity, QuotaKind
+
+CTX = ConnectionContext(1, "127.0.0.1:5000", "broker 1", 1)
+
+
+def stage_with(clock: FakeClock, **entry: object) -> tuple[QuotaStage, QuotaManagers]:
+    config = QuotaConfig.from_dict({"entries": [{"client_id": "<default>", **entry}]})
+    managers = QuotaManagers(config, clock)
+    return QuotaStage(managers), managers
+
+
+def produce_request(size: int, client_id: str = "app") -> tuple[RequestHeader, bytes]:
+    cid = client_id.encode()
+    head = struct.pack(">hhih", ApiKey.PRODUCE, 8, 7, len(cid)) + cid   # Produce v8, correlation 7
+    payload = head + b"\x00" * (size - len(head))                     # the body is never decoded here
+    return RequestHeader(ApiKey.PRODUCE, 8, 7, client_id, 1, len(head)), payload
+
+
+def produce_response_v8(correlation_id: int, broker_throttle_ms: int) -> bytes:
+    # correlation_id, responses[] = empty, throttle_time_ms (last field in v1-v8)
+    return struct.pack(">iii", correlation_id, 0, broker_throttle_ms)
+
+
+def fetch_response_v12(correlation_id: int, record_bytes: int, session_id: int = 99) -> bytes:
+    body = fr.FetchResponse(throttle_time=dt.timedelta(0), error_code=ErrorCode.none, session_id=session_id,
+                            responses=(fr.FetchableTopicResponse(topic="t", partitions=(fr.PartitionData(
+                                partition_index=0, error_code=ErrorCode.none, high_watermark=10,
+                                last_stable_offset=10, log_start_offset=0, aborted_transactions=None,
+                                preferred_read_replica=-1, records=b"r" * record_bytes),)),))
+    return encode_response(1, correlation_id, body)
+
+
+def test_produce_over_quota_is_throttled_at_request_time_and_patched_into_the_response() -> None:
+    clock = FakeClock(0)
+    stage, _ = stage_with(clock, producer_byte_rate=500)
+    # 400 B at t = 0..9 s: 4000 B over a padded 10 s window = 400 B/s < 500 B/s, no throttle
+    for second in range(10):
+        clock.set(second * 1000)
+        header, payload = produce_request(400)
+        verdict = stage.on_request(CTX, header, payload, True)
+        assert verdict is not None and verdict.throttle_time_ms == 0
+    # 2300 B at t = 10.5 s: 6300 B / 10.5 s = 600 B/s; throttle = (600-500)/500 * 10500 = 2100 ms
+    clock.set(10_500)
+    header, payload = produce_request(2300)
+    verdict = stage.on_request(CTX, header, payload, True)
+    assert verdict is not None and verdict.throttle_time_ms == 2100
+    entry = InFlight(7, ApiKey.PRODUCE, 8, "app", len(payload), 10_500, notes=verdict.notes)
+    entry.response_received_ms = 10_510
+    outcome = stage.on_response(CTX, entry, produce_response_v8(7, broker_throttle_ms=30))
+    assert outcome is not None
+    assert read_throttle_time_ms(outcome.payload, ApiKey.PRODUCE, 8) == 2100  # max(broker 30, ours)
+    assert outcome.throttle_time_ms == 0                                      # the mute already started
+
+
+def test_broker_throttle_larger_than_ours_is_kept() -> None:
+    clock = FakeClock(0)
+    stage, _ = stage_with(clock, producer_byte_rate=10**9)
+    header, payload = produce_request(100)
+    verdict = stage.on_request(CTX, header, payload, True)
+    assert verdict is not None
+    entry = InFlight(7, ApiKey.PRODUCE, 8, "app", len(payload), 0, notes=verdict.notes)
+    outcome = stage.on_response(CTX, entry, produce_response_v8(7, broker_throttle_ms=450))
+    assert outcome is not None
+    assert read_throttle_time_ms(outcome.payload, ApiKey.PRODUCE, 8) == 450
+
+
+def test_throttled_fetch_is_emptied_unrecorded_and_keeps_the_session() -> None:
+    clock = FakeClock(0)
+    stage, managers = stage_with(clock, consumer_byte_rate=1000)
+    header = RequestHeader(ApiKey.FETCH, 12, 3, "app", 2, 0)
+    verdict = stage.on_request(CTX, header, b"\x00" * 40, True)
+    assert verdict is not None
+    entry = InFlight(3, ApiKey.FETCH, 12, "app", 40, 0, notes=verdict.notes)
+    response = fetch_response_v12(3, 20_000)
+    outcome = stage.on_response(CTX, entry, response)
+    assert outcome is not None
+    # 20 000+ B on a fresh sensor: rate = size / 10 s ~ 2000 B/s against 1000 B/s, so throttled
+    size = len(response)
+    expected = round((size / 10 - 1000) / 1000 * 10_000)
+    assert outcome.throttle_time_ms == expected
+    body = decode_response_body(outcome.payload, ApiKey.FETCH, 12)
+    assert body.responses == () and body.error_code == 0 and body.session_id == 99
+    assert body.throttle_time == dt.timedelta(milliseconds=expected)
+    # the bytes were taken back: the sensor's rate is 0 again
+    identity = ClientIdentity.of("ANONYMOUS", "app")
+    assert managers.for_broker(1).check(QuotaKind.FETCH, identity).observed == 0
+
+
+def test_shadow_mode_computes_but_does_not_throttle() -> None:
+    clock = FakeClock(0)
+    stage, _ = stage_with(clock, producer_byte_rate=100, shadow=True)
+    header, payload = produce_request(50_000)
+    verdict = stage.on_request(CTX, header, payload, True)
+    assert verdict is not None and verdict.throttle_time_ms == 0
+    (decision,) = [d for d in verdict.notes["decisions"] if d.kind is QuotaKind.PRODUCE]  # type: ignore[attr-defined]
+    assert decision.shadow and decision.would_throttle_ms > 0
+
+
+def test_request_rate_counts_requests_but_not_api_versions() -> None:
+    clock = FakeClock(0)
+    stage, _ = stage_with(clock, request_rate=1)
+    header = RequestHeader(ApiKey.METADATA, 12, 1, "app", 2, 0)
+    throttles = [stage.on_request(CTX, header, b"", True).throttle_time_ms for _ in range(11)]  # type: ignore[union-attr]
+    # 10 requests in a padded 10 s window = 1/s, not over; the 11th makes 1.1/s:
+    # (1.1 - 1) / 1 * 10 000 = 1000 ms, which is also the cap for request quotas (one window)
+    assert throttles[:10] == [0] * 10 and throttles[10] == 1000
+    api_versions = RequestHeader(ApiKey.API_VERSIONS, 3, 2, "app", 2, 0)
+    assert stage.on_request(CTX, api_versions, b"", True).throttle_time_ms == 0  # type: ignore[union-attr]
