@@ -1,8 +1,21 @@
 """Control-plane response rewrites: broker addresses and ApiVersions caps.
 
-Only these responses are decoded (with kio, through `protocol.rewrite`); everything else passes
-through as bytes. A response Sluice cannot decode (an unknown tagged field, a version kio lacks) is
-forwarded unchanged with a warning: never dropped, never fatal to the connection.
+Only these responses are walked (by `protocol.rewrite`, which re-encodes just the host and port
+of each broker entry and copies every other byte, unknown tagged fields included); everything
+else passes through as bytes. A response Sluice cannot decode is forwarded unchanged with a
+warning: never dropped, never fatal to the connection.
+
+Where brokers tell clients of other brokers:
+
+- Metadata, FindCoordinator (v4+ batched), DescribeCluster: rewritten;
+- Produce v10+: the new leader's endpoint after NOT_LEADER_OR_FOLLOWER (KIP-951): rewritten;
+- Fetch v16+ carries the same; Sluice advertises Fetch up to v15 instead, so Fetch responses
+  (the bulk of the bytes) never need walking and can be streamed;
+- ShareFetch / ShareAcknowledge (KIP-932) carry endpoints Sluice does not rewrite: they are
+  removed from ApiVersions, so clients do not use share groups through Sluice.
+
+ApiVersions is also capped at the versions Sluice can parse, so a newer broker never sends it a
+version it cannot read.
 """
 
 from __future__ import annotations
@@ -20,6 +33,7 @@ from protocol.rewrite import (
     rewrite_describe_cluster_response,
     rewrite_find_coordinator_response,
     rewrite_metadata_response,
+    rewrite_produce_response_node_endpoints,
 )
 from proxy.brokers import BrokerRegistry
 
@@ -31,16 +45,27 @@ _ADDRESS_REWRITES: dict[int, AddressRewrite] = {
     ApiKey.METADATA: rewrite_metadata_response,
     ApiKey.FIND_COORDINATOR: rewrite_find_coordinator_response,
     ApiKey.DESCRIBE_CLUSTER: rewrite_describe_cluster_response,
+    ApiKey.PRODUCE: rewrite_produce_response_node_endpoints,
 }
 
 REWRITTEN_APIS = frozenset({*_ADDRESS_REWRITES, ApiKey.API_VERSIONS})
+
+FETCH_MAX_ADVERTISED = 15           # v16+ may carry leader endpoints inside the records response
+REMOVED = -1                        # a cap below every min_version drops the API from the list
+
+DEFAULT_VERSION_CAPS: dict[int, int] = {
+    **PARSEABLE_MAX_VERSIONS,
+    ApiKey.FETCH: FETCH_MAX_ADVERTISED,
+    ApiKey.SHARE_FETCH: REMOVED,
+    ApiKey.SHARE_ACKNOWLEDGE: REMOVED,
+}
 
 
 class ResponseRewriter:
     def __init__(self, registry: BrokerRegistry, version_caps: dict[int, int] | None = None,
                  on_failure: Callable[[], None] | None = None) -> None:
         self._registry = registry
-        self._caps = dict(PARSEABLE_MAX_VERSIONS if version_caps is None else version_caps)
+        self._caps = dict(DEFAULT_VERSION_CAPS if version_caps is None else version_caps)
         self._on_failure = on_failure
 
     def rewrite(self, api_key: int, api_version: int, payload: bytes) -> bytes:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import threading
 import time
 
@@ -47,10 +48,15 @@ def test_leader_change_while_clients_run_loses_and_duplicates_nothing(
     errors: list[str] = []
     got: list[bytes] = []
     done_producing = threading.Event()
+    known_brokers: set[str] = set()
+
+    def on_stats(raw: str) -> None:  # every broker librdkafka has heard of, by "host:port/id"
+        known_brokers.update(json.loads(raw)["brokers"])
 
     def produce() -> None:
         producer = Producer({"bootstrap.servers": sluice3.bootstrap, "enable.idempotence": True,
-                             "acks": "all", "linger.ms": 5, "message.timeout.ms": 120000})
+                             "acks": "all", "linger.ms": 5, "message.timeout.ms": 120000,
+                             "statistics.interval.ms": 500, "stats_cb": on_stats})
         for i, v in enumerate(sent):
             producer.produce(name, v, on_delivery=lambda err, _m: err and errors.append(str(err)))
             if i % 200 == 0:
@@ -101,3 +107,7 @@ def test_leader_change_while_clients_run_loses_and_duplicates_nothing(
     assert len(got) == total, f"consumed {len(got)} of {total}"
     assert sorted(got) == sorted(sent)         # exactly once: nothing lost, nothing twice
     assert sorted(after.brokers) == [1, 2, 3]
+    # even while leaders moved (Produce v10+ carries the new leader's endpoint), the producer
+    # never heard of a real broker address
+    real = {f"127.0.0.1:{n.port}" for n in kafka_cluster3.nodes}
+    assert known_brokers and not {b.split("/")[0] for b in known_brokers} & real, known_brokers

@@ -17,6 +17,7 @@ import pytest
 from tests.conftest import create_topic, unique_name
 from tests.harness import clients
 from tests.harness.kafka import KafkaCluster
+from tests.harness.rawclient import RawKafkaSocket
 from tests.harness.sluice import SluiceProcess
 from tests.harness.tools import KafkaTools
 
@@ -232,3 +233,19 @@ def test_kafka_configs_passes_through(sluice: SluiceProcess, kafka_tools: KafkaT
                   "--entity-name", user).check()
     direct = kafka_tools.configs("--describe", "--entity-type", "users", "--entity-name", user).check()
     assert "consumer_byte_rate=2048.0" in direct.stdout
+
+
+def test_api_versions_are_capped_for_what_sluice_rewrites(sluice: SluiceProcess) -> None:
+    from kio.schema.api_versions.v3.request import ApiVersionsRequest
+
+    from protocol.apis import ApiKey
+    from protocol.rewrite import PARSEABLE_MAX_VERSIONS
+
+    with RawKafkaSocket(sluice.bootstrap) as raw:
+        raw.send(ApiVersionsRequest(client_software_name="sluice-test", client_software_version="1"))
+        _, body = raw.recv(ApiKey.API_VERSIONS, 3)
+    versions = {k.api_key: (k.min_version, k.max_version) for k in body.api_keys}
+    assert versions[ApiKey.FETCH][1] == 15              # v16+ would carry broker endpoints
+    assert versions[ApiKey.PRODUCE][1] <= PARSEABLE_MAX_VERSIONS[ApiKey.PRODUCE]
+    assert ApiKey.SHARE_FETCH not in versions and ApiKey.SHARE_ACKNOWLEDGE not in versions
+    assert versions[ApiKey.METADATA][1] >= 12           # nothing else was lowered needlessly
