@@ -193,7 +193,7 @@ class Progress:
                 line = self._status_line()
             except Exception:  # the JVM is going away; progress is best effort
                 return
-            if line and line != self._last_line:
+            if line and self._step and line != self._last_line:
                 self._last_line = line
                 self._say(f"{self._step}: {line}")
 

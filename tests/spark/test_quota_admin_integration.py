@@ -16,6 +16,7 @@ import pytest
 from pyspark.sql import SparkSession
 
 from spark_analytics.jobs import apply, recommend
+from spark_analytics.jobs.common import read_current_quotas
 from spark_analytics.kafka_quota_client import (
     MATCH_EXACT,
     AlterResult,
@@ -54,7 +55,7 @@ def user() -> Iterator[str]:
     yield unique_name("tune-user")
 
 
-def test_describe_alter_validate_and_remove(kafka: KafkaCluster, user: str) -> None:
+def test_describe_alter_validate_and_remove(kafka: KafkaCluster, user: str, tmp_path: Path) -> None:
     entity = f"user={user},client-id=<default>"
     with KafkaQuotaClient(kafka.bootstrap) as client:
         ok = [AlterResult(entity, 0, None)]
@@ -68,6 +69,12 @@ def test_describe_alter_validate_and_remove(kafka: KafkaCluster, user: str) -> N
 
         assert client.alter({entity: [QuotaOp(P, 1.5)]}) == [
             AlterResult(entity, 42, "producer_byte_rate cannot be a fractional value.")]
+
+        # `sluice tune describe` writes the --current-quotas format recommend reads back
+        out = tmp_path / "q.json"
+        assert apply.describe_main(["--bootstrap-server", kafka.bootstrap, "--out", str(out)]) == 0
+        assert {"entity": entity, "values": {P: 2048.0, C: 4096.0}} in json.loads(out.read_text())
+        assert QuotaEntry(entity, {P: 2048.0, C: 4096.0}) in read_current_quotas(out)
 
         assert client.alter({entity: [QuotaOp(P, None), QuotaOp(C, None)]}) == [AlterResult(entity, 0, None)]
         assert eventually(lambda: entries_for(client, user), lambda e: not e) == []
