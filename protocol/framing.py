@@ -76,6 +76,51 @@ class FrameSplitter:
         return frame
 
 
+    # -- cut-through: a large frame can leave before its last byte has arrived -------------------
+
+    def pending_frame(self, head_bytes: int) -> tuple[int, bytes] | None:
+        """(size, first bytes) of the frame at the front, as soon as its size prefix and
+        `min(size, head_bytes)` bytes of payload have arrived, complete or not. Nothing is consumed.
+
+        Raises like `next_frame` on a bad size prefix.
+        """
+        buf = self._buf
+        pos = self._pos
+        available = len(buf) - pos
+        if available < 4:
+            return None
+        size: int = I32.unpack_from(buf, pos)[0]
+        if size < 0:
+            raise DecodeError(f"negative frame size {size}", pos)
+        if size > self._max_frame_bytes:
+            raise FrameTooLarge(size, self._max_frame_bytes)
+        want = min(size, head_bytes)
+        if available < 4 + want:
+            return None
+        return size, bytes(buf[pos + 4 : pos + 4 + want])
+
+    def take_partial(self) -> tuple[bytes, int]:
+        """Consume the front frame's payload bytes buffered so far (its size prefix dropped).
+
+        Returns (those bytes, how many bytes of the frame are still to come). With bytes still to
+        come the buffer is then empty, and the caller takes them straight off the stream before
+        feeding the splitter again.
+        """
+        buf = self._buf
+        pos = self._pos
+        size: int = I32.unpack_from(buf, pos)[0]
+        start = pos + 4
+        end = min(start + size, len(buf))
+        with memoryview(buf) as view:
+            part = bytes(view[start:end])
+        if end == len(buf):
+            buf.clear()
+            self._pos = 0
+        else:
+            self._pos = end
+        return part, size - len(part)
+
+
 def size_prefix(payload_len: int) -> bytes:
     """The 4-byte big-endian size prefix for a payload of `payload_len` bytes."""
     if not 0 <= payload_len <= INT32_MAX:

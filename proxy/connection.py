@@ -39,6 +39,9 @@ log = logging.getLogger("sluice.connection")
 
 _ids = itertools.count(1)
 
+STREAM_MIN_BYTES = 64 * 1024   # smaller responses are simply buffered whole
+STREAM_HEAD_BYTES = 32         # header, throttle_time_ms, error_code and session_id of any Fetch
+
 
 @dataclass
 class ConnectionServices:
@@ -270,12 +273,61 @@ class ClientConnection(asyncio.Protocol):
             return
         now_ms = self._clock.now_ms()
         entry.response_received_ms = now_ms
+        entry.upstream_response_bytes = len(payload)
         outcome = self._pipeline.on_response(self.ctx, entry, payload)
         entry.response = outcome.payload
         entry.response_bytes = len(outcome.payload)
         if outcome.throttle_time_ms > 0:
             self._start_throttle(now_ms, outcome.throttle_time_ms)
             entry.mutes_channel = True
+        self._flush()
+
+    # ------------------------------------------------------------------ streamed responses
+    #
+    # A large Fetch response goes to the client while it is still arriving (store-and-forward
+    # would add the whole receive time to every fetch round trip). The quota decision needs only
+    # the size and the first bytes, so it is taken at the start: either the head is patched with
+    # the throttle time and the rest streams through, or the client gets the broker-style empty
+    # response and the rest of the broker's bytes are dropped.
+
+    def streamable(self, head: bytes) -> InFlight | None:
+        """The in-flight Fetch this response head belongs to, if it can be streamed now."""
+        entry = self._inflight.first()
+        if (entry is None or self._closed or entry.api_key != ApiKey.FETCH or not entry.forwarded
+                or entry.response is not None or len(head) < 4
+                or int.from_bytes(head[:4], "big", signed=True) != entry.correlation_id):
+            return None
+        return entry
+
+    def stream_start(self, entry: InFlight, size: int, part: bytes) -> bool:
+        """The broker's response starts; returns False if the rest is to be discarded."""
+        now_ms = self._clock.now_ms()
+        entry.response_received_ms = now_ms
+        entry.upstream_response_bytes = size
+        head = part[:STREAM_HEAD_BYTES]
+        outcome = self._pipeline.on_response(self.ctx, entry, head)
+        if outcome.throttle_time_ms > 0:
+            self._start_throttle(now_ms, outcome.throttle_time_ms)
+            entry.mutes_channel = True
+        if outcome.replaced:
+            entry.response = outcome.payload
+            entry.response_bytes = len(outcome.payload)
+            self._flush()
+            return False
+        entry.response_bytes = size
+        transport = self._transport
+        if transport is not None and not transport.is_closing():
+            transport.writelines((size_prefix(size), outcome.payload, part[len(head):]))
+        return True
+
+    def stream_chunk(self, chunk: bytes | memoryview) -> None:
+        transport = self._transport
+        if transport is not None and not transport.is_closing():
+            transport.write(chunk)
+
+    def stream_end(self, entry: InFlight) -> None:
+        entry.streamed = True
+        entry.response = b""
         self._flush()
 
     def _flush(self) -> None:
@@ -286,7 +338,7 @@ class ClientConnection(asyncio.Protocol):
         for entry in self._inflight.ready():
             response = entry.response
             assert response is not None
-            if not transport.is_closing():
+            if not entry.streamed and not transport.is_closing():
                 transport.writelines((size_prefix(len(response)), response))
             entry.response = None
             if entry.mutes_channel:
@@ -351,6 +403,9 @@ class UpstreamConnection(asyncio.Protocol):
         self._client = client
         self._splitter = FrameSplitter(client._services.max_frame_bytes)
         self._transport: asyncio.Transport | None = None
+        self._stream_entry: InFlight | None = None  # the response now being streamed through
+        self._stream_left = 0                       # its bytes still to come
+        self._stream_forward = True                 # False: the client got a replacement
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self._transport = cast(asyncio.Transport, transport)
@@ -360,12 +415,47 @@ class UpstreamConnection(asyncio.Protocol):
         self._transport.writelines((size_prefix(len(payload)), payload))
 
     def data_received(self, data: bytes) -> None:
+        if self._stream_left:
+            n = min(self._stream_left, len(data))
+            if self._stream_forward:
+                self._client.stream_chunk(data if n == len(data) else memoryview(data)[:n])
+            self._stream_left -= n
+            if self._stream_left:
+                return
+            self._end_stream()
+            if n == len(data):
+                return
+            data = data[n:]
+        splitter = self._splitter
+        client = self._client
         try:
-            self._splitter.feed(data)
-            while (payload := self._splitter.next_frame()) is not None:
-                self._client.on_upstream_frame(payload)
+            splitter.feed(data)
+            while True:
+                pending = splitter.pending_frame(STREAM_HEAD_BYTES)
+                if pending is None:
+                    return
+                size, head = pending
+                if size >= STREAM_MIN_BYTES and (entry := client.streamable(head)) is not None:
+                    part, left = splitter.take_partial()
+                    self._stream_entry = entry
+                    self._stream_forward = client.stream_start(entry, size, part)
+                    self._stream_left = left
+                    if left:
+                        return  # the splitter is empty; the rest comes straight off the socket
+                    self._end_stream()
+                    continue
+                payload = splitter.next_frame()
+                if payload is None:
+                    return
+                client.on_upstream_frame(payload)
         except ProtocolError as exc:
-            self._client.close(f"malformed frame from the broker: {exc}")
+            client.close(f"malformed frame from the broker: {exc}")
+
+    def _end_stream(self) -> None:
+        entry = self._stream_entry
+        self._stream_entry = None
+        if entry is not None and self._stream_forward:
+            self._client.stream_end(entry)
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._client.on_upstream_lost(exc)

@@ -124,12 +124,15 @@ class QuotaStage(StageBase):
         earlier_ms = int(notes[ENFORCED_MS])  # type: ignore[call-overload]
         new_ms = 0
         if entry.api_key == ApiKey.FETCH:
-            fetch = manager.record_and_check(QuotaKind.FETCH, identity, len(payload))
+            size = entry.upstream_response_bytes  # payload may be only the head of a streamed response
+            fetch = manager.record_and_check(QuotaKind.FETCH, identity, size)
             decisions.append(fetch)
             new_ms = self._observe(ctx, [fetch])
             if max(new_ms, earlier_ms) > 0:
-                manager.unrecord(QuotaKind.FETCH, identity, len(payload))
-                payload = self._empty_fetch(entry, payload, max(new_ms, earlier_ms))
+                manager.unrecord(QuotaKind.FETCH, identity, size)
+                emptied = self._empty_fetch(entry, payload, max(new_ms, earlier_ms))
+                if emptied is not None:
+                    return ResponseOutcome(emptied, new_ms, replaced=True)
         elif entry.forwarded and entry.api_key not in _NOT_REQUEST_RATED:
             elapsed_ms = entry.response_received_ms - entry.received_ms
             rp = manager.record_and_check(QuotaKind.REQUEST_PERCENTAGE, identity, elapsed_ms / 10.0)
@@ -145,7 +148,8 @@ class QuotaStage(StageBase):
                             entry.api_key, entry.api_version, exc)
         return ResponseOutcome(payload, new_ms)
 
-    def _empty_fetch(self, entry: InFlight, payload: bytes, throttle_ms: int) -> bytes:
+    def _empty_fetch(self, entry: InFlight, payload: bytes, throttle_ms: int) -> bytes | None:
+        """The broker's throttled Fetch response, or None to forward the data after all."""
         try:
             version = entry.api_version
             session_id = 0
@@ -153,12 +157,12 @@ class QuotaStage(StageBase):
                 body = response_body_offset(payload, response_header_version(ApiKey.FETCH, version))
                 _throttle, error_code, session_id = struct.unpack_from(">ihi", payload, body)
                 if error_code != 0:
-                    return payload  # a top-level error (e.g. a session problem) goes through as it is
+                    return None  # a top-level error (e.g. a session problem) goes through as it is
             return empty_fetch_response(entry.correlation_id, version, throttle_ms, session_id)
         except (ProtocolError, struct.error) as exc:
             log.warning("cannot build a throttled Fetch v%d response, forwarding data: %s",
                         entry.api_version, exc)
-            return payload
+            return None
 
     def _observe(self, ctx: ConnectionContext, decisions: list[ThrottleDecision]) -> int:
         enforced = 0

@@ -28,7 +28,9 @@ class InFlight:
     forwarded: bool = True            # False when Sluice answers it itself
     notes: dict[str, object] = field(default_factory=dict)  # what stages stored at request time
     response: bytes | None = field(default=None, repr=False)
-    response_bytes: int = 0
+    upstream_response_bytes: int = 0  # the broker's response payload size
+    response_bytes: int = 0           # what Sluice sent to the client
+    streamed: bool = False            # its response already went out piece by piece
     response_received_ms: int = 0
     mutes_channel: bool = False       # its response being sent is a RESPONSE_SENT mute event
 
@@ -66,6 +68,9 @@ class InFlightRequests:
         slots = self._slots
         while slots and slots[0].response is not None:
             yield slots.popleft()
+
+    def first(self) -> InFlight | None:
+        return self._slots[0] if self._slots else None
 
     def pending_upstream(self) -> int:
         return sum(1 for e in self._slots if e.forwarded and e.response is None)

@@ -50,8 +50,13 @@ class RequestVerdict:
 
 @dataclass(slots=True)
 class ResponseOutcome:
+    """`payload` is what goes to the client. A stage given only the head of a streamed response
+    patches bytes in place (same length) or sets `replaced` to send `payload` instead of the
+    broker's response (the rest of which is then discarded)."""
+
     payload: bytes
     throttle_time_ms: int = 0
+    replaced: bool = False
 
 
 class Stage(Protocol):
@@ -96,7 +101,8 @@ class Pipeline:
         for stage in self.stages:
             said = stage.on_response(ctx, entry, outcome.payload)
             if said is not None:
-                outcome = ResponseOutcome(said.payload, max(outcome.throttle_time_ms, said.throttle_time_ms))
+                outcome = ResponseOutcome(said.payload, max(outcome.throttle_time_ms, said.throttle_time_ms),
+                                          outcome.replaced or said.replaced)
         return outcome
 
     def on_complete(self, ctx: ConnectionContext, entry: InFlight, sent_ms: int) -> None:

@@ -148,3 +148,34 @@ def test_size_prefix() -> None:
         size_prefix(2**31)
     with pytest.raises(ValueError):
         size_prefix(-1)
+
+
+# --------------------------------------------------------------------------- cut-through
+
+
+def test_pending_frame_reports_size_and_head_before_the_frame_is_complete() -> None:
+    splitter = FrameSplitter()
+    payload = bytes(range(100))
+    splitter.feed(struct.pack(">i", 100) + payload[:10])   # size 100, 10 bytes of payload so far
+    assert splitter.pending_frame(16) is None               # the 16-byte head is not there yet
+    splitter.feed(payload[10:30])
+    assert splitter.pending_frame(16) == (100, payload[:16])
+    assert splitter.next_frame() is None                    # nothing was consumed
+    part, still_to_come = splitter.take_partial()
+    assert part == payload[:30] and still_to_come == 70
+    assert splitter.buffered_bytes == 0
+
+
+def test_take_partial_of_a_complete_frame_leaves_the_next_one() -> None:
+    splitter = FrameSplitter()
+    splitter.feed(struct.pack(">i", 3) + b"abc" + struct.pack(">i", 2) + b"de")
+    assert splitter.pending_frame(8) == (3, b"abc")         # a frame shorter than the head
+    assert splitter.take_partial() == (b"abc", 0)
+    assert splitter.next_frame() == b"de"
+
+
+def test_pending_frame_checks_the_size_prefix() -> None:
+    splitter = FrameSplitter(max_frame_bytes=1024)
+    splitter.feed(struct.pack(">i", 4096))
+    with pytest.raises(FrameTooLarge):
+        splitter.pending_frame(16)
