@@ -70,6 +70,7 @@ class QuotaManagers:
         self._config = config
         self._clock = clock
         self._managers: dict[int | None, QuotaManager] = {}
+        self.active_kinds = config.kinds()  # nothing is recorded for a kind with no quota
 
     def for_broker(self, broker_id: int | None) -> QuotaManager:
         manager = self._managers.get(broker_id)
@@ -87,6 +88,7 @@ class QuotaManagers:
         for manager in self._managers.values():
             manager.update_config(config)
         self._config = config
+        self.active_kinds = config.kinds()
 
     def items(self) -> Iterator[tuple[int | None, QuotaManager]]:
         return iter(list(self._managers.items()))
@@ -101,12 +103,15 @@ class QuotaStage(StageBase):
 
     def on_request(self, ctx: ConnectionContext, header: RequestHeader, payload: bytes,
                    expects_response: bool) -> RequestVerdict | None:
+        kinds = self._managers.active_kinds
+        if not kinds:
+            return None  # no quota configured: nothing to record, nothing to remember
         manager = self._managers.for_broker(ctx.broker_id)
         identity = ClientIdentity.of(ctx.principal, header.client_id)
         decisions: list[ThrottleDecision] = []
-        if header.api_key not in _NOT_REQUEST_RATED:
+        if QuotaKind.REQUEST_RATE in kinds and header.api_key not in _NOT_REQUEST_RATED:
             decisions.append(manager.record_and_check(QuotaKind.REQUEST_RATE, identity, 1.0))
-        if header.api_key == ApiKey.PRODUCE:
+        if header.api_key == ApiKey.PRODUCE and QuotaKind.PRODUCE in kinds:
             decisions.append(manager.record_and_check(QuotaKind.PRODUCE, identity, len(payload)))
         enforced = self._observe(ctx, decisions)
         return RequestVerdict(throttle_time_ms=enforced,
@@ -123,17 +128,21 @@ class QuotaStage(StageBase):
         decisions: list[ThrottleDecision] = notes[DECISIONS]  # type: ignore[assignment]
         earlier_ms = int(notes[ENFORCED_MS])  # type: ignore[call-overload]
         new_ms = 0
+        kinds = self._managers.active_kinds
         if entry.api_key == ApiKey.FETCH:
             size = entry.upstream_response_bytes  # payload may be only the head of a streamed response
-            fetch = manager.record_and_check(QuotaKind.FETCH, identity, size)
-            decisions.append(fetch)
-            new_ms = self._observe(ctx, [fetch])
-            if max(new_ms, earlier_ms) > 0:
-                manager.unrecord(QuotaKind.FETCH, identity, size)
+            if QuotaKind.FETCH in kinds:
+                fetch = manager.record_and_check(QuotaKind.FETCH, identity, size)
+                decisions.append(fetch)
+                new_ms = self._observe(ctx, [fetch])
+            if max(new_ms, earlier_ms) > 0:  # throttled by bytes or by requests: Kafka empties it
+                if QuotaKind.FETCH in kinds:
+                    manager.unrecord(QuotaKind.FETCH, identity, size)
                 emptied = self._empty_fetch(entry, payload, max(new_ms, earlier_ms))
                 if emptied is not None:
                     return ResponseOutcome(emptied, new_ms, replaced=True)
-        elif entry.forwarded and entry.api_key not in _NOT_REQUEST_RATED:
+        elif (QuotaKind.REQUEST_PERCENTAGE in kinds and entry.forwarded
+              and entry.api_key not in _NOT_REQUEST_RATED):
             elapsed_ms = entry.response_received_ms - entry.received_ms
             rp = manager.record_and_check(QuotaKind.REQUEST_PERCENTAGE, identity, elapsed_ms / 10.0)
             decisions.append(rp)

@@ -111,16 +111,22 @@ class SluiceMetrics(StageBase, DecisionObserver):
                                  registry=registry)
         self.violations = Counter("sluice_quota_violations", "Quota violations by kind and mode",
                                   ["kind", "mode"], registry=registry)
+        self._per_api: dict[int, tuple[Counter, Counter, Counter]] = {}
         self.rewrite_failures = Counter("sluice_rewrite_failures",
                                         "Responses forwarded unchanged because they could not be decoded",
                                         registry=registry)
 
     def on_complete(self, ctx: ConnectionContext, entry: InFlight, sent_ms: int) -> None:
-        api = api_name(entry.api_key)
-        self.requests.labels(api).inc()
-        self.request_bytes.labels(api).inc(entry.request_bytes)
+        children = self._per_api.get(entry.api_key)
+        if children is None:  # labels() is a lookup with a lock: resolve once per API
+            api = api_name(entry.api_key)
+            children = (self.requests.labels(api), self.request_bytes.labels(api),
+                        self.response_bytes.labels(api))
+            self._per_api[entry.api_key] = children
+        children[0].inc()
+        children[1].inc(entry.request_bytes)
         if entry.response_bytes:
-            self.response_bytes.labels(api).inc(entry.response_bytes)
+            children[2].inc(entry.response_bytes)
 
     def on_violation(self, ctx: ConnectionContext, decision: ThrottleDecision) -> None:
         self.violations.labels(_KIND_NAME[decision.kind], "shadow" if decision.shadow else "enforced").inc()

@@ -83,28 +83,46 @@ class StageBase:
         return None
 
 
+def _implements(stage: Stage, hook: str) -> bool:
+    method = getattr(type(stage), hook, None)
+    return method is not None and method is not getattr(StageBase, hook)
+
+
+_NOTHING = RequestVerdict()
+
+
 class Pipeline:
+    """Calls, per hook, only the stages that implement it (this runs for every request)."""
+
     def __init__(self, stages: Sequence[Stage]) -> None:
         self.stages = list(stages)
+        self._on_request = [s for s in self.stages if _implements(s, "on_request")]
+        self._on_response = [s for s in self.stages if _implements(s, "on_response")]
+        self._on_complete = [s for s in self.stages if _implements(s, "on_complete")]
 
     def on_request(self, ctx: ConnectionContext, header: RequestHeader, payload: bytes,
                    expects_response: bool) -> RequestVerdict:
-        verdict = RequestVerdict()
-        for stage in self.stages:
+        verdict: RequestVerdict | None = None
+        for stage in self._on_request:
             said = stage.on_request(ctx, header, payload, expects_response)
             if said is not None:
-                verdict.merge(said)
-        return verdict
+                if verdict is None:
+                    verdict = said
+                else:
+                    verdict.merge(said)
+        return _NOTHING if verdict is None else verdict
 
     def on_response(self, ctx: ConnectionContext, entry: InFlight, payload: bytes) -> ResponseOutcome:
-        outcome = ResponseOutcome(payload)
-        for stage in self.stages:
-            said = stage.on_response(ctx, entry, outcome.payload)
+        outcome: ResponseOutcome | None = None
+        for stage in self._on_response:
+            said = stage.on_response(ctx, entry, payload if outcome is None else outcome.payload)
             if said is not None:
-                outcome = ResponseOutcome(said.payload, max(outcome.throttle_time_ms, said.throttle_time_ms),
-                                          outcome.replaced or said.replaced)
-        return outcome
+                if outcome is not None:
+                    said.throttle_time_ms = max(outcome.throttle_time_ms, said.throttle_time_ms)
+                    said.replaced = said.replaced or outcome.replaced
+                outcome = said
+        return ResponseOutcome(payload) if outcome is None else outcome
 
     def on_complete(self, ctx: ConnectionContext, entry: InFlight, sent_ms: int) -> None:
-        for stage in self.stages:
+        for stage in self._on_complete:
             stage.on_complete(ctx, entry, sent_ms)
