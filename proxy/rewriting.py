@@ -67,11 +67,13 @@ class ResponseRewriter:
         self._registry = registry
         self._caps = dict(DEFAULT_VERSION_CAPS if version_caps is None else version_caps)
         self._on_failure = on_failure
+        # ApiVersions answers from one cluster are all alike but for the correlation id: cap once
+        self._api_versions_cache: dict[tuple[int, bytes], bytes] = {}
 
     def rewrite(self, api_key: int, api_version: int, payload: bytes) -> bytes:
         try:
             if api_key == ApiKey.API_VERSIONS:
-                return cap_api_versions_response(payload, api_version, self._caps)
+                return self._cap_api_versions(payload, api_version)
             rewrite = _ADDRESS_REWRITES.get(api_key)
             if rewrite is None:
                 return payload
@@ -82,3 +84,13 @@ class ResponseRewriter:
                 self._on_failure()
             log.warning("forwarding %s v%d response unchanged: %s", api_name(api_key), api_version, exc)
             return payload
+
+    def _cap_api_versions(self, payload: bytes, api_version: int) -> bytes:
+        key = (api_version, payload[4:])
+        capped = self._api_versions_cache.get(key)
+        if capped is None:
+            capped = cap_api_versions_response(payload, api_version, self._caps)[4:]
+            if len(self._api_versions_cache) >= 64:
+                self._api_versions_cache.clear()
+            self._api_versions_cache[key] = capped
+        return payload[:4] + capped
