@@ -90,3 +90,31 @@ def empty_fetch_response(
         fields["session_id"] = session_id
     body = response_schema(ApiKey.FETCH, api_version)(**fields)
     return encode_response(header_version, correlation_id, body)
+
+
+def cap_fetch_max_bytes(payload: bytes, header: RequestHeader, max_bytes: int) -> bytes:
+    """The request with max_bytes (and min_bytes) lowered to at most `max_bytes` (KAFKA-9677).
+
+    A broker caps a consumer's fetch at what its quota allows in one window (quota x (samples-1)
+    x window) so that one response cannot earn a throttle far longer than the window. Request
+    layout: replica_id int32 (until v14), max_wait_ms int32, min_bytes int32, max_bytes int32
+    (v3+). Returns `payload` itself when nothing needs lowering or the version has no max_bytes.
+    """
+    if header.api_key != ApiKey.FETCH:
+        raise ValueError(f"not a Fetch request: api_key={header.api_key}")
+    version = header.api_version
+    if version > FETCH_MAX_VERSION:
+        raise UnsupportedVersion(ApiKey.FETCH, version, "max_bytes position not verified")
+    if version < 3:
+        return payload
+    cap = max(1, min(max_bytes, INT32_MAX))
+    min_pos = header.body_offset + (4 if version >= 15 else 8)
+    max_pos = min_pos + 4
+    min_bytes = read_i32(payload, min_pos, "fetch min_bytes")
+    current = read_i32(payload, max_pos, "fetch max_bytes")
+    if current <= cap and min_bytes <= cap:
+        return payload
+    out = bytearray(payload)
+    I32.pack_into(out, max_pos, min(current, cap))
+    I32.pack_into(out, min_pos, min(min_bytes, cap))
+    return bytes(out)

@@ -53,3 +53,13 @@ def proxy(upstream: str | None, listen: str | None, advertised_host: str | None,
         return load_config(config_file, overrides)
 
     sys.exit(run(config, reload if config_file is not None else None))
+
+
+def _register_tune() -> None:
+    """`sluice tune ...`: the Spark jobs (they import pyspark only when they run)."""
+    from spark_analytics.cli import tune
+
+    main.add_command(tune)
+
+
+_register_tune()

@@ -102,6 +102,28 @@ class MetricsConfig(BaseModel):
     port: int | None = Field(default=None, ge=0, le=65535)
 
 
+class AccessLogConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    dir: Path | None = Field(default=None, description="write access logs under this directory")
+    format: Literal["json", "parquet"] = "json"
+    rotate_mb: int = Field(default=128, ge=1)
+    queue_size: int = Field(default=100_000, ge=100)
+    kafka_bootstrap: str | None = Field(default=None, description="also send records to this cluster")
+    kafka_topic: str | None = None
+
+    @model_validator(mode="after")
+    def _kafka(self) -> AccessLogConfig:
+        if (self.kafka_bootstrap is None) != (self.kafka_topic is None):
+            raise ValueError("kafka_bootstrap and kafka_topic go together")
+        if self.format == "parquet":
+            try:
+                import pyarrow  # noqa: F401
+            except ImportError:
+                raise ValueError("format parquet needs pyarrow installed") from None
+        return self
+
+
 class ProxyConfig(BaseModel):
     """Everything `sluice proxy` needs. Flags and environment variables override the file."""
 
@@ -114,9 +136,11 @@ class ProxyConfig(BaseModel):
                                                      "default listen.port + 1")
     upstream: UpstreamConfig
     metrics: MetricsConfig = MetricsConfig()
+    access_log: AccessLogConfig = AccessLogConfig()
     max_frame_bytes: int = Field(default=100 * 1024 * 1024, ge=1024)
     drain_timeout_ms: int = Field(default=30_000, ge=0)
-    instance: str = Field(default_factory=lambda: os.uname().nodename)
+    instance: str = Field(default_factory=lambda: os.uname().nodename.split(".")[0],
+                          pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
     event_loop: Literal["uvloop", "asyncio"] = "uvloop"
     quotas: dict[str, Any] = Field(default_factory=dict)

@@ -32,7 +32,7 @@ from protocol.produce import read_produce_acks
 from proxy.brokers import BrokerRegistry, UpstreamTarget
 from proxy.inflight import CorrelationMismatch, InFlight, InFlightRequests
 from proxy.muting import ChannelMute
-from proxy.pipeline import ConnectionContext, Pipeline
+from proxy.pipeline import NO_VERDICT, ConnectionContext, Pipeline
 from quotas.clock import Clock
 
 log = logging.getLogger("sluice.connection")
@@ -237,7 +237,7 @@ class ClientConnection(asyncio.Protocol):
                             self.ctx.connection_id, exc)
         verdict = self._pipeline.on_request(self.ctx, header, payload, expects_response)
         entry = InFlight(header.correlation_id, header.api_key, header.api_version, header.client_id,
-                         len(payload), now_ms, notes=verdict.notes)
+                         len(payload), now_ms, notes={} if verdict is NO_VERDICT else verdict.notes)
         if verdict.local_response is not None:
             entry.forwarded = False
             entry.response = verdict.local_response
@@ -246,7 +246,7 @@ class ClientConnection(asyncio.Protocol):
         else:
             upstream = self._upstream
             assert upstream is not None
-            upstream.write(payload)
+            upstream.write(payload if verdict.forward_payload is None else verdict.forward_payload)
         if expects_response:
             self._inflight.add(entry)
         if verdict.throttle_time_ms > 0:

@@ -30,13 +30,14 @@ three times its quota. Each broker listener (and the bootstrap listener) has its
 from __future__ import annotations
 
 import logging
+import math
 import struct
 from collections.abc import Iterator
 from dataclasses import dataclass
 
 from protocol.apis import ApiKey, response_header_version
 from protocol.errors import ProtocolError
-from protocol.fetch import empty_fetch_response
+from protocol.fetch import cap_fetch_max_bytes, empty_fetch_response
 from protocol.headers import RequestHeader, response_body_offset
 from protocol.throttle import patch_throttle_time
 from proxy.inflight import InFlight
@@ -113,9 +114,26 @@ class QuotaStage(StageBase):
             decisions.append(manager.record_and_check(QuotaKind.REQUEST_RATE, identity, 1.0))
         if header.api_key == ApiKey.PRODUCE and QuotaKind.PRODUCE in kinds:
             decisions.append(manager.record_and_check(QuotaKind.PRODUCE, identity, len(payload)))
+        forward: bytes | None = None
+        if header.api_key == ApiKey.FETCH and QuotaKind.FETCH in kinds:
+            forward = self._cap_fetch(manager, identity, header, payload)
         enforced = self._observe(ctx, decisions)
-        return RequestVerdict(throttle_time_ms=enforced,
+        return RequestVerdict(throttle_time_ms=enforced, forward_payload=forward,
                               notes={DECISIONS: decisions, ENFORCED_MS: enforced, IDENTITY: identity})
+
+    @staticmethod
+    def _cap_fetch(manager: QuotaManager, identity: ClientIdentity, header: RequestHeader,
+                   payload: bytes) -> bytes | None:
+        """KAFKA-9677: no fetch may ask for more than the quota allows in one window."""
+        cap = manager.max_value_in_quota_window(QuotaKind.FETCH, identity)
+        if math.isinf(cap):
+            return None
+        try:
+            capped = cap_fetch_max_bytes(payload, header, int(cap))
+        except ProtocolError as exc:
+            log.warning("cannot cap Fetch v%d max_bytes: %s", header.api_version, exc)
+            return None
+        return None if capped is payload else capped
 
     # ------------------------------------------------------------------ responses
 

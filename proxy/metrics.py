@@ -17,6 +17,7 @@ from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from protocol.apis import api_name
+from proxy.access_log import AccessLogWriter
 from proxy.enforcement import DecisionObserver, QuotaManagers
 from proxy.inflight import InFlight
 from proxy.pipeline import ConnectionContext, StageBase
@@ -136,3 +137,23 @@ class SluiceMetrics(StageBase, DecisionObserver):
 
     def connection_closed(self, listener: str) -> None:
         self.connections.labels(listener).dec()
+
+
+class AccessLogCollector(Collector):
+    """The access-log writer's counters, read at scrape time."""
+
+    def __init__(self, writer: AccessLogWriter) -> None:
+        self._writer = writer
+
+    def collect(self) -> Iterator[Metric]:
+        from prometheus_client.core import CounterMetricFamily
+
+        w = self._writer
+        yield CounterMetricFamily("sluice_access_log_records_written", "Access-log records written",
+                                  value=w.written)
+        yield CounterMetricFamily("sluice_access_log_records_dropped",
+                                  "Access-log records dropped because the queue was full", value=w.dropped)
+        yield CounterMetricFamily("sluice_access_log_records_failed",
+                                  "Access-log records that could not be built", value=w.failed)
+        yield GaugeMetricFamily("sluice_access_log_queue_depth", "Access-log records waiting to be written",
+                                value=w.queue_depth)

@@ -39,11 +39,14 @@ class RequestVerdict:
 
     local_response: bytes | None = None       # answer it here instead of forwarding
     throttle_time_ms: int = 0
+    forward_payload: bytes | None = None      # forward this instead of the client's bytes
     notes: dict[str, object] = field(default_factory=dict)
 
     def merge(self, other: RequestVerdict) -> None:
         if other.local_response is not None:
             self.local_response = other.local_response
+        if other.forward_payload is not None:
+            self.forward_payload = other.forward_payload
         self.throttle_time_ms = max(self.throttle_time_ms, other.throttle_time_ms)
         self.notes.update(other.notes)
 
@@ -88,7 +91,8 @@ def _implements(stage: Stage, hook: str) -> bool:
     return method is not None and method is not getattr(StageBase, hook)
 
 
-_NOTHING = RequestVerdict()
+NO_VERDICT = RequestVerdict()
+"""Shared answer when no stage has anything to say: its `notes` must never be written to."""
 
 
 class Pipeline:
@@ -110,7 +114,7 @@ class Pipeline:
                     verdict = said
                 else:
                     verdict.merge(said)
-        return _NOTHING if verdict is None else verdict
+        return NO_VERDICT if verdict is None else verdict
 
     def on_response(self, ctx: ConnectionContext, entry: InFlight, payload: bytes) -> ResponseOutcome:
         outcome: ResponseOutcome | None = None

@@ -5,17 +5,19 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from prometheus_client import CollectorRegistry
 
+from proxy.access_log import AccessLogStage, AccessLogWriter
 from proxy.brokers import BrokerRegistry, UpstreamTarget, schedule_server
+from proxy.client_info import ClientSoftwareStage
 from proxy.config import ProxyConfig
 from proxy.connection import ClientConnection, ConnectionServices, connection_factory
 from proxy.enforcement import QuotaManagers, QuotaStage
 from proxy.http import MetricsEndpoint
 from proxy.inflight import InFlight
-from proxy.metrics import QuotaSensorCollector, SluiceMetrics
+from proxy.metrics import AccessLogCollector, QuotaSensorCollector, SluiceMetrics
 from proxy.pipeline import ConnectionContext, Pipeline, ResponseOutcome, Stage, StageBase
 from proxy.rewriting import REWRITTEN_APIS, ResponseRewriter
 from quotas.clock import Clock, SystemClock
@@ -45,6 +47,9 @@ class ProxyServer:
         self.quotas = QuotaManagers(config.quota_config(), self.clock)
         self.registry_metrics.register(QuotaSensorCollector(self.quotas, self.clock))
         self.metrics_endpoint: MetricsEndpoint | None = None
+        self.access_log = make_access_log(config)
+        if self.access_log is not None:
+            self.registry_metrics.register(AccessLogCollector(self.access_log))
         self._servers: list[asyncio.Server] = []
         self._bootstrap_server: asyncio.Server | None = None
         self.services: ConnectionServices | None = None
@@ -69,8 +74,13 @@ class ProxyServer:
             config.listen.host, config.advertised, config.broker_port,
             schedule_server(loop, self._servers, start_listener_factory))  # type: ignore[arg-type]
         self.rewriter = ResponseRewriter(self.registry, on_failure=self.metrics.rewrite_failures.inc)
-        pipeline = Pipeline([RewriteStage(self.rewriter), QuotaStage(self.quotas, self.metrics),
-                             *self._extra_stages, self.metrics])
+        stages: list[Stage] = [ClientSoftwareStage(), RewriteStage(self.rewriter)]
+        if self.access_log is not None:
+            self.access_log.start()
+            # before the quota stage, to see the broker's own throttle time
+            stages.append(AccessLogStage(self.access_log, self.clock))
+        stages += [QuotaStage(self.quotas, self.metrics), *self._extra_stages, self.metrics]
+        pipeline = Pipeline(stages)
         self.services = ConnectionServices(
             pipeline=pipeline, registry=self.registry, clock=self.clock,
             bootstrap=[(a.host, a.port) for a in config.upstream.bootstrap],
@@ -133,7 +143,38 @@ class ProxyServer:
             await server.wait_closed()
         if self.metrics_endpoint is not None:
             await self.metrics_endpoint.stop()
+        if self.access_log is not None:
+            await asyncio.get_running_loop().run_in_executor(None, self.access_log.close)
         self._stopped.set()
 
     async def wait_stopped(self) -> None:
         await self._stopped.wait()
+
+
+def make_access_log(config: ProxyConfig) -> AccessLogWriter | None:
+    cfg = config.access_log
+    if cfg.dir is None:
+        return None
+    sink = None
+    if cfg.kafka_bootstrap is not None and cfg.kafka_topic is not None:
+        sink = kafka_sink(cfg.kafka_bootstrap, cfg.kafka_topic)
+    return AccessLogWriter(cfg.dir, config.instance, log_format=cfg.format,
+                           rotate_bytes=cfg.rotate_mb * 1024 * 1024, queue_size=cfg.queue_size,
+                           kafka_sink=sink)
+
+
+def kafka_sink(bootstrap: str, topic: str) -> Callable[[str], None]:
+    """Records also go to a Kafka topic (librdkafka batches them; called on the writer thread)."""
+    from confluent_kafka import Producer
+
+    producer = Producer({"bootstrap.servers": bootstrap, "linger.ms": 100, "client.id": "sluice-access-log",
+                         "queue.buffering.max.messages": 100_000})
+
+    def send(line: str) -> None:
+        try:
+            producer.produce(topic, line.encode())
+        except BufferError:
+            log.warning("access-log topic %s is not keeping up; record dropped", topic)
+        producer.poll(0)
+
+    return send

@@ -28,6 +28,7 @@ from protocol import (
     read_request_header,
     read_throttle_time_ms,
 )
+from protocol.fetch import cap_fetch_max_bytes
 from tests.unit.protocol.kio_support import KIO_EXAMPLES, kio_versions
 
 # --- read_fetch_session --------------------------------------------------------------------------
@@ -179,3 +180,35 @@ def test_empty_response_errors() -> None:
         empty_fetch_response(1, 12, 100, 2**31)
     with pytest.raises(EncodeError):
         empty_fetch_response(2**31, 2, 100, 0)
+
+
+# --------------------------------------------------------------------------- KAFKA-9677 cap
+
+
+def _fetch_request_v12(min_bytes: int, max_bytes: int) -> tuple[RequestHeader, bytes]:
+    head = b"".join([
+        struct.pack(">hhih", 1, 12, 5, 1), b"c",   # api_key Fetch, v12, correlation 5, client_id "c"
+        b"\x00",                                   # header tagged fields
+    ])
+    body = b"".join([
+        struct.pack(">i", -1),                     # replica_id
+        struct.pack(">i", 500),                    # max_wait_ms
+        struct.pack(">i", min_bytes),              # min_bytes
+        struct.pack(">i", max_bytes),              # max_bytes
+        b"\x00",                                   # isolation_level
+        b"rest of the request",                    # session, topics... (not read)
+    ])
+    return RequestHeader(1, 12, 5, "c", 2, len(head)), head + body
+
+
+def test_cap_fetch_max_bytes_lowers_max_and_min_bytes() -> None:
+    header, payload = _fetch_request_v12(min_bytes=2_000_000, max_bytes=52_428_800)
+    capped = cap_fetch_max_bytes(payload, header, 1_000_000)
+    body = header.body_offset
+    assert struct.unpack_from(">iii", capped, body + 4) == (500, 1_000_000, 1_000_000)
+    assert capped[body + 16:] == payload[body + 16:] and len(capped) == len(payload)
+
+
+def test_cap_fetch_max_bytes_leaves_small_fetches_alone() -> None:
+    header, payload = _fetch_request_v12(min_bytes=1, max_bytes=65_536)
+    assert cap_fetch_max_bytes(payload, header, 1_000_000) is payload

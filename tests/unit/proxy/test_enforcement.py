@@ -127,3 +127,15 @@ def test_request_rate_counts_requests_but_not_api_versions() -> None:
     assert throttles[:10] == [0] * 10 and throttles[10] == 1000
     api_versions = RequestHeader(ApiKey.API_VERSIONS, 3, 2, "app", 2, 0)
     assert stage.on_request(CTX, api_versions, b"", True).throttle_time_ms == 0  # type: ignore[union-attr]
+
+
+def test_fetch_requests_are_capped_to_what_the_quota_allows_in_one_window() -> None:
+    clock = FakeClock(0)
+    stage, _ = stage_with(clock, consumer_byte_rate=1000)
+    head = struct.pack(">hhih", ApiKey.FETCH, 11, 9, 3) + b"app"          # Fetch v11, header v1
+    body = struct.pack(">iiiii", -1, 500, 1, 52_428_800, 0)                # replica, wait, min, max, ...
+    header = RequestHeader(ApiKey.FETCH, 11, 9, "app", 1, len(head))
+    verdict = stage.on_request(CTX, header, head + body, True)
+    assert verdict is not None and verdict.forward_payload is not None
+    # KAFKA-9677: quota x (samples - 1) x window = 1000 B/s x 10 x 1 s = 10 000 bytes
+    assert struct.unpack_from(">i", verdict.forward_payload, len(head) + 12)[0] == 10_000
