@@ -5,8 +5,9 @@ Every function takes and returns frame *payloads*: the bytes after the 4-byte si
 Nothing here does I/O or imports asyncio; every error raised for bad input is a `ProtocolError`,
 so a caller can catch that one family and forward the frame unchanged.
 
-Produce and Fetch stay header-only (their bodies are large and hot); kio is used for the control
-plane and for building synthesised responses (see `protocol.encode`).
+Produce and Fetch stay header-only on the forwarding path (their bodies are large and hot); the
+access log walks their partitions without touching records (`protocol.records`); kio is used for
+the control plane and for building synthesised responses (see `protocol.encode`).
 """
 
 from protocol.apis import (
@@ -38,6 +39,14 @@ from protocol.headers import (
     response_body_offset,
 )
 from protocol.produce import read_produce_acks
+from protocol.records import (
+    PartitionTraffic,
+    fetch_response_partitions,
+    produce_request_partitions,
+    produce_response_errors,
+    response_error_codes,
+    topic_ids_from_metadata_response,
+)
 from protocol.rewrite import (
     PARSEABLE_MAX_VERSIONS,
     AddressMapper,
@@ -67,6 +76,7 @@ __all__ = [
     "FetchSession",
     "FrameSplitter",
     "FrameTooLarge",
+    "PartitionTraffic",
     "ProtocolError",
     "RequestHeader",
     "UnsupportedVersion",
@@ -77,9 +87,12 @@ __all__ = [
     "empty_fetch_response",
     "encode_request",
     "encode_response",
+    "fetch_response_partitions",
     "is_flexible",
     "patch_throttle_time",
     "plan_throttle_patch",
+    "produce_request_partitions",
+    "produce_response_errors",
     "read_api_versions_request_client_software",
     "read_fetch_session",
     "read_produce_acks",
@@ -88,6 +101,7 @@ __all__ = [
     "read_throttle_time_ms",
     "request_header_version",
     "response_body_offset",
+    "response_error_codes",
     "response_header_version",
     "rewrite_describe_cluster_response",
     "rewrite_fetch_response_node_endpoints",
@@ -96,4 +110,5 @@ __all__ = [
     "rewrite_produce_response_node_endpoints",
     "size_prefix",
     "throttle_time_offset",
+    "topic_ids_from_metadata_response",
 ]

@@ -23,6 +23,7 @@ from __future__ import annotations
 from typing import Final
 
 from protocol._wire import (
+    I16,
     I32,
     INT32_MAX,
     read_array_len,
@@ -181,17 +182,23 @@ def _produce_offset(payload: bytes, body: int, api_version: int) -> int | None:
     return produce_throttle_offset_walk(payload, body, api_version)
 
 
-def produce_throttle_offset_walk(payload: bytes, body: int, api_version: int) -> int:
+def produce_throttle_offset_walk(
+    payload: bytes, body: int, api_version: int, errors: list[int] | None = None
+) -> int:
     """Walk a Produce response (v1-v13) to its throttle_time_ms; check that the layout adds up.
 
     Per partition: index int32, error_code int16, base_offset int64, log_append_time_ms int64 (v2+),
     log_start_offset int64 (v5+), record_errors[] and error_message (v8+), tags (v9+). Unknown
     tagged fields are skipped at every level. The walk must end exactly at the end of the payload.
+
+    If `errors` is given, each distinct non-zero partition error_code is appended to it in order of
+    first appearance (`protocol.records.produce_response_errors` is this walk); the throttle path
+    passes None and pays one `is None` test per partition for sharing the code.
     """
     if api_version >= 9:
-        offset, end = _produce_walk_flexible(payload, body, api_version)
+        offset, end = _produce_walk_flexible(payload, body, api_version, errors)
     else:
-        offset, end = _produce_walk_legacy(payload, body, api_version)
+        offset, end = _produce_walk_legacy(payload, body, api_version, errors)
     if end != len(payload):
         raise DecodeError(
             f"produce v{api_version} response layout mismatch: {len(payload) - end} trailing bytes", end
@@ -199,15 +206,25 @@ def produce_throttle_offset_walk(payload: bytes, body: int, api_version: int) ->
     return offset
 
 
-def _produce_walk_legacy(payload: bytes, body: int, api_version: int) -> tuple[int, int]:
-    # v1-v8 production code takes the last 4 bytes; this walk exists to cross-check that.
+def _note_error(errors: list[int], payload: bytes, pos: int) -> None:
+    code: int = I16.unpack_from(payload, pos)[0]
+    if code and code not in errors:
+        errors.append(code)
+
+
+def _produce_walk_legacy(
+    payload: bytes, body: int, api_version: int, errors: list[int] | None
+) -> tuple[int, int]:
+    # v1-v8 throttle code takes the last 4 bytes; this walk cross-checks that and collects errors.
     fixed = 14 + (8 if api_version >= 2 else 0) + (8 if api_version >= 5 else 0)
     n_topics, pos = read_array_len(payload, body, False, "produce responses", 2)
     for _ in range(n_topics):
         pos = skip_string(payload, pos, False, "produce topic name")
         n_parts, pos = read_array_len(payload, pos, False, "produce partition_responses", fixed)
         for _ in range(n_parts):
-            pos = skip(payload, pos, fixed, "produce partition response")
+            start, pos = pos, skip(payload, pos, fixed, "produce partition response")
+            if errors is not None:
+                _note_error(errors, payload, start + 4)
             if api_version >= 8:
                 n_errors, pos = read_array_len(payload, pos, False, "produce record_errors", 6)
                 for _ in range(n_errors):
@@ -216,7 +233,9 @@ def _produce_walk_legacy(payload: bytes, body: int, api_version: int) -> tuple[i
     return pos, skip(payload, pos, 4, "produce throttle_time_ms")
 
 
-def _produce_walk_flexible(payload: bytes, body: int, api_version: int) -> tuple[int, int]:
+def _produce_walk_flexible(
+    payload: bytes, body: int, api_version: int, errors: list[int] | None
+) -> tuple[int, int]:
     # The hot path for v9+ (every response to a modern producer), so the common cases are inlined:
     # one-byte varints (arrays under 127 items, strings under 127 bytes), no record errors, a null
     # error message and empty tag sections. Everything else goes through the bounds-checked
@@ -242,6 +261,8 @@ def _produce_walk_flexible(payload: bytes, body: int, api_version: int) -> tuple
             else:
                 n_partitions, pos = read_array_len(payload, pos, True, "produce partition_responses", 30)
             for _ in range(n_partitions):
+                if errors is not None and (payload[pos + 4] or payload[pos + 5]):  # error_code != 0
+                    _note_error(errors, payload, pos + 4)
                 pos += 30  # index, error_code, base_offset, log_append_time_ms, log_start_offset
                 if payload[pos] == 1:  # record_errors: empty
                     pos += 1
