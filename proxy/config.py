@@ -17,6 +17,7 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from proxy.quota_store import StoreConfig
 from quotas.config import QuotaConfig
 from quotas.errors import QuotaConfigError
 
@@ -144,6 +145,11 @@ class ProxyConfig(BaseModel):
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
     event_loop: Literal["uvloop", "asyncio"] = "uvloop"
     quotas: dict[str, Any] = Field(default_factory=dict)
+    store: StoreConfig = Field(default_factory=StoreConfig, validate_default=True,
+                               description="where quotas live; a relative sqlite path is relative to "
+                                           "the configuration file")
+    admins: list[str] = Field(default_factory=list, description="principals that may alter quotas "
+                                                               "through Sluice (AlterClientQuotas)")
 
     @field_validator("listen", mode="before")
     @classmethod
@@ -225,7 +231,8 @@ def load_config(path: Path | None = None, overrides: Mapping[str, Any] | None = 
     data = _deep_merge(data, env_overrides(os.environ if environ is None else environ))
     data = _deep_merge(data, overrides or {})
     try:
-        config = ProxyConfig.model_validate(data)
+        config = ProxyConfig.model_validate(
+            data, context={"config_dir": path.parent if path is not None else None})
     except ValidationError as exc:
         raise ConfigError(_format_error(exc, source)) from None
     config.quota_config()  # quotas are validated at start too

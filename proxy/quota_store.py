@@ -1,0 +1,616 @@
+"""Where quotas live across restarts: an embedded SQLite file, a compacted Kafka topic, or memory.
+
+A store holds a `QuotaTable` (per entity, Kafka's raw quota keys and values) and a few named
+meta values. The interface is small and blocking; `proxy.quota_service` calls it from one worker
+thread, never from the event loop:
+
+    load() -> QuotaTable                   what the store holds (also after reconnecting)
+    apply(changes, meta) -> QuotaTable     write a batch of changes (and meta values)
+    subscribe(callback)                    callback(table) whenever the table changes, from any
+                                           thread, including changes made by other instances
+
+`sqlite` (the default) is one local file, written in one transaction per batch: a batch applies
+whole or not at all. One Sluice instance per file.
+
+`kafka` is a compacted topic shared by several instances. Record key = the entity (JSON of its
+components), value = JSON of all its keys and values, a tombstone when its last key goes. Every
+instance consumes the topic from the beginning and keeps consuming; a write is produced with
+acks=all and `apply` returns once this instance has read its own records back, so every instance
+applies every change in the topic's order. Consistency: last write wins per entity key (two
+instances changing different keys of one entity at the same moment: one change is lost), and a
+change reaches every instance within the consumer's poll interval (`poll_interval_ms`, 100 ms).
+The records of one batch are written one after another, not atomically.
+
+Meta values (seeding state, see `reconcile_seed`) are rows of a `meta` table, or records keyed
+``__sluice__/<name>``.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import sqlite3
+import threading
+import time
+import uuid
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal, Protocol
+
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationInfo, field_validator
+
+from quotas.entity import CLIENT_ID, USER, QuotaEntity
+from quotas.errors import QuotaConfigError
+from quotas.table import QuotaChange, QuotaTable, format_value, validate_key_value
+
+log = logging.getLogger("sluice.quota_store")
+
+SEEDED = "seeded"
+META_PREFIX = "__sluice__/"
+
+
+def seed_meta(instance: str) -> str:
+    """The meta name holding the YAML entries `instance` last applied (its seed baseline)."""
+    return f"seed/{instance}"
+
+
+class StoreError(Exception):
+    """The store cannot be read or written; the message says why."""
+
+
+# ---------------------------------------------------------------------------------- config
+
+class StoreSasl(BaseModel):
+    """Credentials for the brokers' quota import over SASL (PLAIN or SCRAM)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    mechanism: Literal["PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512"]
+    username: str
+    password: SecretStr
+
+
+class StoreConfig(BaseModel):
+    """The ``store:`` section. A relative `path` is relative to the configuration file."""
+
+    # revalidated when given as a default, so that `path` is resolved against the config file
+    model_config = ConfigDict(extra="forbid", frozen=True, revalidate_instances="always")
+
+    type: Literal["sqlite", "kafka", "memory"] = "sqlite"
+    path: Path = Field(default=Path("sluice-quotas.db"), validate_default=True,
+                       description="sqlite: the database file")
+    bootstrap: str | None = Field(default=None, description="kafka: the cluster holding the topic "
+                                                            "(default: the upstream brokers)")
+    topic: str = Field(default="_sluice_quotas", pattern=r"^[A-Za-z0-9._-]{1,249}$")
+    replication_factor: int = Field(default=-1, description="kafka: for a topic Sluice creates; "
+                                                            "-1 = the brokers' default")
+    poll_interval_ms: int = Field(default=100, ge=10, le=10_000)
+    write_timeout_ms: int = Field(default=10_000, ge=100)
+    kafka_config: dict[str, SecretStr] = Field(default_factory=dict,
+                                               description="kafka: extra librdkafka settings (security); "
+                                                           "never shown in logs")
+    import_from_brokers: bool = Field(default=False, description="when seeding, first import the quotas "
+                                                                 "set on the upstream brokers")
+    import_sasl: StoreSasl | None = None
+    reseed: bool = Field(default=False, description="replace the store with the YAML seed at start")
+
+    @field_validator("path")
+    @classmethod
+    def _relative_to_config(cls, value: Path, info: ValidationInfo) -> Path:
+        base = (info.context or {}).get("config_dir") if isinstance(info.context, dict) else None
+        if not value.is_absolute() and base is not None:
+            return Path(base) / value
+        return value
+
+    def librdkafka_config(self) -> dict[str, str]:
+        return {k: v.get_secret_value() for k, v in self.kafka_config.items()}
+
+
+# ---------------------------------------------------------------------------------- encoding
+
+def encode_entity(entity: QuotaEntity) -> str:
+    """The entity as a compact JSON object, its components sorted: ``{"user":"alice"}``;
+    ``null`` is the default name."""
+    return json.dumps(dict(sorted(entity.to_kafka())), separators=(",", ":"))
+
+
+def decode_entity(text: str) -> QuotaEntity:
+    data = json.loads(text)
+    if not isinstance(data, dict) or not all(isinstance(v, str | None) for v in data.values()):
+        raise ValueError(f"not an entity: {text!r}")
+    if set(data) - {USER, CLIENT_ID}:
+        raise ValueError(f"unknown entity types in {text!r}")
+    return QuotaEntity.from_kafka(data.items())
+
+
+def encode_table(table: Mapping[QuotaEntity, Mapping[str, float]]) -> str:
+    return json.dumps([[encode_entity(e), dict(v)] for e, v in QuotaTable(table).sorted_items()])
+
+
+def decode_table(text: str) -> QuotaTable:
+    return QuotaTable((decode_entity(e), v) for e, v in json.loads(text))
+
+
+def checked_values(entity: QuotaEntity, values: Mapping[str, object], where: str) -> dict[str, float]:
+    """The values that pass Kafka's rules; the others are logged and dropped (a hand-edited store,
+    a newer Sluice's keys)."""
+    out: dict[str, float] = {}
+    for key, value in values.items():
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            problem: str | None = f"value {value!r} is not a number"
+        else:
+            problem = validate_key_value(key, float(value))
+        if problem is None:
+            out[key] = float(value)  # type: ignore[arg-type]
+        else:
+            log.warning("%s: ignoring %s of %s: %s", where, key, entity.describe(), problem)
+    return out
+
+
+# ---------------------------------------------------------------------------------- stores
+
+class QuotaStore(Protocol):
+    def load(self) -> QuotaTable: ...
+
+    def apply(self, changes: Sequence[QuotaChange], meta: Mapping[str, str] | None = None) -> QuotaTable: ...
+
+    def meta(self, name: str) -> str | None: ...
+
+    def subscribe(self, callback: Callable[[QuotaTable], None]) -> None: ...
+
+    def close(self) -> None: ...
+
+    def describe(self) -> str: ...
+
+
+class _Subscribers:
+    def __init__(self) -> None:
+        self._callbacks: list[Callable[[QuotaTable], None]] = []
+
+    def subscribe(self, callback: Callable[[QuotaTable], None]) -> None:
+        self._callbacks.append(callback)
+
+    def notify(self, table: QuotaTable) -> None:
+        for callback in list(self._callbacks):
+            try:
+                callback(table)
+            except Exception:
+                log.exception("quota store subscriber failed")
+
+
+class MemoryStore(_Subscribers):
+    """Nothing survives a restart: for tests, and for a Sluice configured from YAML alone."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._table = QuotaTable()
+        self._meta: dict[str, str] = {}
+        self._lock = threading.Lock()
+
+    def load(self) -> QuotaTable:
+        return self._table
+
+    def apply(self, changes: Sequence[QuotaChange], meta: Mapping[str, str] | None = None) -> QuotaTable:
+        with self._lock:
+            self._table = self._table.apply(changes)
+            self._meta.update(meta or {})
+            table = self._table
+        if changes:
+            self.notify(table)
+        return table
+
+    def meta(self, name: str) -> str | None:
+        return self._meta.get(name)
+
+    def close(self) -> None:
+        pass
+
+    def describe(self) -> str:
+        return "memory (nothing survives a restart)"
+
+
+class SqliteStore(_Subscribers):
+    """One SQLite file; each `apply` is one transaction."""
+
+    _SCHEMA = """
+        CREATE TABLE IF NOT EXISTS quotas (
+            entity TEXT NOT NULL,      -- JSON of the entity's components, as encode_entity
+            key    TEXT NOT NULL,      -- producer_byte_rate, ..., sluice.shadow
+            value  REAL NOT NULL,
+            PRIMARY KEY (entity, key)
+        );
+        CREATE TABLE IF NOT EXISTS meta (name TEXT PRIMARY KEY, value TEXT NOT NULL);
+    """
+
+    def __init__(self, path: Path) -> None:
+        super().__init__()
+        self.path = path
+        self._lock = threading.Lock()
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            self._db = sqlite3.connect(str(path), check_same_thread=False, isolation_level=None)
+            self._db.execute("PRAGMA journal_mode=WAL")
+            self._db.execute("PRAGMA synchronous=FULL")
+            self._db.execute("PRAGMA busy_timeout=5000")
+            self._db.executescript(self._SCHEMA)
+        except (OSError, sqlite3.Error) as exc:
+            raise StoreError(f"cannot open the quota store {path}: {exc}") from exc
+        self._table = self._read()
+
+    def _read(self) -> QuotaTable:
+        rows: dict[QuotaEntity, dict[str, object]] = {}
+        try:
+            cursor = self._db.execute("SELECT entity, key, value FROM quotas ORDER BY entity, key")
+            for entity_text, key, value in cursor:
+                try:
+                    entity = decode_entity(entity_text)
+                except (ValueError, QuotaConfigError) as exc:
+                    log.warning("%s: ignoring a row for a bad entity %r: %s", self.path, entity_text, exc)
+                    continue
+                rows.setdefault(entity, {})[key] = value
+        except sqlite3.Error as exc:
+            raise StoreError(f"cannot read the quota store {self.path}: {exc}") from exc
+        return QuotaTable((e, checked_values(e, v, str(self.path))) for e, v in rows.items())
+
+    def load(self) -> QuotaTable:
+        with self._lock:
+            self._table = self._read()
+            return self._table
+
+    def apply(self, changes: Sequence[QuotaChange], meta: Mapping[str, str] | None = None) -> QuotaTable:
+        with self._lock:
+            try:
+                self._db.execute("BEGIN IMMEDIATE")
+                try:
+                    for change in changes:
+                        entity = encode_entity(change.entity)
+                        if change.value is None:
+                            self._db.execute("DELETE FROM quotas WHERE entity = ? AND key = ?",
+                                             (entity, change.key))
+                        else:
+                            self._db.execute("INSERT INTO quotas (entity, key, value) VALUES (?, ?, ?) "
+                                             "ON CONFLICT (entity, key) DO UPDATE SET value = excluded.value",
+                                             (entity, change.key, float(change.value)))
+                    for name, value in (meta or {}).items():
+                        self._db.execute("INSERT INTO meta (name, value) VALUES (?, ?) ON CONFLICT (name) "
+                                         "DO UPDATE SET value = excluded.value", (name, value))
+                    self._db.execute("COMMIT")
+                except BaseException:
+                    self._db.execute("ROLLBACK")
+                    raise
+            except sqlite3.Error as exc:
+                raise StoreError(f"cannot write the quota store {self.path}: {exc}") from exc
+            self._table = self._table.apply(changes)
+            table = self._table
+        if changes:
+            self.notify(table)
+        return table
+
+    def meta(self, name: str) -> str | None:
+        with self._lock:
+            try:
+                row = self._db.execute("SELECT value FROM meta WHERE name = ?", (name,)).fetchone()
+            except sqlite3.Error as exc:
+                raise StoreError(f"cannot read the quota store {self.path}: {exc}") from exc
+        return None if row is None else str(row[0])
+
+    def close(self) -> None:
+        with self._lock:
+            self._db.close()
+
+    def describe(self) -> str:
+        return f"sqlite {self.path}"
+
+
+class KafkaStore(_Subscribers):
+    """A compacted topic every instance reads from the beginning and writes through."""
+
+    def __init__(self, bootstrap: str, topic: str, *, replication_factor: int = -1,
+                 poll_interval_ms: int = 100, write_timeout_ms: int = 10_000,
+                 kafka_config: Mapping[str, str] | None = None, instance: str = "sluice",
+                 load_timeout_s: float = 30.0) -> None:
+        super().__init__()
+        from confluent_kafka import Consumer, KafkaException, Producer
+
+        self.bootstrap = bootstrap
+        self.topic = topic
+        self._timeout_s = write_timeout_ms / 1000
+        self._poll_s = poll_interval_ms / 1000
+        common = {"bootstrap.servers": bootstrap, **(kafka_config or {})}
+        self._table = QuotaTable()
+        self._meta: dict[str, str] = {}
+        self._cond = threading.Condition()
+        self._position: dict[int, int] = {}
+        self._closed = threading.Event()
+        try:
+            partitions = self._ensure_topic(common, replication_factor)
+            self._producer = Producer({**common, "acks": "all", "enable.idempotence": True, "linger.ms": 0,
+                                       "client.id": f"sluice-quota-store-{instance}"})
+            group = f"sluice-quota-store-{instance}-{uuid.uuid4().hex}"  # never joined: we assign
+            self._consumer = Consumer({**common, "group.id": group,
+                                       "enable.auto.commit": False, "enable.partition.eof": False,
+                                       "fetch.wait.max.ms": poll_interval_ms, "fetch.error.backoff.ms": 100,
+                                       "client.id": f"sluice-quota-store-{instance}"})
+        except KafkaException as exc:
+            raise StoreError(f"cannot reach the quota store topic {topic} on {bootstrap}: {exc}") from exc
+        self._partitions = partitions
+        self._catch_up(load_timeout_s)
+        self._thread = threading.Thread(target=self._run, name="quota-store-consumer", daemon=True)
+        self._thread.start()
+
+    def _ensure_topic(self, common: Mapping[str, str], replication_factor: int) -> list[int]:
+        from confluent_kafka import KafkaError, KafkaException
+        from confluent_kafka.admin import AdminClient, NewTopic  # type: ignore[attr-defined]
+
+        admin = AdminClient(dict(common))
+        metadata = admin.list_topics(timeout=self._timeout_s)
+        topic = metadata.topics.get(self.topic)
+        if topic is None or topic.error is not None:
+            futures = admin.create_topics([NewTopic(self.topic, num_partitions=1,
+                                                    replication_factor=replication_factor,
+                                                    config={"cleanup.policy": "compact"})],
+                                          operation_timeout=self._timeout_s)
+            try:
+                futures[self.topic].result(timeout=self._timeout_s)
+                log.info("created the quota store topic %s (compacted, 1 partition)", self.topic)
+            except KafkaException as exc:
+                if exc.args[0].code() != KafkaError.TOPIC_ALREADY_EXISTS:
+                    raise
+            deadline = time.monotonic() + self._timeout_s
+            while True:
+                topic = admin.list_topics(self.topic, timeout=self._timeout_s).topics.get(self.topic)
+                if topic is not None and topic.error is None and topic.partitions:
+                    break
+                if time.monotonic() > deadline:
+                    raise StoreError(f"topic {self.topic} has no partitions yet")
+                time.sleep(0.1)
+        return sorted(topic.partitions)
+
+    def _catch_up(self, timeout_s: float) -> None:
+        """Read the topic from the beginning up to its end as of now."""
+        from confluent_kafka import OFFSET_BEGINNING, TopicPartition
+
+        ends = {}
+        for p in self._partitions:
+            _low, high = self._consumer.get_watermark_offsets(TopicPartition(self.topic, p),
+                                                              timeout=self._timeout_s)
+            ends[p] = high
+        self._consumer.assign([TopicPartition(self.topic, p, OFFSET_BEGINNING) for p in self._partitions])
+        deadline = time.monotonic() + timeout_s
+        while any(self._position.get(p, 0) < end for p, end in ends.items()):
+            if time.monotonic() > deadline:
+                raise StoreError(f"could not read the quota store topic {self.topic} to its end "
+                                 f"within {timeout_s:g} s")
+            self._poll_once(notify=False)
+
+    def _poll_once(self, notify: bool) -> None:
+        msg = self._consumer.poll(self._poll_s)
+        if msg is None:
+            return
+        if msg.error() is not None:
+            log.warning("quota store consumer: %s", msg.error())
+            return
+        changed = False
+        key = (msg.key() or b"").decode("utf-8", "replace")
+        value = msg.value()
+        with self._cond:
+            if key.startswith(META_PREFIX):
+                name = key[len(META_PREFIX):]
+                if value is None:
+                    self._meta.pop(name, None)
+                else:
+                    self._meta[name] = value.decode("utf-8", "replace")
+            else:
+                changed = self._apply_record(key, value)
+            self._position[int(msg.partition() or 0)] = int(msg.offset() or 0) + 1
+            table = self._table
+            self._cond.notify_all()
+        if changed and notify:
+            self.notify(table)
+
+    def _apply_record(self, key: str, value: bytes | None) -> bool:
+        try:
+            entity = decode_entity(key)
+        except (ValueError, QuotaConfigError) as exc:
+            log.warning("topic %s: ignoring a record for a bad entity %r: %s", self.topic, key, exc)
+            return False
+        values: dict[str, float] = {}
+        if value is not None:
+            try:
+                raw = json.loads(value)
+                if not isinstance(raw, dict):
+                    raise ValueError("not a JSON object")
+            except ValueError as exc:
+                log.warning("topic %s: ignoring a bad record for %s: %s", self.topic, entity.describe(), exc)
+                return False
+            values = checked_values(entity, raw, f"topic {self.topic}")
+        old = self._table.get(entity, {})
+        if dict(old) == values:
+            return False
+        changes = [QuotaChange(entity, k, None) for k in old if k not in values]
+        changes += [QuotaChange(entity, k, v) for k, v in values.items()]
+        self._table = self._table.apply(changes)
+        return True
+
+    def _run(self) -> None:
+        while not self._closed.is_set():
+            try:
+                self._poll_once(notify=True)
+            except Exception:  # keep consuming whatever one record does
+                log.exception("quota store consumer failed on a record")
+
+    def load(self) -> QuotaTable:
+        with self._cond:
+            return self._table
+
+    def meta(self, name: str) -> str | None:
+        with self._cond:
+            return self._meta.get(name)
+
+    def apply(self, changes: Sequence[QuotaChange], meta: Mapping[str, str] | None = None) -> QuotaTable:
+        with self._cond:
+            current = self._table
+        after = current.apply(changes)
+        touched = list(dict.fromkeys(c.entity for c in changes))
+        records: list[tuple[str, bytes | None]] = []
+        for entity in touched:
+            new = after.get(entity)
+            if (dict(new) if new else None) == (dict(current[entity]) if entity in current else None):
+                continue
+            records.append((encode_entity(entity), None if new is None else json.dumps(dict(new)).encode()))
+        records += [(META_PREFIX + name, value.encode()) for name, value in (meta or {}).items()]
+        if not records:
+            return current
+        written = self._produce(records)
+        deadline = time.monotonic() + self._timeout_s
+        with self._cond:
+            while any(self._position.get(p, 0) <= offset for p, offset in written.items()):
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise StoreError(f"the change was written to {self.topic} but not read back within "
+                                     f"{self._timeout_s:g} s")
+                self._cond.wait(left)
+            return self._table
+
+    def _produce(self, records: Sequence[tuple[str, bytes | None]]) -> dict[int, int]:
+        """Produce and wait for every ack; the highest offset written per partition."""
+        from confluent_kafka import KafkaException
+
+        errors: list[str] = []
+        written: dict[int, int] = {}
+
+        def delivered(err: Any, msg: Any) -> None:
+            if err is not None:
+                errors.append(str(err))
+            else:
+                written[msg.partition()] = max(written.get(msg.partition(), -1), msg.offset())
+
+        try:
+            for key, value in records:
+                self._producer.produce(self.topic, key=key.encode(), value=value, on_delivery=delivered)
+            left = self._producer.flush(self._timeout_s)
+        except (KafkaException, BufferError) as exc:
+            raise StoreError(f"cannot write to the quota store topic {self.topic}: {exc}") from exc
+        if errors or left:
+            why = "; ".join(errors) or f"{left} record(s) not acknowledged within {self._timeout_s:g} s"
+            raise StoreError(f"cannot write to the quota store topic {self.topic}: {why}")
+        return written
+
+    def close(self) -> None:
+        self._closed.set()
+        self._thread.join(5)
+        self._consumer.close()
+        self._producer.flush(2)
+
+    def describe(self) -> str:
+        return f"kafka topic {self.topic} on {self.bootstrap}"
+
+
+def open_store(config: StoreConfig, *, upstream_bootstrap: str, instance: str) -> QuotaStore:
+    """Open the configured store (blocking; for Kafka, reads the topic to its end)."""
+    if config.type == "memory":
+        return MemoryStore()
+    if config.type == "sqlite":
+        return SqliteStore(config.path)
+    return KafkaStore(config.bootstrap or upstream_bootstrap, config.topic,
+                      replication_factor=config.replication_factor, poll_interval_ms=config.poll_interval_ms,
+                      write_timeout_ms=config.write_timeout_ms, kafka_config=config.librdkafka_config(),
+                      instance=instance)
+
+
+# ---------------------------------------------------------------------------------- seeding
+
+@dataclass(frozen=True)
+class SeedOutcome:
+    table: QuotaTable
+    message: str
+    changes: tuple[QuotaChange, ...] = ()
+
+
+def _sets(table: Mapping[QuotaEntity, Mapping[str, float]]) -> list[QuotaChange]:
+    return [QuotaChange(e, k, v) for e, vals in QuotaTable(table).sorted_items() for k, v in vals.items()]
+
+
+def reconcile_seed(store: QuotaStore, seed: QuotaTable, instance: str, *, reseed: bool = False,
+                   imported: Callable[[], QuotaTable] | None = None) -> SeedOutcome:
+    """Bring the YAML seed (`quotas.entries`) and the store together. Which wins:
+
+    * first start (the store was never seeded), or `reseed`: the store becomes the brokers'
+      quotas (when `imported` is given) overlaid with the YAML seed, key by key;
+    * afterwards the store wins. A YAML edit is still a change: the keys that differ from the
+      entries this instance applied last time (its baseline, kept in the store) are written to
+      the store, as an admin request would; keys the YAML did not touch keep their stored values.
+      An instance that joins a seeded store takes its YAML as its baseline without applying it.
+
+    Called at start and on SIGHUP (never with `reseed` or `imported` then).
+    """
+    baseline_name = seed_meta(instance)
+    seed_text = encode_table(seed)
+    now = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+    if reseed or store.meta(SEEDED) is None:
+        target = seed
+        if imported is not None:
+            target = imported().apply(_sets(seed))
+        current = store.load()
+        changes = current.changes_to(target) if reseed else _sets(target)
+        table = store.apply(changes, {SEEDED: now, baseline_name: seed_text})
+        how = "replaced by" if reseed else "seeded from"
+        source = "the brokers' quotas and the YAML entries" if imported is not None else "the YAML entries"
+        return SeedOutcome(table, f"quota store {how} {source}: {len(table)} entities", tuple(changes))
+    baseline_text = store.meta(baseline_name)
+    if baseline_text is None:
+        table = store.apply([], {baseline_name: seed_text})
+        return SeedOutcome(table, f"quota store already holds {len(table)} entities: it wins over the YAML "
+                                  f"entries (edit them, or start with --reseed, to change it)")
+    try:
+        baseline = decode_table(baseline_text)
+    except (ValueError, TypeError, QuotaConfigError) as exc:
+        log.warning("unreadable seed baseline for %s (%s): taking the YAML entries as it", instance, exc)
+        baseline = seed
+    changes = baseline.changes_to(seed)
+    if not changes:
+        return SeedOutcome(store.load(), "YAML quota entries unchanged: the store's quotas stand")
+    table = store.apply(changes, {baseline_name: seed_text})
+    listed = "; ".join(_describe_change(c) for c in changes[:5]) + ("; ..." if len(changes) > 5 else "")
+    return SeedOutcome(table, f"YAML quota entries changed: {len(changes)} change(s) written to the store "
+                              f"({listed})", tuple(changes))
+
+
+def _describe_change(change: QuotaChange) -> str:
+    what = "removed" if change.value is None else f"= {format_value(change.value)}"
+    return f"{change.entity.describe()} {change.key} {what}"
+
+
+def table_from_described(entries: Sequence[tuple[Sequence[tuple[str, str | None]], Mapping[str, float]]],
+                         where: str) -> QuotaTable:
+    """A table from DescribeClientQuotas results: entities Sluice cannot hold (ip) and keys it
+    does not enforce (controller_mutation_rate) are logged and left out."""
+    items: dict[QuotaEntity, dict[str, float]] = {}
+    for components, values in entries:
+        try:
+            entity = QuotaEntity.from_kafka(components)
+        except QuotaConfigError as exc:
+            log.warning("%s: skipping entity %s: %s", where, dict(components), exc.reason)
+            continue
+        kept = checked_values(entity, values, where)
+        if kept:
+            items[entity] = kept
+    return QuotaTable(items)
+
+
+__all__ = [
+    "KafkaStore",
+    "MemoryStore",
+    "QuotaStore",
+    "SeedOutcome",
+    "SqliteStore",
+    "StoreConfig",
+    "StoreError",
+    "StoreSasl",
+    "decode_entity",
+    "encode_entity",
+    "open_store",
+    "reconcile_seed",
+    "table_from_described",
+]

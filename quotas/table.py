@@ -1,0 +1,180 @@
+"""What a quota store holds: per entity, Kafka's raw quota keys and their values, and changes.
+
+Kafka keeps client quotas as ``entity -> {key: float}`` (`ClientQuotaControlManager`) and changes
+them one key at a time (`AlterClientQuotas` ops, `ClientQuotaRecord`). A `QuotaTable` is that
+map, immutable; a `QuotaChange` is one op. The enforcement view, `QuotaConfig`, is derived from it
+with `QuotaTable.to_config`.
+
+Keys are Kafka's (`producer_byte_rate`, `consumer_byte_rate`, `request_percentage`) and Sluice's
+own: `request_rate` (requests per second) and `sluice.shadow` (value 1: the entity's quotas are
+measured and reported, never enforced). An entity whose only key is `sluice.shadow` is kept (as
+Kafka keeps any key) and has no quota to enforce.
+
+`validate_key_value` applies Kafka's value rules with Kafka's messages (the broker's
+`ClientQuotaControlManager.validateQuotaKeyValue`), so an admin request gets the answer a broker
+would give.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Iterator, Mapping
+from dataclasses import dataclass
+from types import MappingProxyType
+
+from quotas.config import QuotaConfig, QuotaEntry
+from quotas.entity import DEFAULT, Name, QuotaEntity, QuotaKind
+from quotas.stats import RateConfig
+
+SHADOW_KEY = "sluice.shadow"
+"""Sluice's per-entity shadow flag as a quota key: 1 = measure and report, never throttle."""
+
+KNOWN_KEYS: frozenset[str] = frozenset({*(k.value for k in QuotaKind), SHADOW_KEY})
+
+_KINDS_BY_KEY = {k.value: k for k in QuotaKind}
+_LONG_LIMIT = float(2**63)  # a double >= this is not a Java long
+
+
+@dataclass(frozen=True, slots=True)
+class QuotaChange:
+    """Set `key` of `entity` to `value`, or remove the key when `value` is None."""
+
+    entity: QuotaEntity
+    key: str
+    value: float | None
+
+    def __str__(self) -> str:
+        what = "remove" if self.value is None else f"{format_value(self.value)}"
+        return f"{self.entity.describe()}: {self.key} -> {what}"
+
+
+def validate_key_value(key: str, value: float) -> str | None:
+    """Kafka's checks of one quota value, in Kafka's order and words; None when it is valid.
+
+    Unknown key, then ``<= 0``, then (for the LONG byte rates) too large and fractional. Sluice
+    adds: a value must be finite (Kafka lets NaN through), and `sluice.shadow` must be 1.
+    """
+    if key not in KNOWN_KEYS:
+        return f"Invalid configuration key {key}"
+    if not value > 0.0:
+        if math.isnan(value):
+            return f"Quota {key} must be a number"
+        return f"Quota {key} must be greater than 0"
+    if math.isinf(value):
+        return f"Quota {key} must be finite"
+    kind = _KINDS_BY_KEY.get(key)
+    if kind is not None and kind.is_byte_rate:
+        if value >= _LONG_LIMIT:
+            return f"Proposed value for {key} is too large for a LONG."
+        if abs(value % 1.0) > 1e-6:
+            return f"{key} cannot be a fractional value."
+    if key == SHADOW_KEY and value != 1.0:
+        return f"Quota {key} must be 1 (remove the key to turn shadow mode off)"
+    return None
+
+
+class QuotaTable(Mapping[QuotaEntity, Mapping[str, float]]):
+    """An immutable ``{QuotaEntity: {key: value}}``. Every entity has at least one key."""
+
+    __slots__ = ("_items",)
+
+    def __init__(self, items: Mapping[QuotaEntity, Mapping[str, float]]
+                 | Iterable[tuple[QuotaEntity, Mapping[str, float]]] = ()) -> None:
+        pairs = items.items() if isinstance(items, Mapping) else items
+        self._items: dict[QuotaEntity, Mapping[str, float]] = {
+            entity: _frozen(values) for entity, values in pairs if values}
+
+    def __getitem__(self, entity: QuotaEntity) -> Mapping[str, float]:
+        return self._items[entity]
+
+    def __iter__(self) -> Iterator[QuotaEntity]:
+        return iter(self._items)
+
+    def __len__(self) -> int:
+        return len(self._items)
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, Mapping):
+            return {e: dict(v) for e, v in self._items.items()} == {e: dict(v) for e, v in other.items()}
+        return NotImplemented
+
+    def __hash__(self) -> int:
+        return hash(frozenset((e, frozenset(v.items())) for e, v in self._items.items()))
+
+    def __repr__(self) -> str:
+        inner = "; ".join(f"{e.describe()}: " + ", ".join(f"{k}={format_value(v)}" for k, v in vals.items())
+                          for e, vals in self.sorted_items())
+        return f"QuotaTable({inner})"
+
+    def sorted_items(self) -> list[tuple[QuotaEntity, Mapping[str, float]]]:
+        """Entries in a stable order: by user, then client id (defaults after names)."""
+        return sorted(self._items.items(), key=lambda item: entity_sort_key(item[0]))
+
+    def apply(self, changes: Iterable[QuotaChange]) -> QuotaTable:
+        """The table after `changes`, in order. Removing an absent key is a no-op (as in Kafka);
+        an entity left with no key goes."""
+        items = {e: dict(v) for e, v in self._items.items()}
+        for change in changes:
+            values = items.setdefault(change.entity, {})
+            if change.value is None:
+                values.pop(change.key, None)
+            else:
+                values[change.key] = float(change.value)
+            if not values:
+                del items[change.entity]
+        return QuotaTable(items)
+
+    def changes_to(self, other: Mapping[QuotaEntity, Mapping[str, float]]) -> list[QuotaChange]:
+        """The changes that turn this table into `other` (removals first, then sets)."""
+        removed = [QuotaChange(e, k, None) for e, vals in self.sorted_items() for k in sorted(vals)
+                   if k not in other.get(e, {})]
+        target = other if isinstance(other, QuotaTable) else QuotaTable(other)
+        changed = [QuotaChange(e, k, v) for e, vals in target.sorted_items() for k, v in sorted(vals.items())
+                   if self._items.get(e, {}).get(k) != v]
+        return removed + changed
+
+    def to_config(self, *, shadow_all: bool = False, window: RateConfig | None = None) -> QuotaConfig:
+        """The enforcement view: one `QuotaEntry` per entity with at least one quota value.
+
+        Raises `QuotaConfigError` if a value breaks the quota rules (a store validates what it
+        loads with `validate_key_value` first)."""
+        entries = []
+        for entity, values in self.sorted_items():
+            kinds = {_KINDS_BY_KEY[k]: v for k, v in values.items() if k in _KINDS_BY_KEY}
+            if kinds:
+                entries.append(QuotaEntry(entity, kinds, shadow=values.get(SHADOW_KEY) == 1.0))
+        return QuotaConfig(tuple(entries), shadow_all, window or RateConfig())
+
+    @classmethod
+    def from_config(cls, config: QuotaConfig) -> QuotaTable:
+        """The table holding `config`'s entries (shadow entries get `sluice.shadow` = 1)."""
+        items: dict[QuotaEntity, dict[str, float]] = {}
+        for entry in config:
+            values = {kind.value: float(v) for kind, v in entry.values.items()}
+            if entry.shadow:
+                values[SHADOW_KEY] = 1.0
+            items[entry.entity] = values
+        return cls(items)
+
+
+def entity_sort_key(entity: QuotaEntity) -> tuple[tuple[int, str], tuple[int, str]]:
+    return (_name_key(entity.user), _name_key(entity.client_id))
+
+
+def _name_key(name: Name | None) -> tuple[int, str]:
+    if name is None:
+        return (0, "")
+    if name is DEFAULT:
+        return (2, "")
+    return (1, str(name))
+
+
+def format_value(value: float) -> str:
+    """``1048576`` for whole numbers, ``1.5`` otherwise (as the CLI prints values)."""
+    if value.is_integer() and abs(value) < 1e18:
+        return str(int(value))
+    return repr(value)
+
+
+def _frozen(values: Mapping[str, float]) -> Mapping[str, float]:
+    return MappingProxyType(dict(sorted((str(k), float(v)) for k, v in values.items())))
