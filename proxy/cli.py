@@ -25,9 +25,10 @@ def main() -> None:
 @click.option("--metrics-port", type=int, help="Prometheus /metrics and /healthz port")
 @click.option("--config", "config_file", type=click.Path(path_type=Path), help="YAML configuration file")
 @click.option("--log-level", type=click.Choice(["DEBUG", "INFO", "WARNING", "ERROR"]))
+@click.option("--reseed", is_flag=True, help="replace the quota store's contents with the YAML quotas")
 def proxy(upstream: str | None, listen: str | None, advertised_host: str | None,
           broker_port_base: int | None, metrics_port: int | None, config_file: Path | None,
-          log_level: str | None) -> None:
+          log_level: str | None, reseed: bool = False) -> None:
     """Run the proxy in front of the brokers."""
     overrides: dict[str, Any] = {}
     if upstream:
@@ -42,6 +43,8 @@ def proxy(upstream: str | None, listen: str | None, advertised_host: str | None,
         overrides["metrics"] = {"port": metrics_port}
     if log_level:
         overrides["log_level"] = log_level
+    if reseed:
+        overrides["store"] = {"reseed": True}  # at start only: a SIGHUP reload never reseeds
     try:
         config = load_config(config_file, overrides)
     except ConfigError as exc:
@@ -63,3 +66,13 @@ def _register_tune() -> None:
 
 
 _register_tune()
+
+
+def _register_quotas() -> None:
+    """`sluice quotas ...`: list, describe, alter over the Kafka protocol."""
+    from proxy.quotas_cli import quotas
+
+    main.add_command(quotas)
+
+
+_register_quotas()

@@ -243,6 +243,9 @@ class ClientConnection(asyncio.Protocol):
             entry.response = verdict.local_response
             entry.response_bytes = len(verdict.local_response)
             entry.response_received_ms = now_ms
+        elif verdict.pending_response is not None:
+            entry.forwarded = False
+            self._answer_later(entry, verdict.pending_response)
         else:
             upstream = self._upstream
             assert upstream is not None
@@ -259,6 +262,23 @@ class ClientConnection(asyncio.Protocol):
             self._pipeline.on_complete(self.ctx, entry, now_ms)
         if entry.response is not None:
             self._flush()
+
+    def _answer_later(self, entry: InFlight, pending: asyncio.Future[bytes]) -> None:
+        """A stage answers this request itself once `pending` is done; later requests wait their turn."""
+        def done(future: asyncio.Future[bytes]) -> None:
+            if self._closed:
+                return
+            if future.cancelled() or future.exception() is not None:
+                self.close(f"Sluice could not answer {api_name(entry.api_key)}: "
+                           f"{'cancelled' if future.cancelled() else future.exception()!r}")
+                return
+            payload = future.result()
+            entry.response = payload
+            entry.response_bytes = len(payload)
+            entry.response_received_ms = self._clock.now_ms()
+            self._flush()
+
+        pending.add_done_callback(done)
 
     # ------------------------------------------------------------------ responses
 

@@ -12,6 +12,7 @@ A stage never sees a socket; it gets a `ConnectionContext` and the frame's bytes
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
@@ -38,6 +39,7 @@ class RequestVerdict:
     """A stage's say on a request. `throttle_time_ms` > 0 mutes the channel from now on."""
 
     local_response: bytes | None = None       # answer it here instead of forwarding
+    pending_response: asyncio.Future[bytes] | None = None  # answer it here, later (e.g. after a write)
     throttle_time_ms: int = 0
     forward_payload: bytes | None = None      # forward this instead of the client's bytes
     notes: dict[str, object] = field(default_factory=dict)
@@ -45,6 +47,8 @@ class RequestVerdict:
     def merge(self, other: RequestVerdict) -> None:
         if other.local_response is not None:
             self.local_response = other.local_response
+        if other.pending_response is not None:
+            self.pending_response = other.pending_response
         if other.forward_payload is not None:
             self.forward_payload = other.forward_payload
         self.throttle_time_ms = max(self.throttle_time_ms, other.throttle_time_ms)

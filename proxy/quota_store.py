@@ -4,7 +4,8 @@ A store holds a `QuotaTable` (per entity, Kafka's raw quota keys and values) and
 meta values. The interface is small and blocking; `proxy.quota_service` calls it from one worker
 thread, never from the event loop:
 
-    load() -> QuotaTable                   what the store holds (also after reconnecting)
+    load() -> QuotaTable                   what the store holds (read again from its medium)
+    current() -> QuotaTable                the table as this instance last saw it (no I/O)
     apply(changes, meta) -> QuotaTable     write a batch of changes (and meta values)
     subscribe(callback)                    callback(table) whenever the table changes, from any
                                            thread, including changes made by other instances
@@ -153,6 +154,8 @@ def checked_values(entity: QuotaEntity, values: Mapping[str, object], where: str
 class QuotaStore(Protocol):
     def load(self) -> QuotaTable: ...
 
+    def current(self) -> QuotaTable: ...
+
     def apply(self, changes: Sequence[QuotaChange], meta: Mapping[str, str] | None = None) -> QuotaTable: ...
 
     def meta(self, name: str) -> str | None: ...
@@ -189,6 +192,9 @@ class MemoryStore(_Subscribers):
         self._lock = threading.Lock()
 
     def load(self) -> QuotaTable:
+        return self._table
+
+    def current(self) -> QuotaTable:
         return self._table
 
     def apply(self, changes: Sequence[QuotaChange], meta: Mapping[str, str] | None = None) -> QuotaTable:
@@ -257,6 +263,9 @@ class SqliteStore(_Subscribers):
         with self._lock:
             self._table = self._read()
             return self._table
+
+    def current(self) -> QuotaTable:
+        return self._table
 
     def apply(self, changes: Sequence[QuotaChange], meta: Mapping[str, str] | None = None) -> QuotaTable:
         with self._lock:
@@ -443,6 +452,9 @@ class KafkaStore(_Subscribers):
     def load(self) -> QuotaTable:
         with self._cond:
             return self._table
+
+    def current(self) -> QuotaTable:
+        return self._table
 
     def meta(self, name: str) -> str | None:
         with self._cond:

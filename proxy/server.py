@@ -19,6 +19,8 @@ from proxy.http import MetricsEndpoint
 from proxy.inflight import InFlight
 from proxy.metrics import AccessLogCollector, QuotaSensorCollector, SluiceMetrics
 from proxy.pipeline import ConnectionContext, Pipeline, ResponseOutcome, Stage, StageBase
+from proxy.quota_admin import QuotaAdminStage
+from proxy.quota_service import QuotaService
 from proxy.rewriting import REWRITTEN_APIS, ResponseRewriter
 from quotas.clock import Clock, SystemClock
 
@@ -45,6 +47,7 @@ class ProxyServer:
         self.registry_metrics = CollectorRegistry()
         self.metrics = SluiceMetrics(self.registry_metrics)
         self.quotas = QuotaManagers(config.quota_config(), self.clock)
+        self.quota_service = QuotaService(config, self.quotas)  # the store; started in start()
         self.registry_metrics.register(QuotaSensorCollector(self.quotas, self.clock))
         self.metrics_endpoint: MetricsEndpoint | None = None
         self.access_log = make_access_log(config)
@@ -67,6 +70,8 @@ class ProxyServer:
     async def start(self) -> None:
         loop = asyncio.get_running_loop()
         config = self.config
+        await self.quota_service.start()
+
         def start_listener_factory(target: UpstreamTarget) -> object:
             return connection_factory(self._services())(target)
 
@@ -79,7 +84,8 @@ class ProxyServer:
             self.access_log.start()
             # before the quota stage, to see the broker's own throttle time
             stages.append(AccessLogStage(self.access_log, self.clock))
-        stages += [QuotaStage(self.quotas, self.metrics), *self._extra_stages, self.metrics]
+        stages += [QuotaAdminStage(self.quota_service, config.admins), QuotaStage(self.quotas, self.metrics),
+                   *self._extra_stages, self.metrics]
         pipeline = Pipeline(stages)
         self.services = ConnectionServices(
             pipeline=pipeline, registry=self.registry, clock=self.clock,
@@ -100,12 +106,10 @@ class ProxyServer:
             await self.metrics_endpoint.start(config.metrics.host, config.metrics.port)
 
     def reload(self, config: ProxyConfig) -> None:
-        """SIGHUP: apply new quotas to live sensors; connections and sensor history stay."""
-        quotas = config.quota_config()
-        self.quotas.update_config(quotas)
+        """SIGHUP: YAML quota edits go to the store and to live sensors (see `reconcile_seed`);
+        connections and sensor history stay."""
         self.config = config
-        log.info("configuration reloaded: %d quota entr%s%s", len(quotas), "y" if len(quotas) == 1 else "ies",
-                 " (shadow mode for all)" if quotas.shadow_all else "")
+        self.quota_service.schedule_reload(config)  # logs "configuration reloaded: ..." when done
 
     def _connection_closed(self, conn: ClientConnection) -> None:
         self.metrics.connection_closed(conn.ctx.listener)
@@ -145,6 +149,7 @@ class ProxyServer:
             await self.metrics_endpoint.stop()
         if self.access_log is not None:
             await asyncio.get_running_loop().run_in_executor(None, self.access_log.close)
+        await self.quota_service.close()
         self._stopped.set()
 
     async def wait_stopped(self) -> None:

@@ -1,0 +1,374 @@
+"""`sluice quotas`: list, describe and alter quotas over the Kafka protocol (KIP-546's APIs).
+
+It talks to Sluice (or to a broker: it is the same protocol) with DescribeClientQuotas and
+AlterClientQuotas through `protocol.quota_client`:
+
+    sluice quotas list     --bootstrap-server HOST:PORT [--names user=alice] [--defaults client-id]
+                           [--prefix user=team-]
+    sluice quotas describe --bootstrap-server HOST:PORT --names user=alice,client-id=app
+                           [--include-overrides]
+    sluice quotas alter    --bootstrap-server HOST:PORT --names user=alice [--defaults client-id]
+                           [--add producer_byte_rate=1048576,...] [--delete consumer_byte_rate,...]
+                           [--validate-only]
+
+`describe` resolves the effective quota of a caller client-side, from every configured entry, with
+the precedence enforcement uses (`quotas.effective`, i.e. `DefaultQuotaCallback`). `--output json`
+prints one JSON document for scripts (default entity names are JSON null there). Exit status: 0
+done, 1 the server refused or could not be reached (nothing changed), 2 bad usage (nothing sent).
+"""
+
+from __future__ import annotations
+
+import json
+import socket
+import ssl
+import sys
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, NoReturn, TypeVar
+
+import click
+
+from protocol.quota_client import (
+    MATCH_ANY,
+    MATCH_DEFAULT,
+    MATCH_EXACT,
+    AlterEntry,
+    Component,
+    DescribedEntity,
+    Filter,
+    QuotaAdminError,
+    QuotaClient,
+    Stream,
+)
+from protocol.sasl_client import MECHANISMS, SaslCredentials
+from quotas.effective import EffectiveQuota, QuotaSource, effective_quotas
+from quotas.entity import CLIENT_ID, USER, ClientIdentity, QuotaEntity
+from quotas.errors import QuotaConfigError
+from quotas.table import QuotaTable, format_value
+
+ENTITY_TYPES = (USER, CLIENT_ID)
+_ALIASES = {"user": USER, "users": USER, "client-id": CLIENT_ID, "client_id": CLIENT_ID, "clients": CLIENT_ID}
+_ERROR_NAMES = {-1: "UNKNOWN_SERVER_ERROR", 31: "CLUSTER_AUTHORIZATION_FAILED", 35: "UNSUPPORTED_VERSION",
+                42: "INVALID_REQUEST", 58: "SASL_AUTHENTICATION_FAILED"}
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+class Usage(click.UsageError):
+    pass
+
+
+# ------------------------------------------------------------------------------ options
+
+@dataclass(frozen=True)
+class Connection:
+    bootstrap: str
+    sasl: SaslCredentials | None
+    tls: ssl.SSLContext | None
+    timeout_s: float
+    output: str
+
+    def client(self) -> QuotaClient:
+        tls = self.tls
+
+        def connect(host: str, port: int, timeout_s: float) -> Stream:
+            sock = socket.create_connection((host, port), timeout=timeout_s)
+            return sock if tls is None else tls.wrap_socket(sock, server_hostname=host)
+
+        return QuotaClient(self.bootstrap, connect, sasl=self.sasl, client_id="sluice-quotas",
+                           timeout_s=self.timeout_s)
+
+
+def connection_options(fn: F) -> F:
+    options = [
+        click.option("--bootstrap-server", "bootstrap", required=True, envvar="SLUICE_BOOTSTRAP_SERVER",
+                     metavar="HOST:PORT[,...]", help="Sluice's bootstrap address (or a broker's)"),
+        click.option("--output", type=click.Choice(["text", "json"]), default="text", show_default=True),
+        click.option("--sasl-mechanism", type=click.Choice(MECHANISMS), help="authenticate (as an admin)"),
+        click.option("--sasl-username", metavar="NAME"),
+        click.option("--sasl-password", envvar="SLUICE_SASL_PASSWORD", metavar="PASSWORD",
+                     help="or SLUICE_SASL_PASSWORD; asked for when a mechanism is given without it"),
+        click.option("--tls", is_flag=True, help="connect with TLS"),
+        click.option("--ca-file", type=click.Path(exists=True, dir_okay=False, path_type=Path),
+                     help="CA bundle for --tls (default: the system's)"),
+        click.option("--timeout", "timeout_s", type=click.FloatRange(min=0.1), default=30.0,
+                     show_default=True, help="seconds"),
+    ]
+    for option in reversed(options):
+        fn = option(fn)
+    return fn
+
+
+def _connection(bootstrap: str, output: str, sasl_mechanism: str | None, sasl_username: str | None,
+                sasl_password: str | None, tls: bool, ca_file: Path | None, timeout_s: float) -> Connection:
+    sasl = None
+    if sasl_mechanism is not None:
+        if not sasl_username:
+            raise Usage("--sasl-mechanism needs --sasl-username")
+        if sasl_password is None:
+            sasl_password = click.prompt(f"Password for {sasl_username}", hide_input=True, err=True)
+        sasl = SaslCredentials(sasl_mechanism, sasl_username, sasl_password or "")
+    elif sasl_username is not None:
+        raise Usage("--sasl-username needs --sasl-mechanism")
+    context = None
+    if tls:
+        context = ssl.create_default_context(cafile=str(ca_file) if ca_file else None)
+    elif ca_file is not None:
+        raise Usage("--ca-file needs --tls")
+    return Connection(bootstrap, sasl, context, timeout_s, output)
+
+
+def _split(text: str | None) -> list[str]:
+    return [part.strip() for part in (text or "").split(",") if part.strip()]
+
+
+def _entity_type(text: str, option: str) -> str:
+    entity_type = _ALIASES.get(text.strip())
+    if entity_type is None:
+        raise Usage(f"{option}: unknown entity type {text!r}: use user or client-id")
+    return entity_type
+
+
+def parse_pairs(text: str | None, option: str) -> dict[str, str]:
+    """``user=alice,client-id=app`` -> {"user": "alice", "client-id": "app"}."""
+    out: dict[str, str] = {}
+    for item in _split(text):
+        entity_type, sep, name = item.partition("=")
+        if not sep or not name:
+            raise Usage(f"{option}: {item!r} is not TYPE=NAME (e.g. user=alice)")
+        key = _entity_type(entity_type, option)
+        if key in out:
+            raise Usage(f"{option}: {key} given twice")
+        out[key] = name
+    return out
+
+
+def parse_defaults(text: str | None) -> list[str]:
+    out = []
+    for item in _split(text):
+        key = _entity_type(item, "--defaults")
+        if key in out:
+            raise Usage(f"--defaults: {key} given twice")
+        out.append(key)
+    return out
+
+
+def entity_components(names: Mapping[str, str], defaults: Sequence[str]) -> tuple[Component, ...]:
+    both = set(names) & set(defaults)
+    if both:
+        raise Usage(f"{', '.join(sorted(both))} given both in --names and --defaults")
+    parts: dict[str, str | None] = {**names, **dict.fromkeys(defaults)}
+    return tuple((t, parts[t]) for t in ENTITY_TYPES if t in parts)
+
+
+def parse_add(text: str | None) -> list[tuple[str, float]]:
+    out = []
+    for item in _split(text):
+        key, sep, value = item.partition("=")
+        if not sep or not key.strip():
+            raise Usage(f"--add: {item!r} is not KEY=VALUE (e.g. producer_byte_rate=1048576)")
+        try:
+            out.append((key.strip(), float(value)))
+        except ValueError:
+            raise Usage(f"--add: {key.strip()}: {value!r} is not a number") from None
+    return out
+
+
+# ------------------------------------------------------------------------------ formatting
+
+def format_name(name: str | None) -> str:
+    """An entity name for text output: ``<default>`` for the default; names that could be read
+    otherwise (separators, spaces, a literal ``<default>``) are JSON-quoted."""
+    if name is None:
+        return "<default>"
+    if not name or name == "<default>" or any(c in name for c in ",={}\"' \t\n") or not name.isprintable():
+        return json.dumps(name)
+    return name
+
+
+def format_entity(components: Sequence[Component]) -> str:
+    ordered = sorted(components, key=lambda c: ENTITY_TYPES.index(c[0]) if c[0] in ENTITY_TYPES else 9)
+    return "{" + ", ".join(f"{t}={format_name(n)}" for t, n in ordered) + "}"
+
+
+def entity_json(components: Sequence[Component]) -> dict[str, str | None]:
+    return dict(components)
+
+
+def source_components(entity: QuotaEntity) -> tuple[Component, ...]:
+    return tuple(entity.to_kafka())
+
+
+def _emit(data: Any) -> None:
+    click.echo(json.dumps(data, indent=2, sort_keys=False))
+
+
+def _fail(conn: Connection, message: str, code: int | None = None, exit_code: int = 1) -> NoReturn:
+    name = _ERROR_NAMES.get(code, f"error {code}") if code is not None else None
+    if conn.output == "json":
+        _emit({"error": {"message": message, "code": code, "name": name}})
+    else:
+        click.echo(f"Error: {message}" + (f" ({name})" if name else ""), err=True)
+    sys.exit(exit_code)
+
+
+# ------------------------------------------------------------------------------ commands
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+def quotas() -> None:
+    """List, describe and alter quotas through Sluice (Kafka's client-quota admin APIs)."""
+
+
+@quotas.command("list")
+@click.option("--names", metavar="TYPE=NAME[,...]", help="exact names, e.g. user=alice,client-id=app")
+@click.option("--defaults", metavar="TYPE[,...]", help="default entities, e.g. client-id")
+@click.option("--prefix", metavar="TYPE=PREFIX[,...]", help="names starting with PREFIX, e.g. user=team-")
+@connection_options
+def list_command(names: str | None, defaults: str | None, prefix: str | None, **conn_args: Any) -> None:
+    """Entries matching the given names, defaults and prefixes (an omitted type matches anything),
+    with their values."""
+    conn = _connection(**conn_args)
+    exact = parse_pairs(names, "--names")
+    default_types = parse_defaults(defaults)
+    prefixes = parse_pairs(prefix, "--prefix")
+    overlap = (set(exact) | set(default_types)) & set(prefixes)
+    if overlap:
+        raise Usage(f"{', '.join(sorted(overlap))}: give a name, a default or a prefix, not several")
+    entity_components(exact, default_types)  # checks names vs defaults
+    components: list[Filter] = [(t, MATCH_EXACT, n) for t, n in exact.items()]
+    components += [(t, MATCH_DEFAULT, None) for t in default_types]
+    components += [(t, MATCH_ANY, None) for t in prefixes]
+    try:
+        with conn.client() as client:
+            found = client.describe(components, strict=False)
+    except QuotaAdminError as exc:
+        _fail(conn, str(exc), exc.error_code)
+    kept = [e for e in found if _prefixes_match(e, prefixes)]
+    kept.sort(key=lambda e: _sort_key(e.entity))
+    if conn.output == "json":
+        _emit({"entries": [{"entity": entity_json(e.entity), "values": dict(sorted(e.values.items()))}
+                           for e in kept]})
+        return
+    blocks = []
+    for e in kept:
+        lines = [format_entity(e.entity)] + [f"{k}={format_value(v)}" for k, v in sorted(e.values.items())]
+        blocks.append("\n".join(lines))
+    if blocks:
+        click.echo("\n\n".join(blocks))
+
+
+def _prefixes_match(entry: DescribedEntity, prefixes: Mapping[str, str]) -> bool:
+    names = dict(entry.entity)
+    return all(names.get(t) is not None and str(names[t]).startswith(p) for t, p in prefixes.items())
+
+
+def _sort_key(components: Sequence[Component]) -> tuple[tuple[int, str], ...]:
+    names = dict(components)
+    return tuple((0, "") if t not in names else (2, "") if names[t] is None else (1, str(names[t]))
+                 for t in ENTITY_TYPES)
+
+
+@quotas.command("describe")
+@click.option("--names", metavar="user=NAME[,client-id=NAME]", required=True,
+              help="the caller: its principal and client id (a missing user is ANONYMOUS, a missing "
+                   "client id is empty, as Kafka sees unauthenticated callers and null client ids)")
+@click.option("--include-overrides", is_flag=True, help="also show the less specific entries overridden "
+                                                        "(marked *)")
+@connection_options
+def describe_command(names: str, include_overrides: bool, **conn_args: Any) -> None:
+    """The effective quotas of a caller: each quota's value and the entry it comes from."""
+    conn = _connection(**conn_args)
+    who = parse_pairs(names, "--names")
+    if not who:
+        raise Usage("--names: give user=NAME and/or client-id=NAME")
+    identity = ClientIdentity.of(who.get(USER), who.get(CLIENT_ID))
+    try:
+        with conn.client() as client:
+            found = client.describe([], strict=False)
+    except QuotaAdminError as exc:
+        _fail(conn, str(exc), exc.error_code)
+    table = _table(found)
+    effective = effective_quotas(table.to_config(), identity)
+    if conn.output == "json":
+        _emit({"caller": {USER: identity.principal, CLIENT_ID: identity.client_id},
+               "quotas": [_effective_json(q, include_overrides) for q in effective.values()]})
+        return
+    lines = []
+    for quota in effective.values():
+        lines.append(_source_line(quota.kind.value, quota.source))
+        if include_overrides:
+            lines += ["*" + _source_line(quota.kind.value, s) for s in quota.overridden]
+    if lines:
+        click.echo("\n".join(lines))
+
+
+def _table(found: Sequence[DescribedEntity]) -> QuotaTable:
+    items: dict[QuotaEntity, Mapping[str, float]] = {}
+    for entry in found:
+        try:
+            items[QuotaEntity.from_kafka(entry.entity)] = entry.values
+        except QuotaConfigError:
+            continue  # ip entities: not client quotas
+    return QuotaTable(items)
+
+
+def _source_line(key: str, source: QuotaSource) -> str:
+    shadow = " (shadow)" if source.shadow else ""
+    return f"{key}={format_value(source.value)} {format_entity(source_components(source.entity))}{shadow}"
+
+
+def _source_json(source: QuotaSource) -> dict[str, Any]:
+    return {"value": source.value, "entity": entity_json(source_components(source.entity)),
+            "shadow": source.shadow}
+
+
+def _effective_json(quota: EffectiveQuota, include_overrides: bool) -> dict[str, Any]:
+    out: dict[str, Any] = {"key": quota.kind.value, **_source_json(quota.source)}
+    if include_overrides:
+        out["overridden"] = [_source_json(s) for s in quota.overridden]
+    return out
+
+
+@quotas.command("alter")
+@click.option("--names", metavar="TYPE=NAME[,...]", help="the entity's names, e.g. user=alice")
+@click.option("--defaults", metavar="TYPE[,...]", help="default components, e.g. client-id")
+@click.option("--add", metavar="KEY=VALUE[,...]", help="keys to set, e.g. producer_byte_rate=1048576")
+@click.option("--delete", metavar="KEY[,...]", help="keys to remove, e.g. consumer_byte_rate")
+@click.option("--validate-only", is_flag=True, help="check the change, write nothing")
+@connection_options
+def alter_command(names: str | None, defaults: str | None, add: str | None, delete: str | None,
+                  validate_only: bool, **conn_args: Any) -> None:
+    """Set (--add) and remove (--delete) quota keys of one entity. Keys: producer_byte_rate,
+    consumer_byte_rate, request_percentage, request_rate, sluice.shadow (=1)."""
+    conn = _connection(**conn_args)
+    components = entity_components(parse_pairs(names, "--names"), parse_defaults(defaults))
+    if not components:
+        raise Usage("give the entity with --names and/or --defaults")
+    sets = parse_add(add)
+    removals = _split(delete)
+    if not sets and not removals:
+        raise Usage("nothing to do: give --add and/or --delete")
+    keys = [k for k, _ in sets] + removals
+    repeated = sorted({k for k in keys if keys.count(k) > 1})
+    if repeated:
+        raise Usage(f"{', '.join(repeated)} given more than once")
+    ops: list[tuple[str, float | None]] = [*sets, *((k, None) for k in removals)]
+    try:
+        with conn.client() as client:
+            outcomes = client.alter([AlterEntry(components, ops)], validate_only=validate_only)
+    except QuotaAdminError as exc:
+        _fail(conn, str(exc), exc.error_code)
+    failed = next((o for o in outcomes if not o.ok), None)
+    if failed is not None:
+        _fail(conn, f"{format_entity(components)}: {failed.error_message or 'refused'} (nothing was changed)",
+              failed.error_code)
+    if conn.output == "json":
+        _emit({"entity": entity_json(components), "validate_only": validate_only, "ok": True,
+               "set": dict(sets), "deleted": removals})
+    elif validate_only:
+        click.echo(f"{format_entity(components)}: valid; nothing was changed (--validate-only)")
+
+
+__all__ = ["quotas"]
