@@ -120,6 +120,20 @@ class FrameSplitter:
             self._pos = end
         return part, size - len(part)
 
+    def unread(self, payloads: list[bytes]) -> None:
+        """Put whole frames back in front of the buffered bytes: `next_frame` returns them again
+        first, in order. (The proxy holds client frames while it waits for a broker's SASL answer.)"""
+        head = b"".join(I32.pack(len(p)) + p for p in payloads)
+        if not head:
+            return
+        pos = self._pos
+        if pos >= len(head):  # room in the consumed part of the buffer
+            self._buf[pos - len(head) : pos] = head
+            self._pos = pos - len(head)
+        else:
+            self._buf = bytearray(head) + self._buf[pos:]
+            self._pos = 0
+
 
 def size_prefix(payload_len: int) -> bytes:
     """The 4-byte big-endian size prefix for a payload of `payload_len` bytes."""
