@@ -125,6 +125,60 @@ class AccessLogConfig(BaseModel):
         return self
 
 
+class ListenTls(BaseModel):
+    """TLS from clients to Sluice (every Sluice listener). Independent of `upstream.tls`."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    cert_file: Path
+    key_file: Path
+    ca_file: Path | None = Field(default=None, description="CA(s) that sign client certificates")
+    client_auth: Literal["none", "requested", "required"] = "none"
+    principal_mapping_rules: str = Field(default="DEFAULT", description="Kafka's ssl.principal.mapping.rules")
+
+    @field_validator("cert_file", "key_file", "ca_file")
+    @classmethod
+    def _exists(cls, value: Path | None) -> Path | None:
+        if value is not None and not value.is_file():
+            raise ValueError(f"file not found: {value}")
+        return value
+
+    @field_validator("principal_mapping_rules")
+    @classmethod
+    def _rules(cls, value: str) -> str:
+        from protocol.principal_rules import SslPrincipalMapper
+
+        SslPrincipalMapper.from_rules(value)  # MappingRuleError is a ValueError
+        return value
+
+    @model_validator(mode="after")
+    def _loadable(self) -> ListenTls:
+        if self.client_auth != "none" and self.ca_file is None:
+            raise ValueError(f"client_auth {self.client_auth} needs ca_file")
+        try:
+            self.context()
+        except (ssl.SSLError, OSError) as exc:
+            raise ValueError(f"cannot load the certificate, key or CA: {exc}") from None
+        return self
+
+    def context(self) -> ssl.SSLContext:
+        ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+        ctx.minimum_version = ssl.TLSVersion.TLSv1_2
+        ctx.load_cert_chain(str(self.cert_file), str(self.key_file))
+        if self.ca_file is not None:
+            ctx.load_verify_locations(cafile=str(self.ca_file))
+        ctx.verify_mode = {"none": ssl.CERT_NONE, "requested": ssl.CERT_OPTIONAL,
+                           "required": ssl.CERT_REQUIRED}[self.client_auth]
+        return ctx
+
+
+class SaslConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    oauthbearer_principal_claim: str = Field(default="sub", min_length=1,
+                                             description="the JWT claim that names an OAUTHBEARER principal")
+
+
 class ProxyConfig(BaseModel):
     """Everything `sluice proxy` needs. Flags and environment variables override the file."""
 
@@ -150,11 +204,22 @@ class ProxyConfig(BaseModel):
                                            "the configuration file")
     admins: list[str] = Field(default_factory=list, description="principals that may alter quotas "
                                                                "through Sluice (AlterClientQuotas)")
+    listen_tls: ListenTls | None = Field(default=None, description="terminate TLS from clients")
+    principal_from: Literal["none", "client_address"] = Field(
+        default="none", description="client_address: an unauthenticated client's principal is its IP")
+    proxy_protocol: Literal["off", "v1", "v2", "any"] = Field(
+        default="off", description="a PROXY protocol header precedes every client connection")
+    sasl: SaslConfig = SaslConfig()
 
     @field_validator("listen", mode="before")
     @classmethod
     def _listen(cls, value: Any) -> Any:
         return _host_port(value)
+
+    @field_validator("proxy_protocol", mode="before")
+    @classmethod
+    def _off(cls, value: Any) -> Any:
+        return "off" if value is False else value  # YAML 1.1 reads a bare `off` as false
 
     def quota_config(self) -> QuotaConfig:
         try:
