@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import socket
+import ssl
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -83,13 +84,13 @@ class BrokerRegistry:
 
 
 def schedule_server(loop: asyncio.AbstractEventLoop, servers: list[asyncio.Server],
-                    factory: Callable[[UpstreamTarget], Callable[[], asyncio.Protocol]]
-                    ) -> Callable[[socket.socket, UpstreamTarget], None]:
+                    factory: Callable[[UpstreamTarget], Callable[[], asyncio.Protocol]],
+                    tls: ssl.SSLContext | None = None) -> Callable[[socket.socket, UpstreamTarget], None]:
     """A `start_listener` that serves an already-listening socket with asyncio."""
 
     def start(sock: socket.socket, target: UpstreamTarget) -> None:
         async def serve() -> None:
-            servers.append(await loop.create_server(factory(target), sock=sock))
+            servers.append(await loop.create_server(factory(target), sock=sock, ssl=tls))
 
         task = loop.create_task(serve())
         task.add_done_callback(_log_failure)

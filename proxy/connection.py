@@ -27,10 +27,13 @@ from typing import Any, cast
 from protocol.apis import ApiKey, api_name
 from protocol.errors import ProtocolError
 from protocol.framing import FrameSplitter, size_prefix
-from protocol.headers import read_request_header, read_response_correlation_id
+from protocol.headers import RequestHeader, read_request_header, read_response_correlation_id
 from protocol.produce import read_produce_acks
+from protocol.sasl import SASL_API_KEYS
+from proxy.auth import RAW_TOKENS, AuthSettings, SaslInspector
 from proxy.brokers import BrokerRegistry, UpstreamTarget
 from proxy.inflight import CorrelationMismatch, InFlight, InFlightRequests
+from proxy.listeners import ListenerSettings
 from proxy.muting import ChannelMute
 from proxy.pipeline import NO_VERDICT, ConnectionContext, Pipeline
 from quotas.clock import Clock
@@ -57,6 +60,8 @@ class ConnectionServices:
     connections: set[ClientConnection] = field(default_factory=set)
     on_open: Callable[[ClientConnection], None] | None = None
     on_close: Callable[[ClientConnection], None] | None = None
+    auth: AuthSettings = field(default_factory=AuthSettings)            # principals (proxy.auth)
+    listener: ListenerSettings = field(default_factory=ListenerSettings)  # TLS, PROXY protocol
 
     def upstream_addresses(self, target: UpstreamTarget) -> list[tuple[str, int]]:
         if target.node_id is None:
@@ -66,7 +71,8 @@ class ConnectionServices:
 
 
 class ClientConnection(asyncio.Protocol):
-    def __init__(self, services: ConnectionServices, target: UpstreamTarget) -> None:
+    def __init__(self, services: ConnectionServices, target: UpstreamTarget,
+                 real_address: tuple[str, int] | None = None) -> None:
         self._services = services
         self._target = target
         self._clock = services.clock
@@ -85,16 +91,29 @@ class ClientConnection(asyncio.Protocol):
         self._closed = False
         self._close_reason: str | None = None
         self.ctx = ConnectionContext(next(_ids), "?", target.describe(), target.node_id)
+        self._real_address = real_address           # the client behind a PROXY-protocol hop
+        # frame handlers, swapped while raw SASL tokens flow (see "SASL" below)
+        self._on_client_frame: Callable[[bytes], None] = self._on_request
+        self.on_upstream_frame: Callable[[bytes], None] = self._on_response
+        self._sasl: SaslInspector | None = None
+        self._held: list[bytes] = []
+        self._held_bytes = 0
 
     # ------------------------------------------------------------------ client side
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self._transport = cast(asyncio.Transport, transport)  # uvloop's are not subclasses
-        peer = transport.get_extra_info("peername")
+        peer = self._real_address or transport.get_extra_info("peername")
         self.ctx.client_address = f"{peer[0]}:{peer[1]}" if peer else "?"
         self._services.connections.add(self)
         if self._services.on_open:
             self._services.on_open(self)
+        try:
+            self.ctx.principal = self._services.auth.connection_principal(
+                transport.get_extra_info("ssl_object"), str(peer[0]) if peer else "?")
+        except ProtocolError as exc:
+            self.close(f"no principal for the client certificate: {exc}")
+            return
         self._update_reading()  # paused until the upstream is connected
         task = asyncio.get_running_loop().create_task(self._connect_upstream())
         task.add_done_callback(lambda t: t.cancelled() or t.exception())
@@ -216,7 +235,7 @@ class ClientConnection(asyncio.Protocol):
                     return
                 if payload is None:
                     break
-                self._on_request(payload)
+                self._on_client_frame(payload)
         finally:
             self._processing = False
         self._update_reading()
@@ -252,6 +271,8 @@ class ClientConnection(asyncio.Protocol):
             upstream.write(payload if verdict.forward_payload is None else verdict.forward_payload)
         if expects_response:
             self._inflight.add(entry)
+        if header.api_key in SASL_API_KEYS:  # SaslHandshake, SaslAuthenticate: see "SASL" below
+            self._sasl_request(header, payload, entry)
         if verdict.throttle_time_ms > 0:
             self._start_throttle(now_ms, verdict.throttle_time_ms)
             if expects_response:
@@ -282,7 +303,7 @@ class ClientConnection(asyncio.Protocol):
 
     # ------------------------------------------------------------------ responses
 
-    def on_upstream_frame(self, payload: bytes) -> None:
+    def _on_response(self, payload: bytes) -> None:
         if self._closed:
             return
         try:
@@ -291,6 +312,8 @@ class ClientConnection(asyncio.Protocol):
         except (ProtocolError, CorrelationMismatch) as exc:
             self.close(f"bad response from {self._target.describe()}: {exc}")
             return
+        if entry.api_key in SASL_API_KEYS:
+            self._sasl_response(entry, payload)
         now_ms = self._clock.now_ms()
         entry.response_received_ms = now_ms
         entry.upstream_response_bytes = len(payload)
@@ -418,6 +441,71 @@ class ClientConnection(asyncio.Protocol):
             self._schedule_timer(now_ms)
 
 
+    # ------------------------------------------------------------------ SASL
+    #
+    # `proxy.auth.SaslInspector` follows SaslHandshake/SaslAuthenticate and sets the principal once
+    # the broker accepts. After a SaslHandshake v0 the SASL tokens travel raw (a size prefix and the
+    # token, no Kafka header) in both directions until the exchange ends. Each client frame must be
+    # read the way the broker reads it, so after the v0 handshake and after each raw client token
+    # the next client frames are held until the broker has answered, then handed back to the splitter.
+
+    def _sasl_request(self, header: RequestHeader, payload: bytes, entry: InFlight) -> None:
+        if self._sasl is None:
+            self._sasl = SaslInspector(self.ctx, self._services.auth)
+        self._sasl.on_request(header, payload, entry.notes)
+        if header.api_key == ApiKey.SASL_HANDSHAKE and header.api_version == 0:
+            self._on_client_frame = self._hold  # raw tokens may follow: wait for the broker's answer
+
+    def _sasl_response(self, entry: InFlight, payload: bytes) -> None:
+        if self._sasl is None:
+            return
+        said = self._sasl.on_response(entry, payload)
+        if entry.api_key != ApiKey.SASL_HANDSHAKE or entry.api_version != 0:
+            return
+        if said == RAW_TOKENS:
+            self._on_client_frame = self._raw_client_token
+            self.on_upstream_frame = self._raw_server_token
+        elif said is not None:
+            self.close(said)
+            return
+        else:
+            self._on_client_frame = self._on_request
+        self._release_held()  # read on after this response has been flushed
+
+    def _hold(self, payload: bytes) -> None:
+        self._held.append(payload)
+        self._held_bytes += len(payload)
+        if self._held_bytes > self._services.max_frame_bytes:
+            self.close("client sent more than max_frame_bytes while a SASL answer was awaited")
+
+    def _release_held(self) -> None:
+        if self._held:
+            self._splitter.unread(self._held)
+            self._held = []
+            self._held_bytes = 0
+
+    def _raw_client_token(self, payload: bytes) -> None:
+        assert self._sasl is not None and self._upstream is not None
+        self._sasl.raw_client_token(payload)
+        self._upstream.write(payload)
+        self._on_client_frame = self._hold
+
+    def _raw_server_token(self, payload: bytes) -> None:
+        assert self._sasl is not None
+        if self._closed:
+            return
+        transport = self._transport
+        if transport is not None and not transport.is_closing():
+            transport.writelines((size_prefix(len(payload)), payload))
+        if self._sasl.raw_server_token(payload):  # authenticated: Kafka requests from now on
+            self._on_client_frame = self._on_request
+            self.on_upstream_frame = self._on_response
+        else:
+            self._on_client_frame = self._raw_client_token
+        self._release_held()
+        self._process_requests()
+
+
 class UpstreamConnection(asyncio.Protocol):
     def __init__(self, client: ClientConnection) -> None:
         self._client = client
@@ -504,7 +592,7 @@ def describe_api(api_key: int, api_version: int) -> str:
 
 
 def connection_factory(services: ConnectionServices) -> Callable[[UpstreamTarget], Callable[[], Any]]:
-    def for_target(target: UpstreamTarget) -> Callable[[], ClientConnection]:
-        return lambda: ClientConnection(services, target)
+    def for_target(target: UpstreamTarget) -> Callable[[], asyncio.Protocol]:
+        return services.listener.protocol_factory(lambda real: ClientConnection(services, target, real))
 
     return for_target

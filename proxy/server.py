@@ -17,6 +17,8 @@ from proxy.connection import ClientConnection, ConnectionServices, connection_fa
 from proxy.enforcement import QuotaManagers, QuotaStage
 from proxy.http import MetricsEndpoint
 from proxy.inflight import InFlight
+from proxy.listeners import auth_settings, listener_settings
+from proxy.listeners import describe as describe_listener
 from proxy.metrics import AccessLogCollector, QuotaSensorCollector, SluiceMetrics
 from proxy.pipeline import ConnectionContext, Pipeline, ResponseOutcome, Stage, StageBase
 from proxy.quota_admin import QuotaAdminStage
@@ -75,9 +77,11 @@ class ProxyServer:
         def start_listener_factory(target: UpstreamTarget) -> object:
             return connection_factory(self._services())(target)
 
+        listener = listener_settings(config)  # client TLS, PROXY protocol (proxy.listeners)
         self.registry = BrokerRegistry(
             config.listen.host, config.advertised, config.broker_port,
-            schedule_server(loop, self._servers, start_listener_factory))  # type: ignore[arg-type]
+            schedule_server(loop, self._servers, start_listener_factory,  # type: ignore[arg-type]
+                            tls=listener.server_ssl))
         self.rewriter = ResponseRewriter(self.registry, on_failure=self.metrics.rewrite_failures.inc)
         stages: list[Stage] = [ClientSoftwareStage(), RewriteStage(self.rewriter)]
         if self.access_log is not None:
@@ -93,13 +97,14 @@ class ProxyServer:
             upstream_ssl=config.upstream.tls.context(),
             connect_timeout_s=config.upstream.connect_timeout_ms / 1000,
             max_frame_bytes=config.max_frame_bytes, on_close=self._connection_closed,
-            on_open=lambda c: self.metrics.connection_opened(c.ctx.listener))
+            on_open=lambda c: self.metrics.connection_opened(c.ctx.listener),
+            auth=auth_settings(config, self.registry_metrics), listener=listener)
         self._bootstrap_server = await loop.create_server(
             connection_factory(self.services)(UpstreamTarget(None)), config.listen.host, config.listen.port,
-            reuse_address=True)
+            reuse_address=True, ssl=listener.server_ssl)
         sock = self._bootstrap_server.sockets[0].getsockname()
         self.bootstrap_address = (sock[0], sock[1])
-        log.info("Sluice listening on %s:%d for %s", sock[0], sock[1],
+        log.info("Sluice listening on %s:%d (%s) for %s", sock[0], sock[1], describe_listener(config),
                  ",".join(str(a) for a in config.upstream.bootstrap))
         if config.metrics.port is not None:
             self.metrics_endpoint = MetricsEndpoint(self.registry_metrics, lambda: not self._draining)
