@@ -264,10 +264,12 @@ def _prefixes_match(entry: DescribedEntity, prefixes: Mapping[str, str]) -> bool
     return all(names.get(t) is not None and str(names[t]).startswith(p) for t, p in prefixes.items())
 
 
-def _sort_key(components: Sequence[Component]) -> tuple[tuple[int, str], ...]:
+def _sort_key(components: Sequence[Component]) -> tuple[object, ...]:
+    """User/client-id entities by user, then client id (defaults after names); others (ip) last."""
     names = dict(components)
-    return tuple((0, "") if t not in names else (2, "") if names[t] is None else (1, str(names[t]))
-                 for t in ENTITY_TYPES)
+    others = sorted((t, n or "") for t, n in components if t not in ENTITY_TYPES)
+    return (bool(others), *((0, "") if t not in names else (2, "") if names[t] is None else (1, str(names[t]))
+                            for t in ENTITY_TYPES), others)
 
 
 @quotas.command("describe")

@@ -1,0 +1,183 @@
+"""Quota stores without a broker (SQLite, memory) and the YAML seed rules (which wins)."""
+
+from __future__ import annotations
+
+import sqlite3
+from pathlib import Path
+
+import pytest
+
+from proxy.config import load_config
+from proxy.quota_store import (
+    SEEDED,
+    MemoryStore,
+    QuotaStore,
+    SqliteStore,
+    StoreConfig,
+    decode_entity,
+    encode_entity,
+    reconcile_seed,
+    seed_meta,
+    table_from_described,
+)
+from quotas import DEFAULT, QuotaEntity
+from quotas.table import SHADOW_KEY, QuotaChange, QuotaTable
+
+ALICE = QuotaEntity(user="alice")
+ANY_CLIENT = QuotaEntity(client_id=DEFAULT)
+ALICE_APP = QuotaEntity(user="alice", client_id="app")
+
+
+def set_(entity: QuotaEntity, key: str, value: float | None) -> QuotaChange:
+    return QuotaChange(entity, key, value)
+
+
+@pytest.fixture(params=["memory", "sqlite"])
+def store(request: pytest.FixtureRequest, tmp_path: Path) -> QuotaStore:
+    return MemoryStore() if request.param == "memory" else SqliteStore(tmp_path / "q.db")
+
+
+def test_entities_encode_as_sorted_json() -> None:
+    assert encode_entity(ALICE_APP) == '{"client-id":"app","user":"alice"}'
+    assert encode_entity(ANY_CLIENT) == '{"client-id":null}'
+    for entity in (ALICE, ANY_CLIENT, ALICE_APP, QuotaEntity(user="a,b=c", client_id=DEFAULT)):
+        assert decode_entity(encode_entity(entity)) == entity
+    with pytest.raises(ValueError):
+        decode_entity('{"ip":"1.2.3.4"}')
+
+
+def test_apply_meta_and_notifications(store: QuotaStore) -> None:
+    seen: list[QuotaTable] = []
+    store.subscribe(seen.append)
+    table = store.apply([set_(ALICE, "producer_byte_rate", 100.0), set_(ALICE, SHADOW_KEY, 1.0)], {"x": "1"})
+    assert table == {ALICE: {"producer_byte_rate": 100.0, SHADOW_KEY: 1.0}}
+    assert store.load() == table == store.current() and seen == [table]
+    assert store.meta("x") == "1" and store.meta("y") is None
+    store.apply([set_(ALICE, "producer_byte_rate", None), set_(ALICE, SHADOW_KEY, None)])
+    assert store.load() == {} and seen[-1] == {}
+
+
+def test_sqlite_survives_a_restart(tmp_path: Path) -> None:
+    first = SqliteStore(tmp_path / "q.db")
+    first.apply([set_(ALICE_APP, "request_rate", 2.5), set_(ANY_CLIENT, "consumer_byte_rate", 1024.0)],
+                {SEEDED: "now"})
+    first.close()
+    again = SqliteStore(tmp_path / "q.db")
+    assert again.load() == {ALICE_APP: {"request_rate": 2.5}, ANY_CLIENT: {"consumer_byte_rate": 1024.0}}
+    assert again.meta(SEEDED) == "now"
+
+
+def test_sqlite_writes_a_batch_whole_or_not_at_all(tmp_path: Path) -> None:
+    store = SqliteStore(tmp_path / "q.db")
+    store.apply([set_(ALICE, "producer_byte_rate", 1.0)])
+    bad = QuotaChange(ALICE, "consumer_byte_rate", "not a number")  # type: ignore[arg-type]
+    with pytest.raises(ValueError):
+        store.apply([set_(ALICE, "producer_byte_rate", 2.0), bad], {"m": "x"})
+    assert SqliteStore(tmp_path / "q.db").load() == {ALICE: {"producer_byte_rate": 1.0}}
+    assert store.meta("m") is None and store.current() == {ALICE: {"producer_byte_rate": 1.0}}
+
+
+def test_sqlite_ignores_rows_that_break_the_rules(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    SqliteStore(tmp_path / "q.db").close()
+    with sqlite3.connect(tmp_path / "q.db") as db:  # a hand-edited store
+        db.executemany("INSERT INTO quotas VALUES (?, ?, ?)", [
+            (encode_entity(ALICE), "producer_byte_rate", -1.0), (encode_entity(ALICE), "request_rate", 3.0),
+            ('{"ip":"x"}', "connection_creation_rate", 1.0), (encode_entity(ALICE), "bogus", 1.0)])
+    assert SqliteStore(tmp_path / "q.db").load() == {ALICE: {"request_rate": 3.0}}
+    assert "must be greater than 0" in caplog.text and "Invalid configuration key bogus" in caplog.text
+
+
+def test_store_path_is_relative_to_the_config_file(tmp_path: Path) -> None:
+    (tmp_path / "conf").mkdir()
+    path = tmp_path / "conf" / "sluice.yaml"
+    path.write_text("upstream: {bootstrap: 'localhost:9092'}\n")
+    assert load_config(path, environ={}).store.path == tmp_path / "conf" / "sluice-quotas.db"
+    path.write_text("upstream: {bootstrap: 'localhost:9092'}\nstore: {path: data/q.db}\n")
+    assert load_config(path, environ={}).store.path == tmp_path / "conf" / "data" / "q.db"
+    path.write_text(f"upstream: {{bootstrap: 'localhost:9092'}}\nstore: {{path: {tmp_path}/abs.db}}\n")
+    assert load_config(path, environ={}).store.path == tmp_path / "abs.db"
+
+
+def test_store_secrets_never_print() -> None:
+    config = StoreConfig(type="kafka", kafka_config={"sasl.password": "hunter2"})  # type: ignore[dict-item]
+    assert "hunter2" not in repr(config) and "hunter2" not in str(config)
+    assert config.librdkafka_config() == {"sasl.password": "hunter2"}
+
+
+# ------------------------------------------------------------------------------ seeding
+
+YAML_V1 = QuotaTable({ANY_CLIENT: {"producer_byte_rate": 1000.0}, ALICE: {"consumer_byte_rate": 10.0}})
+
+
+def test_first_start_seeds_the_store_from_yaml(store: QuotaStore) -> None:
+    outcome = reconcile_seed(store, YAML_V1, "a")
+    assert outcome.table == YAML_V1 == store.load()
+    assert "seeded from the YAML entries" in outcome.message
+    assert store.meta(SEEDED) is not None and store.meta(seed_meta("a")) is not None
+
+
+def test_afterwards_the_store_wins_over_unchanged_yaml(store: QuotaStore) -> None:
+    reconcile_seed(store, YAML_V1, "a")
+    store.apply([set_(ANY_CLIENT, "producer_byte_rate", 5000.0), set_(ALICE, "consumer_byte_rate", None)])
+    outcome = reconcile_seed(store, YAML_V1, "a")  # a restart, or SIGHUP, with the same YAML
+    assert outcome.table == {ANY_CLIENT: {"producer_byte_rate": 5000.0}} == store.load()
+    assert outcome.changes == ()
+
+
+def test_a_yaml_edit_is_applied_as_a_change_of_the_keys_it_touches(store: QuotaStore) -> None:
+    reconcile_seed(store, YAML_V1, "a")
+    store.apply([set_(ANY_CLIENT, "producer_byte_rate", 5000.0), set_(ALICE_APP, "request_rate", 7.0)])
+    # the edit: alice's entry deleted, a key added to the default client's; producer_byte_rate as it was
+    edited = QuotaTable({ANY_CLIENT: {"producer_byte_rate": 1000.0, "request_rate": 3.0}})
+    outcome = reconcile_seed(store, edited, "a")
+    assert store.load() == {ANY_CLIENT: {"producer_byte_rate": 5000.0,   # the admin's value stays
+                                         "request_rate": 3.0},
+                            ALICE_APP: {"request_rate": 7.0}}           # the admin's entity stays
+    assert set(outcome.changes) == {set_(ALICE, "consumer_byte_rate", None),
+                                    set_(ANY_CLIENT, "request_rate", 3.0)}
+    assert "2 change(s) written" in outcome.message
+
+
+def test_another_instance_joining_a_seeded_store_does_not_apply_its_yaml(store: QuotaStore) -> None:
+    reconcile_seed(store, YAML_V1, "a")
+    other = QuotaTable({ALICE: {"producer_byte_rate": 1.0}})
+    outcome = reconcile_seed(store, other, "b")
+    assert store.load() == YAML_V1 and "it wins over the YAML entries" in outcome.message
+    # ... but its later YAML edits are changes like any other
+    reconcile_seed(store, QuotaTable({ALICE: {"producer_byte_rate": 2.0}}), "b")
+    assert store.load()[ALICE] == {"consumer_byte_rate": 10.0, "producer_byte_rate": 2.0}
+
+
+def test_reseed_replaces_the_store(store: QuotaStore) -> None:
+    reconcile_seed(store, YAML_V1, "a")
+    store.apply([set_(ALICE_APP, "request_rate", 7.0)])
+    outcome = reconcile_seed(store, QuotaTable({ALICE: {"request_rate": 1.0}}), "a", reseed=True)
+    assert store.load() == {ALICE: {"request_rate": 1.0}} and "replaced by the YAML" in outcome.message
+
+
+def test_brokers_quotas_are_imported_when_seeding_and_yaml_wins_per_key(store: QuotaStore) -> None:
+    brokers = QuotaTable({ALICE: {"consumer_byte_rate": 99.0, "producer_byte_rate": 98.0},
+                          ALICE_APP: {"producer_byte_rate": 97.0}})
+    calls: list[int] = []
+
+    def imported() -> QuotaTable:
+        calls.append(1)
+        return brokers
+
+    reconcile_seed(store, YAML_V1, "a", imported=imported)
+    assert store.load() == {ANY_CLIENT: {"producer_byte_rate": 1000.0},
+                            ALICE: {"consumer_byte_rate": 10.0, "producer_byte_rate": 98.0},
+                            ALICE_APP: {"producer_byte_rate": 97.0}}
+    reconcile_seed(store, YAML_V1, "a", imported=imported)   # seeded already: no second import
+    assert calls == [1]
+
+
+def test_imported_quotas_keep_only_what_sluice_enforces(caplog: pytest.LogCaptureFixture) -> None:
+    table = table_from_described([
+        ((("user", "alice"),), {"producer_byte_rate": 1.0, "controller_mutation_rate": 5.0}),
+        ((("ip", "10.0.0.1"),), {"connection_creation_rate": 3.0}),
+        ((("client-id", None), ("user", None)), {"request_percentage": 50.0}),
+    ], "brokers")
+    assert table == {ALICE: {"producer_byte_rate": 1.0},
+                     QuotaEntity(user=DEFAULT, client_id=DEFAULT): {"request_percentage": 50.0}}
+    assert "controller_mutation_rate" in caplog.text and "ip" in caplog.text
