@@ -133,22 +133,31 @@ def _fast_constructor() -> _TrafficFactory:
 _traffic: Final = _fast_constructor()
 
 
-def count_records(buf: bytes, start: int, end: int) -> int | None:
-    """Sum of the record counts of the magic-v2 batches in buf[start:end], reading headers only.
+_MAGIC_OFFSET = 16  # baseOffset int64, batchLength int32, partitionLeaderEpoch int32, then magic
 
-    0 for an empty record set. None if a batch is not magic 2, its length is impossible or runs
-    past `end` (a partial batch), or its count is negative. O(batches); nothing is copied.
+
+def count_records(buf: bytes, start: int, end: int) -> int | None:
+    """Sum of the record counts of the complete magic-v2 batches in buf[start:end], reading
+    headers only.
+
+    0 for an empty record set. A partial last batch (a broker cuts a Fetch response at max_bytes
+    mid-batch; clients drop the partial batch) is not counted. None if a batch is not magic 2, its
+    length is impossible, or its count is negative. O(batches); nothing is copied.
     """
     total = 0
     pos = start
     unpack_header = _BATCH_HEADER.unpack_from
     while pos < end:
         if end - pos < BATCH_HEADER_BYTES:
-            return None
+            if end - pos > _MAGIC_OFFSET and buf[pos + _MAGIC_OFFSET] != _MAGIC_V2:
+                return None  # a short legacy (magic 0/1) message, not a cut v2 batch
+            return total  # a partial header: not a batch the client gets
         batch_length, magic, count = unpack_header(buf, pos)
         pos += _LOG_OVERHEAD + batch_length
-        if magic != _MAGIC_V2 or batch_length < _MIN_BATCH_LENGTH or pos > end or count < 0:
+        if magic != _MAGIC_V2 or batch_length < _MIN_BATCH_LENGTH or count < 0:
             return None
+        if pos > end:
+            return total  # a partial batch
         total += count
     return total
 

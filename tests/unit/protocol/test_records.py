@@ -173,8 +173,8 @@ def test_hand_built_header_is_a_real_batch() -> None:
     (LEGACY, None),                                           # magic 1
     (legacy_message(0), None),                                # magic 0 (shorter than a v2 header)
     (BATCH_3 + LEGACY, None),                                 # a legacy entry after a v2 batch
-    (BATCH_3 + BATCH_2[:-1], None),                           # partial last batch
-    (BATCH_3 + BATCH_2[:40], None),                           # partial last batch header
+    (BATCH_3 + BATCH_2[:-1], 3),                              # partial last batch: not counted
+    (BATCH_3 + BATCH_2[:40], 3),                              # partial last batch header: not counted
     (BATCH_3[:8] + struct.pack(">i", 48) + BATCH_3[12:], None),  # batchLength < 49
     (BATCH_3[:57] + struct.pack(">i", -1) + BATCH_3[61:], None),  # negative count
 ])
