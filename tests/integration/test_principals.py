@@ -540,3 +540,19 @@ def test_no_secret_reaches_any_log(auth_kafka: tuple[KafkaCluster, TestCA], tmp_
                             ("the clients' output", "\n".join(client_output))]:
             assert secret not in text, f"a secret is in {where}"
     assert not re.search(r"\\x00alice", log)
+
+
+def test_kafka_python_pinned_to_an_old_api_version_uses_raw_tokens(kafka: KafkaCluster,
+                                                                    tmp_path: Path) -> None:
+    """kafka-python told it talks to Kafka 0.11 sends SaslHandshake v0 and raw SASL tokens."""
+    with Sluice(kafka.sasl_bootstrap, tmp_path) as sluice:
+        topic = create_topic(kafka.bootstrap, unique_name("kp-raw"))
+        for mechanism, user in [("PLAIN", "alice"), ("SCRAM-SHA-512", "bob")]:
+            clients.kafka_python_produce(sluice.bootstrap, topic, clients.values(10),
+                                         client_id=f"kp-v0-{user}", api_version=(0, 11),
+                                         security_protocol="SASL_PLAINTEXT",
+                                         sasl_mechanism=mechanism, sasl_plain_username=user,
+                                         sasl_plain_password=PASSWORDS[user])
+    records = sluice.records()
+    assert principals_by_client(records) == {"kp-v0-alice": {"alice"}, "kp-v0-bob": {"bob"}}
+    assert {r["api_version"] for r in records if r["api_name"] == "SaslHandshake"} == {0}
