@@ -36,7 +36,7 @@ from tests.conftest import create_topic, unique_name
 from tests.harness import load
 from tests.harness.kafka import REPO, KafkaCluster, free_port
 from tests.harness.sluice import SluiceProcess
-from tests.harness.tools import KafkaTools
+from tests.harness.tools import KafkaTools, sasl_properties
 
 pytestmark = pytest.mark.integration
 
@@ -353,23 +353,50 @@ def test_a_principal_that_is_not_an_admin_cannot_alter(kafka: KafkaCluster, tmp_
         sluice.stop()
 
 
-def test_a_sasl_user_that_is_not_an_admin_cannot_alter(kafka: KafkaCluster, tmp_path: Path) -> None:
+def test_over_sasl_only_the_admin_principal_may_alter(kafka: KafkaCluster, tmp_path: Path) -> None:
+    """Principals come from the SASL exchange Sluice follows (issue 5): `admin` may, `alice` may not."""
     sluice = SluiceProcess(kafka.sasl_bootstrap, tmp_path / "sluice",
                            config={"admins": ["admin"], "quotas": {"window": WINDOW}}).start()
+    user = unique_name("sasl")
     try:
-        env = {"SLUICE_SASL_PASSWORD": "alice-secret"}
-        done = cli(sluice.bootstrap, "alter", "--names", "user=alice", "--add", "producer_byte_rate=1",
-                   "--sasl-mechanism", "SCRAM-SHA-256", "--sasl-username", "alice", env=env)
+        as_alice = {"SLUICE_SASL_PASSWORD": "alice-secret"}
+        done = cli(sluice.bootstrap, "alter", "--names", f"user={user}", "--add", "producer_byte_rate=1",
+                   "--sasl-mechanism", "SCRAM-SHA-256", "--sasl-username", "alice", env=as_alice)
         assert done.returncode == 1 and "(CLUSTER_AUTHORIZATION_FAILED)" in done.stderr, done.stderr
-        done = cli(sluice.bootstrap, "list", "--sasl-mechanism", "SCRAM-SHA-512", "--sasl-username", "alice",
-                   "--output", "json", env=env)
-        assert done.returncode == 0 and json.loads(done.stdout) == {"entries": []}
-        assert "alice-secret" not in sluice.log() + done.stdout + done.stderr
+        (tmp_path / "alice").mkdir()
+        (tmp_path / "admin").mkdir()
+        alice_tools = KafkaTools(sluice.bootstrap, sasl_properties("alice", "alice-secret"),
+                                 workdir=tmp_path / "alice")
+        refused = alice_tools.configs("--alter", "--add-config", "producer_byte_rate=1",
+                                      "--entity-type", "users", "--entity-name", user)
+        assert refused.returncode != 0 and "ClusterAuthorizationException" in refused.stdout + refused.stderr
+        assert listed_as(sluice.bootstrap, as_alice) == {}  # nothing changed; describing is open
+
+        done = cli(sluice.bootstrap, "alter", "--names", f"user={user}", "--add", "producer_byte_rate=2048",
+                   "--sasl-mechanism", "SCRAM-SHA-512", "--sasl-username", "admin",
+                   env={"SLUICE_SASL_PASSWORD": "admin-secret"})
+        assert done.returncode == 0, done.stderr
+        admin_tools = KafkaTools(sluice.bootstrap, sasl_properties("admin", "admin-secret", "PLAIN"),
+                                 workdir=tmp_path / "admin")
+        admin_tools.configs("--alter", "--add-config", "consumer_byte_rate=4096", "--entity-type", "users",
+                            "--entity-name", user).check()
+        assert listed_as(sluice.bootstrap, as_alice) == {
+            key(user=user): {"producer_byte_rate": 2048.0, "consumer_byte_rate": 4096.0}}
+        assert "quotas altered by admin from 127.0.0.1" in sluice.log()
+        assert "refused: not one of the admins" in sluice.log()
+        assert "alice-secret" not in sluice.log() and "admin-secret" not in sluice.log()
         wrong = cli(sluice.bootstrap, "list", "--sasl-mechanism", "PLAIN", "--sasl-username", "alice",
-                    env={**env, "SLUICE_SASL_PASSWORD": "wrong"})
+                    env={"SLUICE_SASL_PASSWORD": "wrong"})
         assert wrong.returncode == 1 and "SASL authentication failed" in wrong.stderr
     finally:
         sluice.stop()
+
+
+def listed_as(bootstrap: str, env: dict[str, str]) -> dict[str, dict[str, float]]:
+    done = cli(bootstrap, "list", "--output", "json", "--sasl-mechanism", "SCRAM-SHA-256", "--sasl-username",
+               "alice", env=env)
+    assert done.returncode == 0, done.stderr
+    return {json.dumps(e["entity"], sort_keys=True): e["values"] for e in json.loads(done.stdout)["entries"]}
 
 
 # ----------------------------------------------------------------------------- import
