@@ -117,3 +117,21 @@ def test_a_key_that_does_not_match_the_certificate_fails_at_start(tmp_path: Path
     with pytest.raises(ConfigError) as err:
         load(tmp_path, f"listen_tls: {{cert_file: {one.cert}, key_file: {other.key}}}\n")
     assert "listen_tls: cannot load the certificate, key or CA" in str(err.value)
+
+
+def test_the_readme_example_is_a_valid_configuration(tmp_path: Path, ca: TestCA, repo_root: Path) -> None:
+    readme = (repo_root / "README.md").read_text()
+    example = readme.split("## Principals", 1)[1].split("```yaml\n", 1)[1].split("```", 1)[0]
+    server = ca.issue("sluice", "localhost", server=True)
+    for placeholder, real in [("/etc/sluice/server.pem", server.cert), ("/etc/sluice/server.key", server.key),
+                              ("/etc/sluice/clients-ca.pem", ca.cert_path),
+                              ("/etc/sluice/broker-ca.pem", ca.cert_path)]:
+        assert placeholder in example
+        example = example.replace(placeholder, str(real))
+    path = tmp_path / "readme.yaml"
+    path.write_text(example)
+    config = load_config(path, environ={})
+    assert config.listen_tls is not None and config.listen_tls.client_auth == "requested"
+    assert (config.proxy_protocol, config.principal_from) == ("v2", "client_address")
+    assert auth_settings(config).tls_mapper.name("CN=Svc1,OU=ServiceUsers,O=x") == "svc1"
+    assert len(config.quota_config()) == 3
