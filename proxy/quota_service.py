@@ -17,11 +17,11 @@ import ssl
 from collections.abc import Callable, Sequence
 from typing import ParamSpec, TypeVar
 
-from protocol.quota_client import QuotaClient, Stream
+from protocol.quota_client import QuotaAdminError, QuotaClient, Stream
 from protocol.sasl_client import SaslCredentials
 from proxy.config import ProxyConfig
 from proxy.enforcement import QuotaManagers
-from proxy.quota_store import QuotaStore, open_store, reconcile_seed, table_from_described
+from proxy.quota_store import QuotaStore, StoreError, open_store, reconcile_seed, table_from_described
 from quotas.config import QuotaConfig
 from quotas.table import QuotaChange, QuotaTable
 
@@ -53,14 +53,19 @@ class QuotaService:
         """Open the store, seed it (see `reconcile_seed`), apply it, follow its changes."""
         self._loop = asyncio.get_running_loop()
         config = self._config
-        if self._store is None:
-            upstream = ",".join(str(a) for a in config.upstream.bootstrap)
-            self._store = await self._run(open_store, config.store, upstream_bootstrap=upstream,
-                                          instance=config.instance)
-        imported = self._import_from_brokers if config.store.import_from_brokers else None
-        seed = QuotaTable.from_config(config.quota_config())
-        outcome = await self._run(reconcile_seed, self.store, seed, config.instance,
-                                  reseed=config.store.reseed, imported=imported)
+        try:
+            if self._store is None:
+                upstream = ",".join(str(a) for a in config.upstream.bootstrap)
+                self._store = await self._run(open_store, config.store, upstream_bootstrap=upstream,
+                                              instance=config.instance)
+            imported = self._import_from_brokers if config.store.import_from_brokers else None
+            seed = QuotaTable.from_config(config.quota_config())
+            outcome = await self._run(reconcile_seed, self.store, seed, config.instance,
+                                      reseed=config.store.reseed, imported=imported)
+        except (StoreError, QuotaAdminError) as exc:
+            # a clear line and exit status 2 rather than a traceback: nothing can run without quotas
+            log.error("cannot start: %s", exc)
+            raise SystemExit(2) from None
         log.info("%s (%s)", outcome.message, self.store.describe())
         self._set(outcome.table)
         self.store.subscribe(self._changed_elsewhere)
