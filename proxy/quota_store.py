@@ -320,8 +320,11 @@ class KafkaStore(_Subscribers):
                  kafka_config: Mapping[str, str] | None = None, instance: str = "sluice",
                  load_timeout_s: float = 30.0) -> None:
         super().__init__()
-        from confluent_kafka import Consumer, KafkaException, Producer
-
+        try:
+            from confluent_kafka import Consumer, KafkaException, Producer
+        except ImportError:
+            raise StoreError("the kafka quota store needs confluent-kafka: pip install confluent-kafka") \
+                from None
         self.bootstrap = bootstrap
         self.topic = topic
         self._timeout_s = write_timeout_ms / 1000
