@@ -19,10 +19,9 @@ import logging
 import queue
 import threading
 import time
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, Any, Protocol
 
 from protocol.apis import ApiKey, api_name
 from protocol.errors import ProtocolError
@@ -48,6 +47,14 @@ _BROKER_THROTTLE = "access_log.broker_throttle_ms"
 _SMALL_RESPONSE_BYTES = 64 * 1024   # larger responses are streamed: only their head is seen
 
 
+class RecordSink(Protocol):
+    """Somewhere else each record's JSON line goes (a Kafka topic)."""
+
+    def send(self, line: str) -> None: ...
+
+    def close(self) -> None: ...
+
+
 @dataclass(slots=True)
 class _Item:
     ctx: ConnectionContext
@@ -65,7 +72,7 @@ class AccessLogWriter:
     def __init__(self, root: Path, instance: str, *, log_format: str = "json",
                  rotate_bytes: int = 128 * 1024 * 1024, queue_size: int = 100_000,
                  max_pending_payload_bytes: int = 64 * 1024 * 1024,
-                 kafka_sink: Callable[[str], None] | None = None) -> None:
+                 kafka_sink: RecordSink | None = None) -> None:
         self.root = root
         self.instance = instance
         self.log_format = log_format
@@ -146,6 +153,8 @@ class AccessLogWriter:
                 self._flush()
                 last_flush = time.monotonic()
         self._close_file()
+        if self._kafka_sink is not None:
+            self._kafka_sink.close()
 
     def _write(self, record: dict[str, object]) -> None:
         ts_ms = int(record["ts_ms"])  # type: ignore[call-overload]
@@ -167,7 +176,7 @@ class AccessLogWriter:
                 self._close_file()
                 self._file_hour = None
         if self._kafka_sink is not None:
-            self._kafka_sink(line)
+            self._kafka_sink.send(line)
         self.written += 1
 
     def _open_file(self, ts_ms: int) -> None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 
 from prometheus_client import CollectorRegistry
 
@@ -167,24 +167,30 @@ def make_access_log(config: ProxyConfig) -> AccessLogWriter | None:
         return None
     sink = None
     if cfg.kafka_bootstrap is not None and cfg.kafka_topic is not None:
-        sink = kafka_sink(cfg.kafka_bootstrap, cfg.kafka_topic)
+        sink = KafkaSink(cfg.kafka_bootstrap, cfg.kafka_topic)
     return AccessLogWriter(cfg.dir, config.instance, log_format=cfg.format,
                            rotate_bytes=cfg.rotate_mb * 1024 * 1024, queue_size=cfg.queue_size,
                            kafka_sink=sink)
 
 
-def kafka_sink(bootstrap: str, topic: str) -> Callable[[str], None]:
-    """Records also go to a Kafka topic (librdkafka batches them; called on the writer thread)."""
-    from confluent_kafka import Producer
+class KafkaSink:
+    """Records also go to a Kafka topic (librdkafka batches them; used on the writer thread)."""
 
-    producer = Producer({"bootstrap.servers": bootstrap, "linger.ms": 100, "client.id": "sluice-access-log",
-                         "queue.buffering.max.messages": 100_000})
+    def __init__(self, bootstrap: str, topic: str) -> None:
+        from confluent_kafka import Producer
 
-    def send(line: str) -> None:
+        self._topic = topic
+        self._producer = Producer({"bootstrap.servers": bootstrap, "linger.ms": 100,
+                                   "client.id": "sluice-access-log", "queue.buffering.max.messages": 100_000})
+
+    def send(self, line: str) -> None:
         try:
-            producer.produce(topic, line.encode())
+            self._producer.produce(self._topic, line.encode())
         except BufferError:
-            log.warning("access-log topic %s is not keeping up; record dropped", topic)
-        producer.poll(0)
+            log.warning("access-log topic %s is not keeping up; record dropped", self._topic)
+        self._producer.poll(0)
 
-    return send
+    def close(self) -> None:
+        left = self._producer.flush(10)
+        if left:
+            log.warning("%d access-log record(s) not delivered to topic %s", left, self._topic)
