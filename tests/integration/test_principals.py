@@ -556,3 +556,23 @@ def test_kafka_python_pinned_to_an_old_api_version_uses_raw_tokens(kafka: KafkaC
     records = sluice.records()
     assert principals_by_client(records) == {"kp-v0-alice": {"alice"}, "kp-v0-bob": {"bob"}}
     assert {r["api_version"] for r in records if r["api_name"] == "SaslHandshake"} == {0}
+
+
+@pytest.mark.slow
+def test_tls_behind_a_proxy_hop(kafka: KafkaCluster, client_ca: TestCA, tmp_path: Path) -> None:
+    """The load balancer passes TLS through: Sluice reads the PROXY header, then terminates TLS
+    (uvloop transport, TLS started on the bytes after the header): the certificate's principal as
+    without the hop, the address principal for a client without one, the real address logged."""
+    real = ("198.51.100.23", 5555)
+    port = free_port_pair()
+    with Sluice(kafka.bootstrap, tmp_path, listen=f"127.0.0.2:{port}", broker_port_base=port + 1,
+                advertised_host="127.0.0.1", proxy_protocol="any", principal_from="client_address",
+                listen_tls=listen_tls(client_ca, "requested")) as sluice, \
+            proxy_hop("127.0.0.1", "127.0.0.2", [port, port + 2], real, 2):
+        bootstrap = f"127.0.0.1:{port}"
+        topic = create_topic(kafka.bootstrap, unique_name("pp-tls"))
+        produce(bootstrap, topic, 10, {"client.id": "lb-cert", **tls_client(client_ca, "Alice", "Sluice")})
+        produce(bootstrap, topic, 10, {"client.id": "lb-anon", **tls_client(client_ca, None)})
+    records = sluice.records()
+    assert principals_by_client(records) == {"lb-cert": {"alice"}, "lb-anon": {real[0]}}
+    assert {r["client_address"] for r in records} == {f"{real[0]}:{real[1]}"}
