@@ -502,7 +502,8 @@ def test_client_behind_a_proxy_hop_is_attributed_to_its_real_address(kafka: Kafk
 # ----------------------------------------------------------------------------- secrets
 
 @pytest.mark.slow
-def test_no_secret_reaches_any_log(auth_kafka: tuple[KafkaCluster, TestCA], tmp_path: Path) -> None:
+def test_no_secret_reaches_any_log(auth_kafka: tuple[KafkaCluster, TestCA], tmp_path: Path,
+                                   capfd: pytest.CaptureFixture[str]) -> None:
     """Authentications with known secrets, successful and not, every mechanism and framing; then
     Sluice's log (at DEBUG), its access log and everything the clients reported are searched."""
     cluster, _ = auth_kafka
@@ -533,6 +534,9 @@ def test_no_secret_reaches_any_log(auth_kafka: tuple[KafkaCluster, TestCA], tmp_
         time.sleep(1.5)                                          # the access log flushes every second
         log = sluice.log()
     access = sluice.access_log_text()
+    printed = capfd.readouterr()                                 # librdkafka's own log lines, on stderr
+    client_output += [printed.out, printed.err]
+    assert "Authentication failed" in printed.err
     assert "authenticated as 'erin' (SASL OAUTHBEARER)" in log and "authentication failed" in log
     assert len(sluice.records()) > 20
     for secret in secrets:
