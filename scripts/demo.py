@@ -68,12 +68,13 @@ def main() -> int:
 
 def run_producers(bootstrap: str, topic: str) -> dict[str, load.Timeline]:
     say(f"== 3. two producers for {SECONDS}s: 'flood' as fast as it can, 'steady' at 200 KiB/s")
-    timelines: dict[str, load.Timeline] = {}
+    timelines = {"flood": load.Timeline(), "steady": load.Timeline()}
     threads = [
-        threading.Thread(target=lambda: timelines.update(flood=load.confluent_flood(
-            bootstrap, topic, SECONDS, client_id="flood", batch_bytes=64 * KiB))),
-        threading.Thread(target=lambda: timelines.update(steady=load.confluent_flood(
-            bootstrap, topic, SECONDS, client_id="steady", rate_bytes_per_s=200 * KiB, batch_bytes=16 * KiB))),
+        threading.Thread(target=load.confluent_flood, args=(bootstrap, topic, SECONDS), kwargs={
+            "client_id": "flood", "batch_bytes": 64 * KiB, "timeline": timelines["flood"]}),
+        threading.Thread(target=load.confluent_flood, args=(bootstrap, topic, SECONDS), kwargs={
+            "client_id": "steady", "rate_bytes_per_s": 200 * KiB, "batch_bytes": 16 * KiB,
+            "timeline": timelines["steady"]}),
     ]
     for t in threads:
         t.start()
@@ -81,10 +82,7 @@ def run_producers(bootstrap: str, topic: str) -> dict[str, load.Timeline]:
     start = time.monotonic()
     for second in range(1, SECONDS + 1):
         time.sleep(max(0.0, start + second - time.monotonic()))
-        rates = []
-        for name in ("flood", "steady"):
-            tl = timelines.get(name)
-            rates.append(_live_rate(tl, second) if tl else float("nan"))
+        rates = [timelines[name].rate(second - 1, second) / KiB for name in ("flood", "steady")]
         say(f"   {second:6d}   {rates[0]:11.0f}   {rates[1]:12.0f}")
     for t in threads:
         t.join(60)
@@ -93,10 +91,6 @@ def run_producers(bootstrap: str, topic: str) -> dict[str, load.Timeline]:
             f"({tl.total_bytes / MiB:.1f} MiB acknowledged)")
     say("   (Kafka's windowed rate lets a fresh client burst, then holds it to the quota on average)")
     return timelines
-
-
-def _live_rate(tl: load.Timeline, second: int) -> float:
-    return tl.rate(second - 1, second) / KiB
 
 
 def show_metrics(port: int) -> None:
@@ -115,16 +109,21 @@ def plot(timelines: dict[str, load.Timeline]) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(8, 4))
+    fig, (ax, avg) = plt.subplots(1, 2, figsize=(12, 4))
+    xs = list(range(1, SECONDS + 1))
     for name, tl in timelines.items():
-        xs = list(range(1, SECONDS + 1))
         ax.plot(xs, [tl.rate(s - 1, s) / KiB for s in xs], marker="o", label=name)
-    ax.axhline(1024, linestyle="--", color="C0", alpha=0.5, label="flood quota (1 MiB/s)")
-    ax.axhline(256, linestyle="--", color="C1", alpha=0.5, label="default quota (256 KiB/s)")
-    ax.set_xlabel("second")
-    ax.set_ylabel("acknowledged KiB/s")
-    ax.set_title("Producers through Sluice")
-    ax.legend()
+        avg.plot(xs, [tl.rate(0, s) / KiB for s in xs], marker="o", label=name)
+    for axis in (ax, avg):
+        axis.axhline(1024, linestyle="--", color="C0", alpha=0.5, label="flood quota (1 MiB/s)")
+        axis.axhline(256, linestyle="--", color="C1", alpha=0.5, label="default quota (256 KiB/s)")
+        axis.set_xlabel("second")
+        axis.legend()
+    ax.set_ylabel("acknowledged KiB/s, per second")
+    ax.set_title("Per second: Kafka's windowed rate bursts, then holds")
+    avg.set_ylabel("acknowledged KiB/s, average since start")
+    avg.set_title("Average since start converges to the quota")
+    avg.set_yscale("log")
     fig.tight_layout()
     fig.savefig(OUT / "rates.png", dpi=100)
     say(f"   plot: {OUT / 'rates.png'}")
@@ -153,6 +152,14 @@ def recommend() -> None:
         say(f"   the recommendation job failed:\n{done.stderr[-2000:]}")
         return
     say("\n".join(f"   {line}" for line in done.stdout.strip().splitlines()[-15:]))
+    plan = OUT / "plan" / "plan.csv"
+    if plan.exists():
+        import csv
+
+        with plan.open() as f:
+            for row in csv.DictReader(f):
+                say(f"   {row['entity']:18s} {row['quota_key']:19s} {float(row['current']):>11,.0f} -> "
+                    f"{float(row['recommended']):>11,.0f} B/s  ({row['action']}: {row['reason']})")
 
 
 if __name__ == "__main__":

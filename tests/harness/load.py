@@ -52,7 +52,7 @@ class Timeline:
 def confluent_flood(bootstrap: str, topic: str, seconds: float, *, record_size: int = 1000,
                     client_id: str = "flood", config: Mapping[str, object] | None = None,
                     rate_bytes_per_s: float | None = None, stop: threading.Event | None = None,
-                    batch_bytes: int = 64 * 1024) -> Timeline:
+                    batch_bytes: int = 64 * 1024, timeline: Timeline | None = None) -> Timeline:
     """Produce for `seconds` as fast as the quota lets librdkafka (or at a fixed pace).
 
     `batch_bytes` bounds librdkafka's produce requests: against a small quota, 1 MiB batches
@@ -60,7 +60,7 @@ def confluent_flood(bootstrap: str, topic: str, seconds: float, *, record_size: 
     """
     from confluent_kafka import Producer
 
-    timeline = Timeline()
+    timeline = Timeline() if timeline is None else timeline
     producer = Producer({"bootstrap.servers": bootstrap, "client.id": client_id, "linger.ms": 5,
                          "batch.size": batch_bytes,
                          "queue.buffering.max.kbytes": max(256, 4 * batch_bytes // 1024),
