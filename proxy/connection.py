@@ -12,6 +12,11 @@ decision about a request or response is the pipeline's. Reading from the client 
 
 A malformed frame or a broken upstream closes this connection, with the reason logged, and
 nothing else.
+
+The connection's principal (`ctx.principal`) is set at the start from its TLS certificate or
+address (`proxy.auth.AuthSettings`) and by `proxy.auth.SaslInspector`, which is called for
+SaslHandshake/SaslAuthenticate only. After a SaslHandshake v0, frames in both directions are raw
+SASL tokens until the exchange ends: see "SASL" below.
 """
 
 from __future__ import annotations
