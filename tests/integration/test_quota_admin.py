@@ -131,8 +131,6 @@ def test_kafka_configs_and_the_cli_change_a_live_producers_rate(kafka: KafkaClus
         tools.configs("--alter", "--add-config", f"producer_byte_rate={MiB}", "--entity-type", "clients",
                       "--entity-name", cid).check()
         raised_at = time.monotonic()
-        described = tools.configs("--describe", "--entity-type", "clients", "--entity-name", cid).check()
-        assert f"Quota configs for client-id '{cid}' are producer_byte_rate={float(MiB)}" in described.stdout
         time.sleep(9)
 
         # `sluice quotas alter` brings it down to 512 KiB/s: a (1 MiB - 512 KiB) / 512 KiB x 5.5 s = 5.5 s
@@ -142,20 +140,23 @@ def test_kafka_configs_and_the_cli_change_a_live_producers_rate(kafka: KafkaClus
         assert done.returncode == 0, done.stderr
         lowered_at = time.monotonic()
         time.sleep(12)
+        connections_after = metric(port, "sluice_open_connections", listener="broker 1")
         stop.set()
         worker.join(60)
+        described = tools.configs("--describe", "--entity-type", "clients", "--entity-name", cid).check()
+        assert f"Quota configs for client-id '{cid}' are producer_byte_rate=524288.0" in described.stdout
         timeline = box["t"]
         start_s, raised_s, lowered_s = 0.0, raised_at - timeline.started, lowered_at - timeline.started
         before = timeline.rate(start_s + 2, raised_s)
         raised = timeline.rate(raised_s + 1.5, lowered_s)
         lowered = timeline.rate(lowered_s + 6, lowered_s + 12)
         assert before <= 1.3 * 256 * KiB, before / KiB
-        assert raised >= 2.5 * 256 * KiB and raised <= 1.3 * MiB, raised / KiB
+        assert 2.2 * 256 * KiB <= raised <= 1.3 * MiB, raised / KiB
         assert 0.5 * 512 * KiB <= lowered <= 1.3 * 512 * KiB, lowered / KiB
         # the producer kept its connections throughout: nothing was reconnected
         brokers = stats[-1]["brokers"]
         assert all(b["connects"] <= 1 and b["disconnects"] == 0 for b in brokers.values() if b["nodeid"] >= 0)
-        assert metric(port, "sluice_open_connections", listener="broker 1") == connections
+        assert connections_after == connections == 1
         assert metric(port, "sluice_quota_limit", client_id=cid, kind="produce") == 512 * KiB
         assert "quotas altered by ANONYMOUS from 127.0.0.1" in sluice.log()
     finally:
