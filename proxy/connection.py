@@ -97,9 +97,6 @@ class ClientConnection(asyncio.Protocol):
         self._close_reason: str | None = None
         self.ctx = ConnectionContext(next(_ids), "?", target.describe(), target.node_id)
         self._real_address = real_address           # the client behind a PROXY-protocol hop
-        # frame handlers, swapped while raw SASL tokens flow (see "SASL" below)
-        self._on_client_frame: Callable[[bytes], None] = self._on_request
-        self.on_upstream_frame: Callable[[bytes], None] = self._on_response
         self._sasl: SaslInspector | None = None
         self._held: list[bytes] = []
         self._held_bytes = 0
@@ -240,7 +237,7 @@ class ClientConnection(asyncio.Protocol):
                     return
                 if payload is None:
                     break
-                self._on_client_frame(payload)
+                self._on_request(payload)
         finally:
             self._processing = False
         self._update_reading()
@@ -308,7 +305,7 @@ class ClientConnection(asyncio.Protocol):
 
     # ------------------------------------------------------------------ responses
 
-    def _on_response(self, payload: bytes) -> None:
+    def on_upstream_frame(self, payload: bytes) -> None:
         if self._closed:
             return
         try:
@@ -453,13 +450,24 @@ class ClientConnection(asyncio.Protocol):
     # token, no Kafka header) in both directions until the exchange ends. Each client frame must be
     # read the way the broker reads it, so after the v0 handshake and after each raw client token
     # the next client frames are held until the broker has answered, then handed back to the splitter.
+    # The frame handlers are swapped by shadowing `_on_request` and `on_upstream_frame` with instance
+    # attributes, so that connections that never see raw tokens pay nothing for them.
+
+    def _read_frames_with(self, client: Callable[[bytes], None] | None,
+                          upstream: Callable[[bytes], None] | None = None) -> None:
+        """Handlers for the next client and broker frames; None: Kafka requests and responses."""
+        for name, handler in (("_on_request", client), ("on_upstream_frame", upstream)):
+            if handler is None:
+                self.__dict__.pop(name, None)
+            else:
+                self.__dict__[name] = handler
 
     def _sasl_request(self, header: RequestHeader, payload: bytes, entry: InFlight) -> None:
         if self._sasl is None:
             self._sasl = SaslInspector(self.ctx, self._services.auth)
         self._sasl.on_request(header, payload, entry.notes)
         if header.api_key == ApiKey.SASL_HANDSHAKE and header.api_version == 0:
-            self._on_client_frame = self._hold  # raw tokens may follow: wait for the broker's answer
+            self._read_frames_with(self._hold)  # raw tokens may follow: wait for the broker's answer
 
     def _sasl_response(self, entry: InFlight, payload: bytes) -> None:
         if self._sasl is None:
@@ -468,13 +476,12 @@ class ClientConnection(asyncio.Protocol):
         if entry.api_key != ApiKey.SASL_HANDSHAKE or entry.api_version != 0:
             return
         if said == RAW_TOKENS:
-            self._on_client_frame = self._raw_client_token
-            self.on_upstream_frame = self._raw_server_token
+            self._read_frames_with(self._raw_client_token, self._raw_server_token)
         elif said is not None:
             self.close(said)
             return
         else:
-            self._on_client_frame = self._on_request
+            self._read_frames_with(None)
         self._release_held()  # read on after this response has been flushed
 
     def _hold(self, payload: bytes) -> None:
@@ -493,7 +500,7 @@ class ClientConnection(asyncio.Protocol):
         assert self._sasl is not None and self._upstream is not None
         self._sasl.raw_client_token(payload)
         self._upstream.write(payload)
-        self._on_client_frame = self._hold
+        self._read_frames_with(self._hold, self._raw_server_token)
 
     def _raw_server_token(self, payload: bytes) -> None:
         assert self._sasl is not None
@@ -503,10 +510,9 @@ class ClientConnection(asyncio.Protocol):
         if transport is not None and not transport.is_closing():
             transport.writelines((size_prefix(len(payload)), payload))
         if self._sasl.raw_server_token(payload):  # authenticated: Kafka requests from now on
-            self._on_client_frame = self._on_request
-            self.on_upstream_frame = self._on_response
+            self._read_frames_with(None, None)
         else:
-            self._on_client_frame = self._raw_client_token
+            self._read_frames_with(self._raw_client_token, self._raw_server_token)
         self._release_held()
         self._process_requests()
 
