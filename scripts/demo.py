@@ -19,7 +19,6 @@ import sys
 import threading
 import time
 import urllib.request
-from pathlib import Path
 
 from tests.conftest import create_topic
 from tests.harness import load
