@@ -71,14 +71,23 @@ class QuotaManagers:
         self._config = config
         self._clock = clock
         self._managers: dict[int | None, QuotaManager] = {}
+        self._scales: dict[QuotaKind, float] = {}  # storage throttle factors, for new managers too
         self.active_kinds = config.kinds()  # nothing is recorded for a kind with no quota
 
     def for_broker(self, broker_id: int | None) -> QuotaManager:
         manager = self._managers.get(broker_id)
         if manager is None:
             manager = QuotaManager(self._config, self._clock, sticky_quotas_enabled=False)
+            for kind, factor in self._scales.items():
+                manager.set_limit_scale(kind, factor)
             self._managers[broker_id] = manager
         return manager
+
+    def set_limit_scale(self, kind: QuotaKind, factor: float) -> None:
+        """Scale every limit of `kind` on every broker (`QuotaManager.set_limit_scale`)."""
+        self._scales[kind] = factor
+        for manager in self._managers.values():
+            manager.set_limit_scale(kind, factor)
 
     @property
     def config(self) -> QuotaConfig:

@@ -150,6 +150,7 @@ class QuotaManager:
         self._bindings: dict[QuotaKind, dict[ClientIdentity, _Sensor]] = {k: {} for k in QuotaKind}
         self._enabled: dict[QuotaKind, bool] = dict.fromkeys(QuotaKind, self._custom)
         self._last_sweep_ms = clock.now_ms()
+        self._scales: dict[QuotaKind, float] = {}  # storage throttle factors (set_limit_scale)
         self._config = QuotaConfig(window=config.window)
         self._apply(config)
 
@@ -230,6 +231,27 @@ class QuotaManager:
                                              f"{config.window}); restart to apply")
         self._apply(config)
 
+    def set_limit_scale(self, kind: QuotaKind, factor: float) -> None:
+        """Scale every limit of `kind` by `factor` in [0, 1] (storage-driven throttling: Strimzi's
+        ``static quota x throttle factor``). Sensors keep their history; unlimited callers stay
+        unlimited. While the factor is below 1 a throttle is capped at the full quota window
+        (``samples x window``), so a factor of 0 (a bound of 0) pauses a client for one window at a
+        time instead of for ever, and lifting it resumes production within one window."""
+        if not 0.0 <= factor <= 1.0:
+            raise ValueError(f"factor must be in [0, 1], got {factor}")
+        if self._scales.get(kind, 1.0) == factor:
+            return
+        if factor == 1.0:
+            self._scales.pop(kind, None)
+        else:
+            self._scales[kind] = factor
+        for sensor in self._sensors.values():
+            if sensor.key.kind is kind:
+                self._bind_limit(sensor)
+
+    def limit_scale(self, kind: QuotaKind) -> float:
+        return self._scales.get(kind, 1.0)
+
     def close(self) -> None:
         self._callback.close()
 
@@ -294,6 +316,11 @@ class QuotaManager:
         if bound is not None and observed > bound:
             if kind in _CAPPED_KINDS:
                 throttle_ms = bounded_throttle_time_ms(observed, bound, window_ms, self._window_ms)
+            elif self._scales.get(kind, 1.0) < 1.0:
+                # A scaled (storage-throttled) bound, perhaps 0: cap at the full quota window so a
+                # client checks again, and resumes, within one window of the factor going back up.
+                throttle_ms = bounded_throttle_time_ms(observed, bound, window_ms,
+                                                       self._rate_config.retention_ms)
             else:
                 throttle_ms = throttle_time_ms(observed, bound, window_ms)
             if count and throttle_ms > 0:
@@ -306,6 +333,9 @@ class QuotaManager:
 
     def _bind_limit(self, sensor: _Sensor) -> None:
         sensor.bound = self._callback.quota_limit(sensor.key)
+        scale = self._scales.get(sensor.key.kind)
+        if scale is not None and sensor.bound is not None:
+            sensor.bound *= scale
         entity = self._matcher.matched_entity(sensor.key) if self._matcher is not None else None
         sensor.entity = entity
         entry = None if entity is None else self._config.get(entity)
