@@ -389,6 +389,21 @@ def advertised_brokers(bootstrap: str) -> list[str]:
     return sorted(f"{b.host}:{b.port}" for b in md.brokers.values())
 
 
+ACCESS_LOG: dict[str, Any] = {"enabled": False}
+
+
+def access_log_counters(port: int) -> dict[str, float]:
+    """Sluice's access-log counters from /metrics: records written and dropped (must stay 0)."""
+    import urllib.request
+
+    text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
+    found = {}
+    for name in ("written", "dropped"):
+        m = re.search(rf"^sluice_access_log_records_{name}_total (\S+)", text, re.M)
+        found[name] = float(m.group(1)) if m else float("nan")
+    return found
+
+
 def start_environment(workdir: Path, paths: Sequence[str], profile_sluice: Path | None,
                       log: Callable[[str], None]) -> Environment:
     raw_port, forwarder_port = free_port(), free_port()
@@ -408,8 +423,14 @@ def start_environment(workdir: Path, paths: Sequence[str], profile_sluice: Path 
             env.addresses["raw"], env.proxy_pids["raw"] = fwd.address, fwd.pid
         if "sluice" in paths:
             if profile_sluice is None:
-                sluice = SluiceProcess(cluster.bootstrap, workdir / "sluice").start()
+                config: dict[str, Any] = {}
+                if ACCESS_LOG["enabled"]:
+                    port = free_port()
+                    config = {"access_log": {"dir": str(workdir / "access-log")}, "metrics": {"port": port}}
+                sluice = SluiceProcess(cluster.bootstrap, workdir / "sluice", config=config).start()
                 env.stop.append(sluice.stop)
+                if ACCESS_LOG["enabled"]:  # stop hooks run last-first: this one reads before the stop
+                    env.stop.append(lambda: ACCESS_LOG.update(access_log_counters(port)))
                 assert sluice.process is not None
                 env.addresses["sluice"], env.proxy_pids["sluice"] = sluice.bootstrap, sluice.process.pid
             else:
@@ -740,6 +761,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.bench_proxy",
                                      description="Throughput and latency: direct vs Sluice vs raw forwarder")
     parser.add_argument("--quick", action="store_true", help="one small repeat (~1 min smoke run)")
+    parser.add_argument("--access-log", action="store_true",
+                        help="run Sluice with its access log on; report records written and dropped")
     parser.add_argument("--out", type=Path, help=f"results JSON [{DEFAULT_OUT.relative_to(REPO)}]")
     parser.add_argument("--no-chart", action="store_true", help="skip the PNG next to the JSON")
     parser.add_argument("--repeats", type=int, help="override the number of repeats")
@@ -764,6 +787,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     def log(msg: str) -> None:
         print(f"[{time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
 
+    ACCESS_LOG["enabled"] = args.access_log
     workdir = args.workdir or Path(tempfile.mkdtemp(prefix="sluice-bench-"))
     log(f"workdir {workdir}; {os.cpu_count()} CPUs; load {os.getloadavg()[0]:.2f}; params {asdict(params)}")
     try:
@@ -773,9 +797,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.workdir is None:
             shutil.rmtree(workdir, ignore_errors=True)
     report["quick"] = args.quick
+    report["access_log"] = {k: v for k, v in ACCESS_LOG.items()}
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(report, indent=2) + "\n")
     print(format_table(report))
+    if args.access_log:
+        print(f"access log: {ACCESS_LOG.get('written')} records written, {ACCESS_LOG.get('dropped')} dropped")
     print(f"\nresults: {out}")
     if not args.no_chart and write_chart(report, out.with_suffix(".png")):
         print(f"chart:   {out.with_suffix('.png')}")
