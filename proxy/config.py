@@ -17,6 +17,7 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from proxy.quota_plugins import PLUGIN_KEYS, QuotaPlugins
 from proxy.quota_store import StoreConfig
 from quotas.config import QuotaConfig
 from quotas.errors import QuotaConfigError
@@ -222,8 +223,16 @@ class ProxyConfig(BaseModel):
         return "off" if value is False else value  # YAML 1.1 reads a bare `off` as false
 
     def quota_config(self) -> QuotaConfig:
+        entries = {k: v for k, v in self.quotas.items() if k not in PLUGIN_KEYS}
         try:
-            return QuotaConfig.from_dict(self.quotas, path="quotas")
+            return QuotaConfig.from_dict(entries, path="quotas")
+        except QuotaConfigError as exc:
+            raise ConfigError("invalid configuration:\n  " + str(exc).replace("\n", "\n  ")) from None
+
+    def quota_plugins(self) -> QuotaPlugins:
+        """``quotas.scope`` and ``quotas.callback`` (`proxy.quota_plugins`); imports the class."""
+        try:
+            return QuotaPlugins.from_dict(self.quotas, path="quotas")
         except QuotaConfigError as exc:
             raise ConfigError("invalid configuration:\n  " + str(exc).replace("\n", "\n  ")) from None
 
@@ -301,4 +310,5 @@ def load_config(path: Path | None = None, overrides: Mapping[str, Any] | None = 
     except ValidationError as exc:
         raise ConfigError(_format_error(exc, source)) from None
     config.quota_config()  # quotas are validated at start too
+    config.quota_plugins()
     return config

@@ -25,6 +25,8 @@ counted and logged, and nothing is throttled.
 
 Quotas are per broker, as in Kafka: a client that talks to three brokers through Sluice may use
 three times its quota. Each broker listener (and the bootstrap listener) has its own sensors.
+With ``quotas.scope: cluster`` one manager serves every listener: one budget per entity across all
+brokers behind this Sluice (see `proxy.quota_plugins` for that and the pluggable callback).
 """
 
 from __future__ import annotations
@@ -42,7 +44,10 @@ from protocol.headers import RequestHeader, response_body_offset
 from protocol.throttle import patch_throttle_time
 from proxy.inflight import InFlight
 from proxy.pipeline import ConnectionContext, RequestVerdict, ResponseOutcome, StageBase
+from proxy.quota_plugins import QuotaPlugins
+from quotas.callback import DefaultQuotaCallback
 from quotas.clock import Clock
+from quotas.cluster import ClusterView
 from quotas.config import QuotaConfig
 from quotas.entity import ClientIdentity, QuotaKind
 from quotas.manager import QuotaManager, ThrottleDecision
@@ -65,19 +70,31 @@ class Scope:
 
 
 class QuotaManagers:
-    """One `QuotaManager` per broker behind Sluice (Kafka's quotas are per broker)."""
+    """One `QuotaManager` per broker behind Sluice (Kafka's quotas are per broker), or one for
+    all of them (``scope: cluster``), each with a callback from `plugins`."""
 
-    def __init__(self, config: QuotaConfig, clock: Clock) -> None:
+    def __init__(self, config: QuotaConfig, clock: Clock, plugins: QuotaPlugins | None = None) -> None:
         self._config = config
         self._clock = clock
         self._managers: dict[int | None, QuotaManager] = {}
+        self.plugins = QuotaPlugins() if plugins is None else plugins
+        self.cluster = ClusterView()
         self._scales: dict[QuotaKind, float] = {}  # storage throttle factors, for new managers too
-        self.active_kinds = config.kinds()  # nothing is recorded for a kind with no quota
+        self.active_kinds = self._kinds()  # nothing is recorded for a kind with no quota
+
+    @property
+    def scope(self) -> str:
+        return self.plugins.scope
 
     def for_broker(self, broker_id: int | None) -> QuotaManager:
+        if self.plugins.scope == "cluster":
+            broker_id = None
         manager = self._managers.get(broker_id)
         if manager is None:
-            manager = QuotaManager(self._config, self._clock, sticky_quotas_enabled=False)
+            factory = self.plugins.factory
+            manager = QuotaManager(self._config, self._clock, sticky_quotas_enabled=False,
+                                   callback=None if factory is None else factory(broker_id))
+            manager.update_cluster_metadata(self.cluster)
             for kind, factor in self._scales.items():
                 manager.set_limit_scale(kind, factor)
             self._managers[broker_id] = manager
@@ -98,7 +115,44 @@ class QuotaManagers:
         for manager in self._managers.values():
             manager.update_config(config)
         self._config = config
-        self.active_kinds = config.kinds()
+        self.active_kinds = self._kinds()
+
+    @property
+    def wants_cluster_metadata(self) -> bool:
+        return self._wants_metadata
+
+    def update_cluster_metadata(self, cluster: ClusterView) -> None:
+        """Sluice saw the cluster change (`proxy.quota_plugins.ClusterMetadataFeed`)."""
+        self.cluster = cluster
+        for manager in self._managers.values():
+            manager.update_cluster_metadata(cluster)
+
+    def set_plugins(self, plugins: QuotaPlugins) -> None:
+        """SIGHUP: a new callback class or config replaces the callback of every manager
+        (`QuotaManager.set_callback` says what history survives). The scope is fixed at start."""
+        if plugins.scope != self.plugins.scope:
+            raise ValueError(f"quotas.scope cannot change at runtime ({self.plugins.scope} -> "
+                             f"{plugins.scope}); restart to apply")
+        if plugins.same_callback(self.plugins):
+            return
+        self.plugins = plugins
+        for broker_id, manager in self._managers.items():
+            factory = plugins.factory
+            manager.set_callback(DefaultQuotaCallback(sticky_levels=False) if factory is None
+                                 else factory(broker_id))
+            manager.update_cluster_metadata(self.cluster)
+        self.active_kinds = self._kinds()
+
+    def _kinds(self) -> frozenset[QuotaKind]:
+        if self.plugins.factory is None:
+            self._wants_metadata = False
+            return self._config.kinds()
+        probe = self.plugins.factory(None)
+        self._wants_metadata = bool(getattr(probe, "wants_cluster_metadata", False))
+        extra = getattr(probe, "quota_kinds", None)
+        probe.close()
+        # a callback that does not say which kinds it limits may limit any
+        return self._config.kinds() | (frozenset(QuotaKind) if extra is None else frozenset(extra))
 
     def items(self) -> Iterator[tuple[int | None, QuotaManager]]:
         return iter(list(self._managers.items()))

@@ -64,7 +64,8 @@ class QuotaSensorCollector(Collector):
         sensors = GaugeMetricFamily("sluice_quota_sensors", "Live quota sensors", labels=["broker"])
         now_ms = self._clock.now_ms()
         for broker_id, manager in self._managers.items():
-            broker = "bootstrap" if broker_id is None else str(broker_id)
+            broker = ("all" if self._managers.scope == "cluster" else "bootstrap") if broker_id is None \
+                else str(broker_id)
             sensors.add_metric([broker], manager.sensor_count)
             for snap in manager.sensors():
                 key = snap.key

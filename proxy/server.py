@@ -12,7 +12,7 @@ from prometheus_client import CollectorRegistry
 from proxy.access_log import AccessLogStage, AccessLogWriter
 from proxy.brokers import BrokerRegistry, UpstreamTarget, schedule_server
 from proxy.client_info import ClientSoftwareStage
-from proxy.config import ProxyConfig
+from proxy.config import ConfigError, ProxyConfig
 from proxy.connection import ClientConnection, ConnectionServices, connection_factory
 from proxy.enforcement import QuotaManagers, QuotaStage
 from proxy.http import MetricsEndpoint
@@ -22,6 +22,7 @@ from proxy.listeners import describe as describe_listener
 from proxy.metrics import AccessLogCollector, QuotaSensorCollector, SluiceMetrics
 from proxy.pipeline import ConnectionContext, Pipeline, ResponseOutcome, Stage, StageBase
 from proxy.quota_admin import QuotaAdminStage
+from proxy.quota_plugins import ClusterMetadataFeed, ClusterMetadataStage
 from proxy.quota_service import QuotaService
 from proxy.rewriting import REWRITTEN_APIS, ResponseRewriter
 from quotas.clock import Clock, SystemClock
@@ -48,7 +49,9 @@ class ProxyServer:
         self._extra_stages = list(stages)
         self.registry_metrics = CollectorRegistry()
         self.metrics = SluiceMetrics(self.registry_metrics)
-        self.quotas = QuotaManagers(config.quota_config(), self.clock)
+        self.quotas = QuotaManagers(config.quota_config(), self.clock, config.quota_plugins())
+        self.cluster_feed = ClusterMetadataFeed(self.quotas.update_cluster_metadata,
+                                                lambda: self.quotas.wants_cluster_metadata)
         self.quota_service = QuotaService(config, self.quotas)  # the store; started in start()
         self.registry_metrics.register(QuotaSensorCollector(self.quotas, self.clock))
         self.metrics_endpoint: MetricsEndpoint | None = None
@@ -83,7 +86,9 @@ class ProxyServer:
             schedule_server(loop, self._servers, start_listener_factory,  # type: ignore[arg-type]
                             tls=listener.server_ssl))
         self.rewriter = ResponseRewriter(self.registry, on_failure=self.metrics.rewrite_failures.inc)
-        stages: list[Stage] = [ClientSoftwareStage(), RewriteStage(self.rewriter)]
+        stages: list[Stage] = [ClientSoftwareStage(), RewriteStage(self.rewriter),
+                               ClusterMetadataStage(self.cluster_feed,
+                                                    lambda: self.quotas.wants_cluster_metadata)]
         if self.access_log is not None:
             self.access_log.start()
             # before the quota stage, to see the broker's own throttle time
@@ -114,7 +119,21 @@ class ProxyServer:
         """SIGHUP: YAML quota edits go to the store and to live sensors (see `reconcile_seed`);
         connections and sensor history stay."""
         self.config = config
+        self._reload_callback(config)
         self.quota_service.schedule_reload(config)  # logs "configuration reloaded: ..." when done
+
+    def _reload_callback(self, config: ProxyConfig) -> None:
+        """A new ``quotas.callback`` swaps the callback on every manager; a bad one keeps the old."""
+        try:
+            plugins = config.quota_plugins()
+            before = self.quotas.plugins.class_path
+            changed = not plugins.same_callback(self.quotas.plugins)
+            self.quotas.set_plugins(plugins)
+        except (ConfigError, ValueError) as exc:
+            log.error("reload: quota callback not changed: %s", exc)
+            return
+        if changed:
+            log.info("quota callback: %s -> %s", before, plugins.class_path)
 
     def _connection_closed(self, conn: ClientConnection) -> None:
         self.metrics.connection_closed(conn.ctx.listener)

@@ -20,8 +20,9 @@ Typical wiring::
     quotas.update_config(new_config)                             # live reload keeps history
 """
 
-from quotas.callback import DefaultQuotaCallback, EntityMatcher, QuotaCallback
+from quotas.callback import DefaultQuotaCallback, EntityMatcher, QuotaCallback, RecordObserver
 from quotas.clock import Clock, FakeClock, SystemClock
+from quotas.cluster import NO_LEADER, ClusterView
 from quotas.config import QuotaConfig, QuotaEntry, QuotaValues, validate_quota_value
 from quotas.entity import (
     DEFAULT,
@@ -49,10 +50,12 @@ __all__ = [
     "DEFAULT",
     "DEFAULT_SENSOR_IDLE_EXPIRY_MS",
     "MAX_THROTTLE_TIME_MS",
+    "NO_LEADER",
     "SENSOR_SWEEP_INTERVAL_MS",
     "UNAUTHENTICATED_PRINCIPAL",
     "ClientIdentity",
     "Clock",
+    "ClusterView",
     "Default",
     "DefaultQuotaCallback",
     "EntityMatcher",
@@ -67,6 +70,7 @@ __all__ = [
     "QuotaManager",
     "QuotaValues",
     "RateConfig",
+    "RecordObserver",
     "SampledRate",
     "SensorKey",
     "SensorSnapshot",

@@ -5,12 +5,22 @@ what the limit of a sharing group is (`quota_limit`, Kafka's ``quotaLimit``). Th
 tells it about configuration changes through `update_quota` / `remove_quota`, and polls
 `quota_reset_required` on every sensor lookup so a callback whose limits change by themselves
 (Strimzi's storage-based quotas, say) can make the manager re-read every limit.
+
+A callback that sets the class attribute ``wants_cluster_metadata = True`` is told of every change
+of the cluster as Sluice sees it (`update_cluster_metadata`, KIP-257's ``updateClusterMetadata``);
+when it returns True every limit is re-read. The proxy decodes Metadata responses only while the
+active callback wants them.
+
+Loading by class path (the proxy's ``quotas.callback.class``): the class is called as
+``cls(broker_id=<int or None>, **config)``, once per quota manager (one per broker, or one for all
+brokers with ``quotas.scope: cluster``, where `broker_id` is None).
 """
 
 from __future__ import annotations
 
-from typing import Protocol, runtime_checkable
+from typing import ClassVar, Protocol, runtime_checkable
 
+from quotas.cluster import ClusterView
 from quotas.entity import DEFAULT, ClientIdentity, Name, QuotaEntity, QuotaKind, SensorKey
 
 
@@ -33,10 +43,27 @@ class QuotaCallback(Protocol):
         ...
 
     def quota_reset_required(self, kind: QuotaKind) -> bool:
-        """True when every limit of `kind` must be re-read (and every key recomputed)."""
+        """True when every limit of `kind` must be re-read (and every key recomputed).
+
+        Polled before every sensor lookup: keep it O(1)."""
+        ...
+
+    def update_cluster_metadata(self, cluster: ClusterView) -> bool:
+        """The cluster changed (topics, partitions, leaders). True if limits may have changed.
+
+        Called only when the class sets ``wants_cluster_metadata = True``."""
         ...
 
     def close(self) -> None: ...
+
+
+@runtime_checkable
+class RecordObserver(Protocol):
+    """Optional extra for a callback that limits by demand (fair shares): told of every record.
+
+    Called after the value is recorded, with the sharing group and the clock's time."""
+
+    def on_record(self, key: SensorKey, value: float, now_ms: int) -> None: ...
 
 
 @runtime_checkable
@@ -88,7 +115,9 @@ class DefaultQuotaCallback:
 
     __slots__ = ("_level_counts", "_levels", "_levels_ever", "_quotas", "_sticky")
 
-    def __init__(self, *, sticky_levels: bool = True) -> None:
+    wants_cluster_metadata: ClassVar[bool] = False
+
+    def __init__(self, *, sticky_levels: bool = True, broker_id: int | None = None) -> None:
         self._sticky = sticky_levels
         self._quotas: dict[QuotaKind, dict[_Pair, tuple[float, QuotaEntity]]] = {k: {} for k in QuotaKind}
         self._levels_ever: dict[QuotaKind, int] = dict.fromkeys(QuotaKind, 0)
@@ -134,6 +163,9 @@ class DefaultQuotaCallback:
             self._count_level(kind, entity, -1)
 
     def quota_reset_required(self, kind: QuotaKind) -> bool:
+        return False
+
+    def update_cluster_metadata(self, cluster: ClusterView) -> bool:
         return False
 
     def close(self) -> None:

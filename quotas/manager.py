@@ -21,8 +21,9 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import NamedTuple
 
-from quotas.callback import DefaultQuotaCallback, EntityMatcher, QuotaCallback
+from quotas.callback import DefaultQuotaCallback, EntityMatcher, QuotaCallback, RecordObserver
 from quotas.clock import Clock
+from quotas.cluster import ClusterView
 from quotas.config import QuotaConfig
 from quotas.entity import ClientIdentity, QuotaEntity, QuotaKind, SensorKey
 from quotas.errors import QuotaConfigError
@@ -139,14 +140,12 @@ class QuotaManager:
         self._rate_config = config.window if rate_config is None else rate_config
         self._window_ms = self._rate_config.window_ms
         self._expiry_ms = sensor_idle_expiry_ms
-        self._custom = callback is not None and not isinstance(callback, DefaultQuotaCallback)
-        self._callback: QuotaCallback = (
-            DefaultQuotaCallback(sticky_levels=sticky_quotas_enabled) if callback is None else callback)
-        self._matcher: EntityMatcher | None = (
-            self._callback if isinstance(self._callback, EntityMatcher) else None)
-        # DefaultQuotaCallback never asks for a reset: skip polling it on the hot path.
-        self._poll_reset = not isinstance(self._callback, DefaultQuotaCallback)
+        self._install(DefaultQuotaCallback(sticky_levels=sticky_quotas_enabled)
+                      if callback is None else callback)
         self._sensors: dict[SensorKey, _Sensor] = {}
+        # Sensors of a replaced callback, adopted when the new one produces the same key (see
+        # `set_callback`); dropped at the next sweep.
+        self._retired: dict[SensorKey, _Sensor] = {}
         self._bindings: dict[QuotaKind, dict[ClientIdentity, _Sensor]] = {k: {} for k in QuotaKind}
         self._enabled: dict[QuotaKind, bool] = dict.fromkeys(QuotaKind, self._custom)
         self._last_sweep_ms = clock.now_ms()
@@ -168,6 +167,8 @@ class QuotaManager:
         if sensor.touched_sweep_ms != self._last_sweep_ms:
             self._touch(sensor)
         sensor.rate.record(value, now)
+        if self._observer is not None:
+            self._observer.on_record(sensor.key, value, now)
         return self._decide(kind, sensor, now)
 
     def check(self, kind: QuotaKind, identity: ClientIdentity) -> ThrottleDecision:
@@ -195,6 +196,8 @@ class QuotaManager:
         if sensor.touched_sweep_ms != self._last_sweep_ms:
             self._touch(sensor)
         sensor.rate.record(value, now)
+        if self._observer is not None:
+            self._observer.on_record(sensor.key, value, now)
 
     def unrecord(self, kind: QuotaKind, identity: ClientIdentity, value: float) -> None:
         """Take back `value` (records ``-value``, no check): Kafka's `unrecordQuotaSensor`, used
@@ -255,6 +258,43 @@ class QuotaManager:
     def close(self) -> None:
         self._callback.close()
 
+    # -- the callback (KIP-257) --------------------------------------------------------------
+
+    @property
+    def callback(self) -> QuotaCallback:
+        return self._callback
+
+    @property
+    def wants_cluster_metadata(self) -> bool:
+        return self._wants_metadata
+
+    def set_callback(self, callback: QuotaCallback) -> None:
+        """Replace the callback live. The new one is told every configured quota (`update_quota`),
+        the old one is closed. What survives: the configuration, and the rate history of every
+        sharing group whose key the new callback produces again before the next sweep (30 s of
+        clock time); every other sensor of the old callback is dropped then (its limits are not
+        re-read meanwhile and it is no longer exported). Throttle counters go with their sensor."""
+        old = self._callback
+        self._install(callback)
+        for entry in self._config:
+            for kind, value in entry.values.items():
+                callback.update_quota(entry.entity, kind, value)
+        self._retired.update(self._sensors)
+        self._sensors = {}
+        for bindings in self._bindings.values():
+            bindings.clear()
+        self._apply(self._config)  # enabled kinds; nothing differs, so no callback calls
+        if old is not callback:
+            old.close()
+
+    def update_cluster_metadata(self, cluster: ClusterView) -> bool:
+        """KIP-257's ``updateClusterMetadata``: tell a callback that wants it; re-read every limit
+        when it says they changed. Returns whether they were re-read."""
+        if not self._wants_metadata or not self._callback.update_cluster_metadata(cluster):
+            return False
+        self._refresh(None)
+        return True
+
     # -- sensors and metrics -----------------------------------------------------------------
 
     def sensors(self) -> Iterator[SensorSnapshot]:
@@ -302,7 +342,11 @@ class QuotaManager:
             key = self._callback.sensor_key(kind, identity)
             sensor = self._sensors.get(key)
             if sensor is None:
-                sensor = _Sensor(key, SampledRate(self._rate_config), now, self._last_sweep_ms)
+                sensor = self._retired.pop(key, None) if self._retired else None
+                if sensor is None:
+                    sensor = _Sensor(key, SampledRate(self._rate_config), now, self._last_sweep_ms)
+                else:
+                    sensor.touched_sweep_ms = self._last_sweep_ms  # now at the end of the dict
                 self._bind_limit(sensor)
                 self._sensors[key] = sensor
             bindings[identity] = sensor
@@ -340,6 +384,15 @@ class QuotaManager:
         sensor.entity = entity
         entry = None if entity is None else self._config.get(entity)
         sensor.shadow = self._config.shadow_all or (entry is not None and entry.shadow)
+
+    def _install(self, callback: QuotaCallback) -> None:
+        self._custom = not isinstance(callback, DefaultQuotaCallback)
+        self._callback = callback
+        self._matcher: EntityMatcher | None = callback if isinstance(callback, EntityMatcher) else None
+        self._observer: RecordObserver | None = callback if isinstance(callback, RecordObserver) else None
+        # DefaultQuotaCallback never asks for a reset: skip polling it on the hot path.
+        self._poll_reset = self._custom
+        self._wants_metadata = bool(getattr(callback, "wants_cluster_metadata", False))
 
     def _apply(self, config: QuotaConfig) -> None:
         old = self._config
@@ -391,6 +444,7 @@ class QuotaManager:
                 expired.append(key)
         for key in expired:
             del self._sensors[key]
+        self._retired.clear()
         # Cached lookups may point at dropped sensors or at callers long gone: start afresh.
         for bindings in self._bindings.values():
             bindings.clear()

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from quotas import (
     ClientIdentity,
+    ClusterView,
     FakeClock,
     QuotaCallback,
     QuotaConfig,
@@ -42,6 +43,9 @@ class SharedQuota:
     def quota_reset_required(self, kind: QuotaKind) -> bool:
         reset, self.reset = self.reset, False
         return reset
+
+    def update_cluster_metadata(self, cluster: ClusterView) -> bool:
+        return False
 
     def close(self) -> None:
         self.closed = True
