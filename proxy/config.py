@@ -19,6 +19,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from proxy.quota_plugins import PLUGIN_KEYS, QuotaPlugins
 from proxy.quota_store import StoreConfig
+from proxy.storage import StorageConfig
 from quotas.config import QuotaConfig
 from quotas.errors import QuotaConfigError
 
@@ -211,6 +212,8 @@ class ProxyConfig(BaseModel):
     proxy_protocol: Literal["off", "v1", "v2", "any"] = Field(
         default="off", description="a PROXY protocol header precedes every client connection")
     sasl: SaslConfig = SaslConfig()
+    storage: StorageConfig | None = Field(
+        default=None, description="storage-driven throttling of produce quotas (README)")
 
     @field_validator("listen", mode="before")
     @classmethod

@@ -25,6 +25,7 @@ from proxy.quota_admin import QuotaAdminStage
 from proxy.quota_plugins import ClusterMetadataFeed, ClusterMetadataStage
 from proxy.quota_service import QuotaService
 from proxy.rewriting import REWRITTEN_APIS, ResponseRewriter
+from proxy.storage import StorageCollector, StoragePoller
 from quotas.clock import Clock, SystemClock
 
 log = logging.getLogger("sluice.server")
@@ -53,6 +54,12 @@ class ProxyServer:
         self.cluster_feed = ClusterMetadataFeed(self.quotas.update_cluster_metadata,
                                                 lambda: self.quotas.wants_cluster_metadata)
         self.quota_service = QuotaService(config, self.quotas)  # the store; started in start()
+        self.storage: StoragePoller | None = None  # storage-driven throttling; started in start()
+        if config.storage is not None:
+            self.storage = StoragePoller(
+                config.storage, self.quotas, [(a.host, a.port) for a in config.upstream.bootstrap],
+                config.upstream.tls.context(), config.upstream.connect_timeout_ms / 1000)
+            self.registry_metrics.register(StorageCollector(self.storage))
         self.registry_metrics.register(QuotaSensorCollector(self.quotas, self.clock))
         self.metrics_endpoint: MetricsEndpoint | None = None
         self.access_log = make_access_log(config)
@@ -76,6 +83,8 @@ class ProxyServer:
         loop = asyncio.get_running_loop()
         config = self.config
         await self.quota_service.start()
+        if self.storage is not None:
+            await self.storage.start()
 
         def start_listener_factory(target: UpstreamTarget) -> object:
             return connection_factory(self._services())(target)
@@ -121,6 +130,10 @@ class ProxyServer:
         self.config = config
         self._reload_callback(config)
         self.quota_service.schedule_reload(config)  # logs "configuration reloaded: ..." when done
+        if self.storage is not None and config.storage is not None:
+            self.storage.reconfigure(config.storage)
+        elif (self.storage is None) != (config.storage is None):
+            log.warning("storage: adding or removing the section needs a restart")
 
     def _reload_callback(self, config: ProxyConfig) -> None:
         """A new ``quotas.callback`` swaps the callback on every manager; a bad one keeps the old."""
@@ -173,6 +186,8 @@ class ProxyServer:
             await self.metrics_endpoint.stop()
         if self.access_log is not None:
             await asyncio.get_running_loop().run_in_executor(None, self.access_log.close)
+        if self.storage is not None:
+            await self.storage.close()
         await self.quota_service.close()
         self._stopped.set()
 

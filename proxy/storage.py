@@ -1,0 +1,275 @@
+"""Storage-driven throttling: poll the brokers' volumes, scale produce quotas (Strimzi's design).
+
+Every `check_interval_ms` the poller learns the active brokers (a Metadata request to a bootstrap
+server, Strimzi's ``describeCluster``), asks each for DescribeLogDirs v4 (total and usable bytes
+of every log dir) over its own connection with the upstream TLS settings, computes the throttle
+factor (`quotas.storage.throttle_factor`) and applies it to every produce limit
+(`QuotaManagers.set_limit_scale`). With ``source: local`` it reads `shutil.disk_usage` of the
+configured paths instead. Changes of the factor are logged, steady polls are not.
+
+Metrics (read at scrape time): ``sluice_storage_throttle_factor``,
+``sluice_storage_fallback_applied{reason}`` (polls that fell back, a counter),
+``sluice_storage_throttling_volume{broker,log_dir}`` (1 for the volume that throttles),
+``sluice_storage_active_brokers``, ``sluice_storage_active_log_dirs``,
+``sluice_storage_volume_available_bytes`` / ``_ratio{broker,log_dir}``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import logging
+import shutil
+import ssl
+import struct
+from collections import Counter
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import Any, Literal, Protocol
+
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from protocol.errors import ProtocolError
+from protocol.log_dirs import describe_log_dirs_frame, metadata_frame, parse_brokers, parse_log_dirs
+from quotas.entity import QuotaKind
+from quotas.errors import QuotaConfigError
+from quotas.storage import FactorDecision, FallbackReason, StorageLimits, VolumeUsage, throttle_factor
+
+log = logging.getLogger("sluice.storage")
+
+#: The broker id given to volumes read with ``source: local``.
+LOCAL_BROKER = -1
+_MAX_FRAME = 100 * 1024 * 1024
+
+
+class StorageConfig(BaseModel):
+    """``storage:`` — see the README, "Storage-driven throttling"."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    source: Literal["describe_log_dirs", "local"] = "describe_log_dirs"
+    check_interval_ms: int = Field(default=30_000, gt=0)
+    limits: list[dict[str, Any]] = Field(default_factory=list)
+    fallback_factor: float = Field(default=1.0, ge=0.0, le=1.0,
+                                   description="the factor while the view is incomplete (Strimzi: 1.0)")
+    paths: list[Path] = Field(default_factory=list, description="volumes to read with source: local")
+    timeout_ms: int = Field(default=10_000, gt=0, description="per poll")
+
+    @model_validator(mode="after")
+    def _valid(self) -> StorageConfig:
+        try:
+            StorageLimits.parse(self.limits, key="storage.limits")
+        except QuotaConfigError as exc:
+            raise ValueError(str(exc).replace("\n", "; ")) from None
+        if self.source == "local" and not self.paths:
+            raise ValueError("storage.paths: source local needs at least one path to read")
+        if self.source == "describe_log_dirs" and self.paths:
+            raise ValueError("storage.paths: only with source local (describe_log_dirs asks the brokers)")
+        return self
+
+    def storage_limits(self) -> StorageLimits:
+        return StorageLimits.parse(self.limits, key="storage.limits")
+
+
+class LimitScaler(Protocol):
+    """What the poller drives: `proxy.enforcement.QuotaManagers` in the proxy."""
+
+    def set_limit_scale(self, kind: QuotaKind, factor: float, /) -> None: ...
+
+
+class StoragePoller:
+    def __init__(self, config: StorageConfig, scaler: LimitScaler, bootstrap: Sequence[tuple[str, int]],
+                 upstream_ssl: ssl.SSLContext | None = None, connect_timeout_s: float = 10.0) -> None:
+        self._config = config
+        self._limits = config.storage_limits()
+        self._scaler = scaler
+        self._bootstrap = list(bootstrap)
+        self._ssl = upstream_ssl
+        self._connect_timeout_s = connect_timeout_s
+        self._correlation = itertools.count(1)
+        self._task: asyncio.Task[None] | None = None
+        self._wake = asyncio.Event()
+        # what the metrics read
+        self.decision: FactorDecision | None = None
+        self.volumes: list[VolumeUsage] = []
+        self.active_brokers = 0
+        self.fallbacks: Counter[str] = Counter()
+        self.polls = 0
+
+    @property
+    def factor(self) -> float:
+        return 1.0 if self.decision is None else self.decision.factor
+
+    # ------------------------------------------------------------------ lifecycle
+
+    async def start(self) -> None:
+        """Poll once (so the first factor is known before clients arrive), then every interval."""
+        await self.poll_once()
+        self._task = asyncio.create_task(self._run(), name="sluice-storage-poller")
+
+    async def close(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+            self._task = None
+
+    def reconfigure(self, config: StorageConfig) -> None:
+        """SIGHUP: new limits, interval or fallback; polls again at once."""
+        self._limits = config.storage_limits()
+        self._config = config
+        self._wake.set()
+
+    async def _run(self) -> None:
+        while True:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._wake.wait(), self._config.check_interval_ms / 1000)
+            self._wake.clear()
+            try:
+                await self.poll_once()
+            except Exception:  # never let the poller die
+                log.exception("storage poll failed unexpectedly")
+
+    # ------------------------------------------------------------------ one poll
+
+    async def poll_once(self) -> FactorDecision:
+        config = self._config
+        error: str | None = None
+        volumes: list[VolumeUsage] = []
+        expected: set[int] = set()
+        try:
+            if config.source == "local":
+                volumes = _local_volumes(config.paths)
+                expected = {LOCAL_BROKER}
+            else:
+                expected, volumes = await asyncio.wait_for(self._describe_cluster(), config.timeout_ms / 1000)
+        except (OSError, TimeoutError, ProtocolError, ValueError, struct.error) as exc:
+            error = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
+        decision = throttle_factor(volumes, self._limits, expected, config.fallback_factor, poll_error=error)
+        self._apply(decision, volumes, len(expected))
+        return decision
+
+    def _apply(self, decision: FactorDecision, volumes: list[VolumeUsage], brokers: int) -> None:
+        previous = self.decision
+        self.polls += 1
+        self.volumes = volumes
+        self.active_brokers = brokers
+        self.decision = decision
+        if decision.fallback_applied and decision.reason is not None:
+            self.fallbacks[decision.reason.value] += 1
+        self._scaler.set_limit_scale(QuotaKind.PRODUCE, decision.factor)
+        if previous is None or (previous.factor, previous.reason) != (decision.factor, decision.reason):
+            log.log(logging.INFO if previous is not None or decision.factor < 1 else logging.DEBUG,
+                    "storage throttle factor %s -> %.3f: %s",
+                    "(start)" if previous is None else f"{previous.factor:.3f}", decision.factor,
+                    describe(decision, self._limits))
+
+    async def _describe_cluster(self) -> tuple[set[int], list[VolumeUsage]]:
+        brokers = await self._metadata()
+        results = await asyncio.gather(*(self._log_dirs(host, port) for host, port in brokers.values()),
+                                       return_exceptions=True)
+        volumes: list[VolumeUsage] = []
+        for broker_id, result in zip(brokers, results, strict=True):
+            if isinstance(result, BaseException):
+                log.debug("DescribeLogDirs to broker %d failed: %s", broker_id, result)
+                continue  # the broker counts as without log-dir data: fallback
+            volumes += [VolumeUsage(broker_id, d.log_dir, d.total_bytes, d.usable_bytes) for d in result]
+        return set(brokers), volumes
+
+    async def _metadata(self) -> dict[int, tuple[str, int]]:
+        errors = []
+        for host, port in self._bootstrap:
+            try:
+                corr = next(self._correlation)
+                payload = await self._call(host, port, metadata_frame(corr))
+                return parse_brokers(payload, corr)
+            except (OSError, TimeoutError, ProtocolError) as exc:
+                errors.append(f"{host}:{port}: {exc}")
+        raise OSError("no bootstrap server answered Metadata: " + "; ".join(errors))
+
+    async def _log_dirs(self, host: str, port: int) -> list[Any]:
+        corr = next(self._correlation)
+        return parse_log_dirs(await self._call(host, port, describe_log_dirs_frame(corr)), corr)
+
+    async def _call(self, host: str, port: int, frame: bytes) -> bytes:
+        reader, writer = await asyncio.wait_for(
+            asyncio.open_connection(host, port, ssl=self._ssl), self._connect_timeout_s)
+        try:
+            writer.write(frame)
+            await writer.drain()
+            (size,) = struct.unpack(">i", await reader.readexactly(4))
+            if not 4 <= size <= _MAX_FRAME:
+                raise OSError(f"{host}:{port} sent a frame of {size} bytes")
+            return await reader.readexactly(size)
+        except asyncio.IncompleteReadError as exc:
+            raise OSError(f"{host}:{port} closed the connection") from exc
+        finally:
+            writer.close()
+            with contextlib.suppress(OSError, ssl.SSLError):
+                await writer.wait_closed()
+
+
+def _local_volumes(paths: Sequence[Path]) -> list[VolumeUsage]:
+    out = []
+    for path in paths:
+        usage = shutil.disk_usage(path)
+        out.append(VolumeUsage(LOCAL_BROKER, str(path), usage.total, usage.free))
+    return out
+
+
+def describe(decision: FactorDecision, limits: StorageLimits) -> str:
+    if decision.fallback_applied:
+        return f"fallback factor ({decision.reason.value if decision.reason else '?'}: {decision.detail})"
+    v = decision.throttling_volume
+    if v is None:
+        return "every volume above the soft limit"
+    return (f"broker {v.broker_id} log dir {v.log_dir} has {v.usable_bytes} of {v.total_bytes} bytes "
+            f"available (ratio {v.available_ratio:.4f}); soft {limits.soft.describe()}, "
+            f"hard {limits.hard.describe()}")
+
+
+class StorageCollector(Collector):
+    def __init__(self, poller: StoragePoller) -> None:
+        self._poller = poller
+
+    def collect(self) -> Iterator[Metric]:
+        p = self._poller
+        factor = GaugeMetricFamily("sluice_storage_throttle_factor",
+                                   "Storage throttle factor applied to produce quotas (1: none, 0: stopped)")
+        factor.add_metric([], p.factor)
+        applied = GaugeMetricFamily("sluice_storage_fallback_active",
+                                    "1 while the fallback factor applies, by reason", labels=["reason"])
+        fallbacks = CounterMetricFamily("sluice_storage_fallback_applied",
+                                        "Polls whose view was incomplete, so the fallback factor applied",
+                                        labels=["reason"])
+        current = p.decision.reason.value if p.decision is not None and p.decision.reason else None
+        for reason in FallbackReason:
+            fallbacks.add_metric([reason.value], p.fallbacks.get(reason.value, 0))
+            applied.add_metric([reason.value], 1.0 if current == reason.value else 0.0)
+        throttling = GaugeMetricFamily("sluice_storage_throttling_volume",
+                                       "1 for the volume that most severely breaches a limit",
+                                       labels=["broker", "log_dir"])
+        vol = p.decision.throttling_volume if p.decision is not None else None
+        if vol is not None:
+            throttling.add_metric([_broker(vol.broker_id), vol.log_dir], 1.0)
+        brokers = GaugeMetricFamily("sluice_storage_active_brokers", "Brokers considered by the last poll")
+        brokers.add_metric([], p.active_brokers)
+        dirs = GaugeMetricFamily("sluice_storage_active_log_dirs", "Log dirs with sizes in the last poll")
+        dirs.add_metric([], len(p.volumes))
+        avail = GaugeMetricFamily("sluice_storage_volume_available_bytes", "Usable bytes per volume",
+                                  labels=["broker", "log_dir"])
+        ratio = GaugeMetricFamily("sluice_storage_volume_available_ratio", "Usable / total bytes per volume",
+                                  labels=["broker", "log_dir"])
+        for v in p.volumes:
+            avail.add_metric([_broker(v.broker_id), v.log_dir], v.usable_bytes)
+            ratio.add_metric([_broker(v.broker_id), v.log_dir], v.available_ratio)
+        polls = CounterMetricFamily("sluice_storage_polls", "Storage polls done")
+        polls.add_metric([], p.polls)
+        yield from (factor, applied, fallbacks, throttling, brokers, dirs, avail, ratio, polls)
+
+
+def _broker(broker_id: int) -> str:
+    return "local" if broker_id == LOCAL_BROKER else str(broker_id)

@@ -1,0 +1,137 @@
+"""The storage poller (local volumes, a failed poll), its metrics and its configuration."""
+
+from __future__ import annotations
+
+import shutil
+import socket
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+from prometheus_client import CollectorRegistry, generate_latest
+
+from protocol.log_dirs import describe_log_dirs_frame, metadata_frame, parse_log_dirs
+from proxy.config import ConfigError, load_config
+from proxy.storage import StorageCollector, StorageConfig, StoragePoller
+from quotas.entity import QuotaKind
+from quotas.storage import FallbackReason
+
+
+class Scaler:
+    def __init__(self) -> None:
+        self.calls: list[tuple[QuotaKind, float]] = []
+
+    def set_limit_scale(self, kind: QuotaKind, factor: float, /) -> None:
+        self.calls.append((kind, factor))
+
+
+def local(tmp_path: Path, **limits: Any) -> StorageConfig:
+    return StorageConfig(source="local", paths=[tmp_path],
+                         limits=[{"type": "available_bytes_below", **limits}])
+
+
+async def test_local_volume_above_and_below_the_limits(tmp_path: Path) -> None:
+    free = shutil.disk_usage(tmp_path).free
+    scaler = Scaler()
+    poller = StoragePoller(local(tmp_path, hard=max(1, free // 4)), scaler, [])
+    decision = await poller.poll_once()
+    assert decision.factor == 1.0 and decision.throttling_volume is None
+    assert scaler.calls == [(QuotaKind.PRODUCE, 1.0)]
+    # a hard limit well above the free space: production stops, the volume is named
+    poller.reconfigure(local(tmp_path, hard=free * 4))
+    decision = await poller.poll_once()
+    assert decision.factor == 0.0
+    assert decision.throttling_volume is not None and decision.throttling_volume.log_dir == str(tmp_path)
+    assert scaler.calls[-1] == (QuotaKind.PRODUCE, 0.0)
+    registry = CollectorRegistry()
+    registry.register(StorageCollector(poller))
+    text = generate_latest(registry).decode()
+    assert "sluice_storage_throttle_factor 0.0" in text
+    assert f'sluice_storage_throttling_volume{{broker="local",log_dir="{tmp_path}"}} 1.0' in text
+    assert "sluice_storage_active_log_dirs 1.0" in text
+    assert "sluice_storage_active_brokers 1.0" in text
+
+
+async def test_soft_band_is_linear_on_a_real_volume(tmp_path: Path) -> None:
+    free = shutil.disk_usage(tmp_path).free
+    # soft far above, hard at 0 bytes... hard must be > 0: 1 byte; factor ~ free / soft
+    poller = StoragePoller(local(tmp_path, soft=free * 2, hard=1), Scaler(), [])
+    decision = await poller.poll_once()
+    assert decision.factor == pytest.approx(0.5, abs=0.01)
+
+
+def closed_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+async def test_unreachable_cluster_gives_the_fallback_with_the_reason() -> None:
+    cfg = StorageConfig(limits=[{"type": "available_ratio_below", "hard": 0.01}], fallback_factor=0.25,
+                        timeout_ms=2000)
+    scaler = Scaler()
+    poller = StoragePoller(cfg, scaler, [("127.0.0.1", closed_port())], connect_timeout_s=1)
+    decision = await poller.poll_once()
+    assert (decision.factor, decision.reason) == (0.25, FallbackReason.POLL_FAILED)
+    assert "no bootstrap server answered" in decision.detail
+    assert scaler.calls == [(QuotaKind.PRODUCE, 0.25)]
+    registry = CollectorRegistry()
+    registry.register(StorageCollector(poller))
+    text = generate_latest(registry).decode()
+    assert 'sluice_storage_fallback_applied_total{reason="poll_failed"} 1.0' in text
+    assert 'sluice_storage_fallback_active{reason="poll_failed"} 1.0' in text
+    assert "sluice_storage_throttle_factor 0.25" in text
+
+
+def test_frames_encode_and_bad_replies_are_protocol_errors() -> None:
+    assert metadata_frame(1)[4:6] == b"\x00\x03"
+    assert describe_log_dirs_frame(2)[4:8] == b"\x00\x23\x00\x04"
+    with pytest.raises(Exception, match="correlation"):
+        parse_log_dirs(b"\x00\x00\x00\x07" + b"\x00" * 8, 8)
+
+
+def write(tmp_path: Path, storage: dict[str, Any]) -> Path:
+    import yaml
+
+    path = tmp_path / "sluice.yaml"
+    path.write_text(yaml.safe_dump({"upstream": {"bootstrap": "127.0.0.1:9092"}, "storage": storage}))
+    return path
+
+
+@pytest.mark.parametrize(("storage", "key"), [
+    ({"limits": [{"type": "available_bytes_below", "hard": 10},
+                 {"type": "available_ratio_below", "hard": 0.1}]}, "storage.limits[1].hard"),
+    ({"limits": [{"type": "available_bytes_below", "soft": 10}]}, "storage.limits"),
+    ({"limits": [{"type": "available_ratio_below", "soft": 0.01, "hard": 0.05}]}, "storage.limits[0].soft"),
+    ({"source": "local", "limits": [{"type": "available_bytes_below", "hard": 10}]}, "storage.paths"),
+    ({"paths": ["/"], "limits": [{"type": "available_bytes_below", "hard": 10}]}, "storage.paths"),
+    ({"fallback_factor": 2, "limits": [{"type": "available_bytes_below", "hard": 10}]},
+     "storage.fallback_factor"),
+    ({"check_interval_ms": 0, "limits": [{"type": "available_bytes_below", "hard": 10}]},
+     "storage.check_interval_ms"),
+])
+def test_invalid_storage_config_is_rejected_naming_the_key(
+        tmp_path: Path, storage: dict[str, Any], key: str) -> None:
+    with pytest.raises(ConfigError, match=key.replace(".", r"\.").replace("[", r"\[").replace("]", r"\]")):
+        load_config(write(tmp_path, storage), environ={})
+
+
+def test_cli_exits_2_with_the_key_on_stderr(tmp_path: Path) -> None:
+    path = write(tmp_path, {"limits": [{"type": "available_bytes_below", "hard": 10},
+                                       {"type": "available_ratio_below", "hard": 0.1}]})
+    proc = subprocess.run([sys.executable, "-m", "proxy", "proxy", "--config", str(path)],
+                          capture_output=True, text=True, timeout=60, check=False)
+    assert proc.returncode == 2, proc.stderr
+    assert "storage.limits[1].hard" in proc.stderr and "at most one hard limit" in proc.stderr
+
+
+def test_valid_storage_config_loads(tmp_path: Path) -> None:
+    config = load_config(write(tmp_path, {"check_interval_ms": 500, "fallback_factor": 0,
+                                          "limits": [{"type": "available_ratio_below", "soft": 0.05},
+                                                     {"type": "available_bytes_below", "hard": 10**9}]}),
+                         environ={})
+    assert config.storage is not None
+    limits = config.storage.storage_limits()
+    assert (limits.soft.value, limits.hard.value) == (0.05, 1e9)
