@@ -55,6 +55,8 @@ class Threshold:
         return self.value * volume.total_bytes
 
     def describe(self) -> str:
+        if self.type is LimitType.AVAILABLE_BYTES_BELOW:
+            return f"{self.type.value} {int(self.value)}"
         return f"{self.type.value} {self.value:g}"
 
 

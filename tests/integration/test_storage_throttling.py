@@ -1,0 +1,106 @@
+"""Storage-driven throttling against a real broker: DescribeLogDirs v4 reports the broker's real
+volume; a hard `available_bytes_below` just above its usable bytes stops production through
+Sluice, lowering it (SIGHUP) resumes production, and /metrics says why at each step.
+
+The quota window is 11 x 500 ms, so while the factor is 0 a produce request is throttled for one
+full window (5.5 s, the cap on scaled bounds) and a client gets at most one small batch through
+per window: ~0 bytes/s next to its 1 MiB/s quota.
+"""
+
+from __future__ import annotations
+
+import shutil
+import signal
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from tests.harness import load
+from tests.harness.kafka import KafkaCluster, free_port
+from tests.harness.sluice import SluiceProcess
+from tests.integration.test_quota_enforcement import Metrics
+
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
+
+KiB = 1024
+MiB = 1024 * 1024
+GiB = 1024 * MiB
+
+
+def wait_for(predicate: Any, timeout_s: float, what: str) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if predicate():
+            return
+        time.sleep(0.1)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def test_hard_limit_above_free_space_stops_production_and_lifting_it_resumes(
+        kafka: KafkaCluster, tmp_path: Path, topic: str) -> None:
+    free = shutil.disk_usage(kafka.nodes[0].directory).free  # Java's getUsableSpace: f_bavail x f_frsize
+    hard = free + GiB  # just above the broker's real free space (other tests may write meanwhile)
+    port = free_port()
+    config: dict[str, Any] = {
+        "metrics": {"port": port},
+        "quotas": {"window": {"samples": 11, "size_ms": 500},
+                   "entries": [{"client_id": "<default>", "producer_byte_rate": MiB}]},
+        "storage": {"check_interval_ms": 500, "fallback_factor": 1.0,
+                    "limits": [{"type": "available_bytes_below", "hard": hard}]},
+    }
+    sluice = SluiceProcess(kafka.bootstrap, tmp_path / "sluice", config=config).start()
+    metrics = Metrics(port)
+    try:
+        # the first poll happens before Sluice is ready: the factor is already 0, and why
+        assert metrics.value("sluice_storage_throttle_factor") == 0.0
+        assert metrics.value("sluice_storage_active_brokers") == 1.0
+        assert (metrics.value("sluice_storage_active_log_dirs") or 0) >= 1
+        throttling = [line for line in metrics.text().splitlines()
+                      if line.startswith("sluice_storage_throttling_volume{")]
+        node = kafka.nodes[0]
+        assert len(throttling) == 1 and f'broker="{node.node_id}"' in throttling[0], throttling
+        assert throttling[0].endswith(" 1.0")
+        log_dir = throttling[0].split('log_dir="', 1)[1].split('"', 1)[0]
+        assert log_dir.startswith(str(node.directory)), (log_dir, node.directory)
+        available = metrics.value("sluice_storage_volume_available_bytes", log_dir=log_dir)
+        assert available is not None and available < hard
+        assert metrics.value("sluice_storage_fallback_active", reason="poll_failed") == 0.0
+        assert "storage throttle factor (start) -> 0.000" in sluice.log()
+        assert f"hard available_bytes_below {hard}" in sluice.log()
+
+        stop = threading.Event()
+        timeline = load.Timeline()
+        worker = threading.Thread(target=load.confluent_flood, daemon=True, kwargs=dict(
+            bootstrap=sluice.bootstrap, topic=topic, seconds=60, client_id="disk", stop=stop,
+            batch_bytes=16 * KiB, timeline=timeline))
+        worker.start()
+        time.sleep(9)
+        stopped = timeline.rate(1, 9)
+        assert stopped < 8 * KiB, stopped  # ~0 next to the 1 MiB/s quota
+        assert metrics.value("sluice_quota_limit", kind="produce", client_id="disk") == 0.0
+
+        # lift the limit far below the free space: the next poll (at once on SIGHUP) gives 1
+        lifted = dict(config, storage=dict(config["storage"], limits=[
+            {"type": "available_bytes_below", "hard": max(1, free // 4)}]))
+        sluice.config_path.write_text(yaml.safe_dump({**yaml.safe_load(sluice.config_path.read_text()),
+                                                      "storage": lifted["storage"]}))
+        reload_at = time.monotonic() - timeline.started
+        sluice.signal(signal.SIGHUP)
+        wait_for(lambda: metrics.value("sluice_storage_throttle_factor") == 1.0, 10, "factor 1")
+        time.sleep(14)
+        stop.set()
+        worker.join(60)
+        resumed = timeline.rate(reload_at + 6.5, reload_at + 14)  # after the last 5.5 s mute
+        assert resumed > 256 * KiB, (stopped, resumed)
+        assert resumed > 20 * max(stopped, 1.0), (stopped, resumed)
+        assert resumed < 1.3 * MiB  # the quota itself still holds
+        text = metrics.text()
+        assert "sluice_storage_throttling_volume{" not in text
+        assert metrics.value("sluice_quota_limit", kind="produce", client_id="disk") == MiB
+        assert "-> 1.000: every volume above the soft limit" in sluice.log()
+    finally:
+        sluice.stop()
