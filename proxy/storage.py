@@ -162,7 +162,7 @@ class StoragePoller:
             self.fallbacks[decision.reason.value] += 1
         self._scaler.set_limit_scale(QuotaKind.PRODUCE, decision.factor)
         if previous is None or (previous.factor, previous.reason) != (decision.factor, decision.reason):
-            log.log(logging.INFO if previous is not None or decision.factor < 1 else logging.DEBUG,
+            log.log(logging.WARNING if decision.fallback_applied else logging.INFO,
                     "storage throttle factor %s -> %.3f: %s",
                     "(start)" if previous is None else f"{previous.factor:.3f}", decision.factor,
                     describe(decision, self._limits))
@@ -226,7 +226,9 @@ def describe(decision: FactorDecision, limits: StorageLimits) -> str:
     v = decision.throttling_volume
     if v is None:
         return "every volume above the soft limit"
-    return (f"broker {v.broker_id} log dir {v.log_dir} has {v.usable_bytes} of {v.total_bytes} bytes "
+    where = (f"local volume {v.log_dir}" if v.broker_id == LOCAL_BROKER
+             else f"broker {v.broker_id} log dir {v.log_dir}")
+    return (f"{where} has {v.usable_bytes} of {v.total_bytes} bytes "
             f"available (ratio {v.available_ratio:.4f}); soft {limits.soft.describe()}, "
             f"hard {limits.hard.describe()}")
 

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import asyncio
+import datetime
 import shutil
 import socket
+import struct
 import subprocess
 import sys
 from pathlib import Path
@@ -148,3 +151,97 @@ def test_the_readme_example_is_a_valid_configuration(tmp_path: Path) -> None:
     assert limits.soft.type.value == "available_ratio_below"
     assert limits.hard.type.value == "available_bytes_below"
     assert len(config.quota_config()) == 1
+
+
+class FakeCluster:
+    """Kafka brokers enough for the poller: Metadata lists `brokers`; DescribeLogDirs v4 returns
+    a good dir, an offline dir and one without sizes (a pre-3.3 broker)."""
+
+    def __init__(self) -> None:
+        self.brokers: dict[int, int] = {}
+        self.requests: list[tuple[int, int]] = []
+        self.server: asyncio.Server | None = None
+        self.port = 0
+
+    async def start(self) -> FakeCluster:
+        self.server = await asyncio.start_server(self._serve, "127.0.0.1", 0)
+        self.port = int(self.server.sockets[0].getsockname()[1])
+        return self
+
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        from kio.schema.describe_log_dirs.v4 import response as dld
+        from kio.schema.errors import ErrorCode
+        from kio.schema.metadata.v12 import response as md
+        from kio.schema.types import BrokerId
+        from kio.static.primitive import i32, i32Timedelta, i64
+
+        from protocol.apis import response_header_version
+        from protocol.encode import encode_response
+
+        (size,) = struct.unpack(">i", await reader.readexactly(4))
+        payload = await reader.readexactly(size)
+        api_key, version, corr = struct.unpack_from(">hhi", payload)
+        self.requests.append((api_key, version))
+        body: Any
+        if api_key == 3:
+            body = md.MetadataResponse(
+                throttle_time=i32Timedelta.parse(datetime.timedelta(0)), cluster_id="c",
+                controller_id=BrokerId(1), topics=(),
+                brokers=tuple(md.MetadataResponseBroker(node_id=BrokerId(n), host="127.0.0.1", port=i32(p),
+                                                        rack=None) for n, p in self.brokers.items()))
+        else:
+            def result(d: str, total: int, usable: int, err: ErrorCode = ErrorCode.none) -> Any:
+                return dld.DescribeLogDirsResult(error_code=err, log_dir=d, topics=(),
+                                                 total_bytes=i64(total), usable_bytes=i64(usable))
+            body = dld.DescribeLogDirsResponse(
+                throttle_time=i32Timedelta.parse(datetime.timedelta(0)), error_code=ErrorCode.none,
+                results=(result("/d1", 100, 30), result("/d2", -1, -1, ErrorCode.kafka_storage_error),
+                         result("/d3", -1, -1)))
+        out = encode_response(response_header_version(api_key, version), corr, body)
+        writer.write(struct.pack(">i", len(out)) + out)
+        await writer.drain()
+        writer.close()
+
+    async def close(self) -> None:
+        assert self.server is not None
+        self.server.close()
+        await self.server.wait_closed()
+
+
+async def test_describe_log_dirs_every_active_broker_and_fall_back_for_one_without_data() -> None:
+    cluster = await FakeCluster().start()
+    try:
+        cluster.brokers = {1: cluster.port, 3: cluster.port}
+        cfg = StorageConfig(limits=[{"type": "available_ratio_below", "soft": 0.5, "hard": 0.1}],
+                            fallback_factor=0.0)
+        scaler = Scaler()
+        poller = StoragePoller(cfg, scaler, [("127.0.0.1", cluster.port)])
+        decision = await poller.poll_once()
+        # /d1 has 30 of 100 bytes: soft at 50, hard at 10 -> (30 - 10) / (50 - 10)
+        assert decision.factor == pytest.approx(0.5) and not decision.fallback_applied
+        assert decision.throttling_volume is not None
+        assert (decision.throttling_volume.broker_id, decision.throttling_volume.log_dir) == (1, "/d1")
+        assert (poller.active_brokers, len(poller.volumes)) == (2, 2)  # offline and size-less dirs left out
+        assert sorted(cluster.requests) == [(3, 12), (35, 4), (35, 4)]
+        # broker 2 joins but cannot be reached: the view is incomplete
+        cluster.brokers[2] = closed_port()
+        decision = await poller.poll_once()
+        assert (decision.factor, decision.reason) == (0.0, FallbackReason.BROKER_WITHOUT_LOG_DIRS)
+        assert "[2]" in decision.detail
+        assert scaler.calls == [(QuotaKind.PRODUCE, 0.5), (QuotaKind.PRODUCE, 0.0)]
+        assert poller.fallbacks == {"broker_without_log_dirs": 1}
+    finally:
+        await cluster.close()
+
+
+async def test_changes_are_logged_steady_polls_are_not(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    free = shutil.disk_usage(tmp_path).free
+    poller = StoragePoller(local(tmp_path, hard=free * 4), Scaler(), [])
+    with caplog.at_level("INFO", logger="sluice.storage"):
+        for _ in range(3):
+            await poller.poll_once()
+    lines = [r.getMessage() for r in caplog.records if r.name == "sluice.storage"]
+    assert len(lines) == 1
+    assert lines[0].startswith(f"storage throttle factor (start) -> 0.000: local volume {tmp_path} has ")
+    assert poller.polls == 3
