@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import datetime
 import time
+from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 from kio.schema.errors import ErrorCode
 from kio.schema.metadata.v12 import response as m12
 
@@ -161,3 +163,13 @@ def test_managers_pass_metadata_to_callbacks_that_want_it() -> None:
     assert m1.quota_bound(SensorKey(P, "", "c")) == 2000.0  # 3000 x 2/3
     # a manager created later starts from the view already seen
     assert managers.for_broker(2).record_and_check(P, who, 1).bound == 1000.0  # 3000 x 1/3
+
+
+def test_readme_example_is_a_valid_configuration() -> None:
+    readme = (Path(__file__).parents[3] / "README.md").read_text()
+    section = readme.split("## Pluggable quota logic", 1)[1]
+    example = section.split("```yaml\n", 1)[1].split("```", 1)[0]
+    config = proxy_config(yaml.safe_load(example)["quotas"])
+    plugins = config.quota_plugins()
+    assert plugins.class_path == "quotas.builtin:GroupQuotaCallback" and plugins.scope == "broker"
+    assert len(config.quota_config()) == 1
