@@ -51,6 +51,7 @@ from quotas.cluster import ClusterView
 from quotas.config import QuotaConfig
 from quotas.entity import ClientIdentity, QuotaKind
 from quotas.manager import QuotaManager, ThrottleDecision
+from quotas.storage import with_base_rate
 
 log = logging.getLogger("sluice.quotas")
 
@@ -80,6 +81,7 @@ class QuotaManagers:
         self.plugins = QuotaPlugins() if plugins is None else plugins
         self.cluster = ClusterView()
         self._scales: dict[QuotaKind, float] = {}  # storage throttle factors, for new managers too
+        self._base_rate: float | None = None  # storage applies_to: all
         self.active_kinds = self._kinds()  # nothing is recorded for a kind with no quota
 
     @property
@@ -92,7 +94,7 @@ class QuotaManagers:
         manager = self._managers.get(broker_id)
         if manager is None:
             factory = self.plugins.factory
-            manager = QuotaManager(self._config, self._clock, sticky_quotas_enabled=False,
+            manager = QuotaManager(self._effective(), self._clock, sticky_quotas_enabled=False,
                                    callback=None if factory is None else factory(broker_id))
             manager.update_cluster_metadata(self.cluster)
             for kind, factor in self._scales.items():
@@ -102,9 +104,34 @@ class QuotaManagers:
 
     def set_limit_scale(self, kind: QuotaKind, factor: float) -> None:
         """Scale every limit of `kind` on every broker (`QuotaManager.set_limit_scale`)."""
+        before = self._effective()
         self._scales[kind] = factor
         for manager in self._managers.values():
             manager.set_limit_scale(kind, factor)
+        if self._effective() != before:
+            self._push()
+
+    def set_storage_base_rate(self, rate: float | None) -> None:
+        """Storage ``applies_to: all``: while the produce factor is below 1, clients with no
+        produce quota get `rate` x factor (`quotas.storage.with_base_rate`); None: only clients
+        with a quota are scaled."""
+        before = self._effective()
+        self._base_rate = rate
+        if self._effective() != before:
+            self._push()
+
+    def _effective(self, config: QuotaConfig | None = None) -> QuotaConfig:
+        """The configured quotas, plus the storage base rate while it applies."""
+        config = self._config if config is None else config
+        if self._base_rate is None or self._scales.get(QuotaKind.PRODUCE, 1.0) >= 1.0:
+            return config
+        return with_base_rate(config, self._base_rate)
+
+    def _push(self) -> None:
+        effective = self._effective()
+        for manager in self._managers.values():
+            manager.update_config(effective)
+        self.active_kinds = self._kinds()
 
     @property
     def config(self) -> QuotaConfig:
@@ -112,8 +139,9 @@ class QuotaManagers:
 
     def update_config(self, config: QuotaConfig) -> None:
         """Apply new quotas to live sensors, keeping their history (Kafka's quota update)."""
+        effective = self._effective(config)
         for manager in self._managers.values():
-            manager.update_config(config)
+            manager.update_config(effective)
         self._config = config
         self.active_kinds = self._kinds()
 
@@ -146,13 +174,13 @@ class QuotaManagers:
     def _kinds(self) -> frozenset[QuotaKind]:
         if self.plugins.factory is None:
             self._wants_metadata = False
-            return self._config.kinds()
+            return self._effective().kinds()
         probe = self.plugins.factory(None)
         self._wants_metadata = bool(getattr(probe, "wants_cluster_metadata", False))
         extra = getattr(probe, "quota_kinds", None)
         probe.close()
         # a callback that does not say which kinds it limits may limit any
-        return self._config.kinds() | (frozenset(QuotaKind) if extra is None else frozenset(extra))
+        return self._effective().kinds() | (frozenset(QuotaKind) if extra is None else frozenset(extra))
 
     def items(self) -> Iterator[tuple[int | None, QuotaManager]]:
         return iter(list(self._managers.items()))

@@ -57,6 +57,10 @@ class StorageConfig(BaseModel):
                                    description="the factor while the view is incomplete (Strimzi: 1.0)")
     paths: list[Path] = Field(default_factory=list, description="volumes to read with source: local")
     timeout_ms: int = Field(default=10_000, gt=0, description="per poll")
+    applies_to: Literal["quota_clients", "all"] = Field(
+        default="quota_clients", description="all: clients with no produce quota are scaled too, from "
+                                             "base_producer_byte_rate")
+    base_producer_byte_rate: int | None = Field(default=None, gt=0)
 
     @model_validator(mode="after")
     def _valid(self) -> StorageConfig:
@@ -66,6 +70,8 @@ class StorageConfig(BaseModel):
             raise ValueError(str(exc).replace("\n", "; ")) from None
         if self.source == "local" and not self.paths:
             raise ValueError("storage.paths: source local needs at least one path to read")
+        if (self.applies_to == "all") != (self.base_producer_byte_rate is not None):
+            raise ValueError("storage.base_producer_byte_rate: needed with applies_to all, and only then")
         if self.source == "describe_log_dirs" and self.paths:
             raise ValueError("storage.paths: only with source local (describe_log_dirs asks the brokers)")
         return self
@@ -79,6 +85,8 @@ class LimitScaler(Protocol):
 
     def set_limit_scale(self, kind: QuotaKind, factor: float, /) -> None: ...
 
+    def set_storage_base_rate(self, rate: float | None, /) -> None: ...
+
 
 class StoragePoller:
     def __init__(self, config: StorageConfig, scaler: LimitScaler, bootstrap: Sequence[tuple[str, int]],
@@ -86,6 +94,7 @@ class StoragePoller:
         self._config = config
         self._limits = config.storage_limits()
         self._scaler = scaler
+        scaler.set_storage_base_rate(_base_rate(config))
         self._bootstrap = list(bootstrap)
         self._ssl = upstream_ssl
         self._connect_timeout_s = connect_timeout_s
@@ -121,6 +130,7 @@ class StoragePoller:
         """SIGHUP: new limits, interval or fallback; polls again at once."""
         self._limits = config.storage_limits()
         self._config = config
+        self._scaler.set_storage_base_rate(_base_rate(config))
         self._wake.set()
 
     async def _run(self) -> None:
@@ -210,6 +220,11 @@ class StoragePoller:
             writer.close()
             with contextlib.suppress(OSError, ssl.SSLError):
                 await writer.wait_closed()
+
+
+def _base_rate(config: StorageConfig) -> float | None:
+    rate = config.base_producer_byte_rate
+    return float(rate) if config.applies_to == "all" and rate is not None else None
 
 
 def _local_volumes(paths: Sequence[Path]) -> list[VolumeUsage]:

@@ -22,6 +22,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from enum import Enum
 
+from quotas.config import QuotaConfig
+from quotas.entity import DEFAULT, QuotaEntity, QuotaKind
 from quotas.errors import QuotaConfigError
 
 
@@ -190,3 +192,17 @@ def throttle_factor(volumes: Iterable[VolumeUsage], limits: StorageLimits, expec
         if f < best or (throttling is None and f < 1.0):
             best, throttling = f, v
     return FactorDecision(best, throttling_volume=throttling)
+
+
+#: The entity `with_base_rate` gives a produce quota to (the lowest of Kafka's 8 levels).
+BASE_RATE_ENTITY = QuotaEntity(client_id=DEFAULT)
+
+
+def with_base_rate(config: QuotaConfig, base_rate: float) -> QuotaConfig:
+    """``applies_to: all``: clients with no produce quota get `base_rate` (then scaled by the
+    factor like every produce quota). It is a ``/clients/<default>`` produce quota, the last of
+    Kafka's 8 precedence levels, so it reaches exactly the clients no other produce quota matches;
+    a configured ``/clients/<default>`` produce quota is kept as it is."""
+    if config.value(BASE_RATE_ENTITY, QuotaKind.PRODUCE) is not None:
+        return config
+    return config.with_value(BASE_RATE_ENTITY, QuotaKind.PRODUCE, base_rate)

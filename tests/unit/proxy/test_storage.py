@@ -18,7 +18,7 @@ from prometheus_client import CollectorRegistry, generate_latest
 from protocol.log_dirs import describe_log_dirs_frame, metadata_frame, parse_log_dirs
 from proxy.config import ConfigError, load_config
 from proxy.storage import StorageCollector, StorageConfig, StoragePoller
-from quotas.entity import QuotaKind
+from quotas.entity import DEFAULT, QuotaKind
 from quotas.storage import FallbackReason
 
 
@@ -28,6 +28,9 @@ class Scaler:
 
     def set_limit_scale(self, kind: QuotaKind, factor: float, /) -> None:
         self.calls.append((kind, factor))
+
+    def set_storage_base_rate(self, rate: float | None, /) -> None:
+        self.base_rate = rate
 
 
 def local(tmp_path: Path, **limits: Any) -> StorageConfig:
@@ -114,6 +117,10 @@ def write(tmp_path: Path, storage: dict[str, Any]) -> Path:
      "storage.fallback_factor"),
     ({"check_interval_ms": 0, "limits": [{"type": "available_bytes_below", "hard": 10}]},
      "storage.check_interval_ms"),
+    ({"applies_to": "all", "limits": [{"type": "available_bytes_below", "hard": 10}]},
+     "storage.base_producer_byte_rate"),
+    ({"base_producer_byte_rate": 100, "limits": [{"type": "available_bytes_below", "hard": 10}]},
+     "storage.base_producer_byte_rate"),
 ])
 def test_invalid_storage_config_is_rejected_naming_the_key(
         tmp_path: Path, storage: dict[str, Any], key: str) -> None:
@@ -245,3 +252,35 @@ async def test_changes_are_logged_steady_polls_are_not(
     assert len(lines) == 1
     assert lines[0].startswith(f"storage throttle factor (start) -> 0.000: local volume {tmp_path} has ")
     assert poller.polls == 3
+
+
+async def test_applies_to_all_gives_clients_without_a_quota_the_scaled_base_rate(tmp_path: Path) -> None:
+    from proxy.enforcement import QuotaManagers
+    from quotas import ClientIdentity, FakeClock, QuotaConfig, QuotaEntity, QuotaEntry
+
+    free = shutil.disk_usage(tmp_path).free
+    quotas = QuotaManagers(QuotaConfig((QuotaEntry(QuotaEntity(user="alice"), {QuotaKind.PRODUCE: 1000.0}),)),
+                           FakeClock(0))
+    broker = quotas.for_broker(1)
+    alice, bob = ClientIdentity("alice", "a"), ClientIdentity("bob", "b")
+    cfg = StorageConfig(source="local", paths=[tmp_path], applies_to="all", base_producer_byte_rate=4000,
+                        limits=[{"type": "available_bytes_below", "soft": free * 2, "hard": 1}])
+    poller = StoragePoller(cfg, quotas, [])
+    assert broker.check(QuotaKind.PRODUCE, bob).bound is None  # factor 1 until the first poll
+    decision = await poller.poll_once()
+    assert decision.factor == pytest.approx(0.5, abs=0.01)
+    assert broker.check(QuotaKind.PRODUCE, alice).bound == pytest.approx(1000 * decision.factor)
+    assert broker.check(QuotaKind.PRODUCE, bob).bound == pytest.approx(4000 * decision.factor)
+    assert QuotaKind.PRODUCE in quotas.active_kinds
+    assert quotas.config.get(QuotaEntity(client_id=DEFAULT)) is None  # what is configured stays as it was
+    # the disk frees up: bob is unlimited again, alice back to her quota
+    poller.reconfigure(cfg.model_copy(update={"limits": [{"type": "available_bytes_below", "hard": 1}]}))
+    await poller.poll_once()
+    assert broker.check(QuotaKind.PRODUCE, bob).bound is None
+    assert broker.check(QuotaKind.PRODUCE, alice).bound == 1000.0
+    # quota_clients (the default): bob is never limited
+    plain = StoragePoller(StorageConfig(source="local", paths=[tmp_path], limits=cfg.limits), quotas, [])
+    await plain.poll_once()
+    quotas.set_limit_scale(QuotaKind.PRODUCE, 0.0)
+    assert broker.check(QuotaKind.PRODUCE, bob).bound is None
+    assert broker.check(QuotaKind.PRODUCE, alice).bound == 0.0
