@@ -8,6 +8,7 @@ periods (16.5 s) from what the broker acknowledged.
 
 from __future__ import annotations
 
+import json
 import signal
 import threading
 import time
@@ -21,6 +22,7 @@ from tests.conftest import create_topic, unique_name
 from tests.harness import load
 from tests.harness.kafka import KafkaCluster, free_port
 from tests.harness.sluice import SluiceProcess
+from tests.harness.tools import KafkaTools
 from tests.integration.test_quota_enforcement import RUN_S, WINDOW, KiB, Metrics, MiB
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
@@ -123,6 +125,26 @@ def test_partition_proportional_limits_differ_per_broker(kafka_cluster3: KafkaCl
         print(f"proportional limits: {limits}")
         # broker 1 leads 2 of the topic's 3 partitions: 3 MiB x 2/3; broker 2 leads 1: 3 MiB x 1/3
         assert limits == {"1": 2 * MiB, "2": 1 * MiB}
+
+        # move partition 1 (and with replication 1, its leader) from broker 1 to broker 3
+        plan = tmp_path / "move.json"
+        plan.write_text(json.dumps({"version": 1, "partitions": [
+            {"topic": topic, "partition": 1, "replicas": [3], "log_dirs": ["any"]}]}))
+        tools = KafkaTools(kafka_cluster3.bootstrap, workdir=tmp_path)
+        reassign = "org.apache.kafka.tools.reassign.ReassignPartitionsCommand"
+        tools.run(reassign, "--bootstrap-server", kafka_cluster3.bootstrap,
+                  "--reassignment-json-file", str(plan), "--execute").check()
+        deadline = time.monotonic() + 60
+        while "is completed" not in tools.run(reassign, "--bootstrap-server", kafka_cluster3.bootstrap,
+                                              "--reassignment-json-file", str(plan), "--verify").stdout:
+            assert time.monotonic() < deadline, "reassignment did not complete"
+            time.sleep(1)
+        # a new producer asks for metadata: Sluice sees the new leaders and re-reads the limits
+        load.confluent_flood(sluice.bootstrap, topic, 6, client_id="prop", batch_bytes=64 * KiB)
+        moved = {b: metrics.value("sluice_quota_limit", broker=b, client_id="prop", kind="produce")
+                 for b in ("1", "2", "3")}
+        print(f"after moving a leader: {moved}")
+        assert moved == {"1": 1 * MiB, "2": 1 * MiB, "3": 1 * MiB}  # one partition each: 3 MiB x 1/3
     finally:
         sluice.stop()
 
