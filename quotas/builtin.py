@@ -344,16 +344,13 @@ class FairShareCallback(_Base):
         self.quota_kinds = frozenset(self.capacity)
         # per kind: key -> last record time, ordered by it (oldest first)
         self._seen: dict[QuotaKind, dict[SensorKey, int]] = {k: {} for k in self.capacity}
-        self._weight: dict[SensorKey, float] = {}
         self._total: dict[QuotaKind, float] = dict.fromkeys(self.capacity, 0.0)
         self._changed: dict[QuotaKind, bool] = dict.fromkeys(QuotaKind, False)
 
     def sensor_key(self, kind: QuotaKind, identity: ClientIdentity) -> SensorKey:
         if kind not in self.capacity:
             return self._default.sensor_key(kind, identity)
-        key, shares = self._match(kind, identity)
-        self._weight[key] = shares
-        return key
+        return self._match(kind, identity)[0]
 
     def _match(self, kind: QuotaKind, identity: ClientIdentity) -> tuple[SensorKey, float]:
         for user, client_id, shares in self._entries:
@@ -364,11 +361,21 @@ class FairShareCallback(_Base):
                 return SensorKey(kind, "", identity.client_id), shares
         return SensorKey(kind, "", identity.client_id), self._default_shares
 
+    def _weight(self, key: SensorKey) -> float:
+        """The shares of a sharing group, from its key alone (no per-key state to grow)."""
+        for user, client_id, shares in self._entries:
+            if user is not None:
+                if key.user == user and key.client_id == (client_id or ""):
+                    return shares
+            elif not key.user and key.client_id == client_id:
+                return shares
+        return self._default_shares
+
     def quota_limit(self, key: SensorKey) -> float | None:
         capacity = self.capacity.get(key.kind)
         if capacity is None:
             return self._default.quota_limit(key)
-        weight = self._weight.get(key, self._default_shares)
+        weight = self._weight(key)
         seen = self._seen[key.kind]
         total = self._total[key.kind] + (0.0 if key in seen else weight)
         return capacity * weight / total
@@ -383,7 +390,7 @@ class FairShareCallback(_Base):
         if key in seen:
             del seen[key]  # re-insert at the end: the dict stays ordered by last record
         else:
-            self._total[key.kind] += self._weight.get(key, self._default_shares)
+            self._total[key.kind] += self._weight(key)
             self._changed[key.kind] = True
         seen[key] = now_ms
         cutoff = now_ms - self._active_ms
@@ -392,7 +399,7 @@ class FairShareCallback(_Base):
             if at >= cutoff:
                 break
             del seen[oldest]
-            self._total[key.kind] -= self._weight.get(oldest, self._default_shares)
+            self._total[key.kind] -= self._weight(oldest)
             self._changed[key.kind] = True
         if not seen or math.isclose(self._total[key.kind], 0.0, abs_tol=1e-9):
             self._total[key.kind] = 0.0
