@@ -13,6 +13,7 @@ import shutil
 import signal
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +23,7 @@ import yaml
 from tests.harness import load
 from tests.harness.kafka import KafkaCluster, free_port
 from tests.harness.sluice import SluiceProcess
+from tests.harness.tls import TestCA
 from tests.integration.test_quota_enforcement import Metrics
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
@@ -105,3 +107,48 @@ def test_hard_limit_above_free_space_stops_production_and_lifting_it_resumes(
         assert "-> 1.000: every volume above the soft limit" in sluice.log()
     finally:
         sluice.stop()
+
+
+@pytest.fixture(scope="module")
+def tls_kafka(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[KafkaCluster, TestCA]]:
+    root = tmp_path_factory.mktemp("storage-tls-kafka")
+    ca = TestCA(root / "ca")
+    cluster = KafkaCluster(root, 1, tls=ca).start()  # requires client certificates
+    try:
+        yield cluster, ca
+    finally:
+        cluster.stop()
+
+
+def test_polls_over_the_upstream_tls_settings_and_falls_back_when_they_fail(
+        tls_kafka: tuple[KafkaCluster, TestCA], tmp_path: Path) -> None:
+    cluster, ca = tls_kafka
+    client = ca.issue("sluice-client", "sluice")
+    storage = {"check_interval_ms": 300, "fallback_factor": 0.0,
+               "limits": [{"type": "available_ratio_below", "hard": 0.0001}]}
+    tls = {"enabled": True, "ca_file": str(ca.cert_path), "cert_file": str(client.cert),
+           "key_file": str(client.key)}
+    port = free_port()
+    config = {"metrics": {"port": port}, "storage": storage,
+              "upstream": {"bootstrap": cluster.ssl_bootstrap, "tls": tls}}
+    with SluiceProcess(cluster.ssl_bootstrap, tmp_path / "ok", config=config):
+        metrics = Metrics(port)
+        assert metrics.value("sluice_storage_throttle_factor") == 1.0
+        assert metrics.value("sluice_storage_active_brokers") == 1.0
+        assert (metrics.value("sluice_storage_active_log_dirs") or 0) >= 1
+        assert metrics.value("sluice_storage_fallback_applied_total", reason="poll_failed") == 0.0
+        wait_for(lambda: (metrics.value("sluice_storage_polls_total") or 0) >= 3, 10, "three polls")
+    # the broker requires a client certificate: every poll fails, the fallback factor applies
+    port = free_port()
+    no_cert = {"enabled": True, "ca_file": str(ca.cert_path)}
+    config = {"metrics": {"port": port}, "storage": storage,
+              "upstream": {"bootstrap": cluster.ssl_bootstrap, "tls": no_cert}}
+    with SluiceProcess(cluster.ssl_bootstrap, tmp_path / "bad", config=config) as sluice:
+        metrics = Metrics(port)
+        assert metrics.value("sluice_storage_throttle_factor") == 0.0
+        assert metrics.value("sluice_storage_fallback_active", reason="poll_failed") == 1.0
+        failed = "sluice_storage_fallback_applied_total"
+        wait_for(lambda: (metrics.value(failed, reason="poll_failed") or 0) >= 3, 10, "three failed polls")
+        assert ("WARNING sluice.storage: storage throttle factor (start) -> 0.000: fallback factor "
+                "(poll_failed") in sluice.log()
+        assert sluice.log().count("sluice.storage") == 1  # repeated failures are not logged again
