@@ -103,6 +103,7 @@ class StoragePoller:
         self._wake = asyncio.Event()
         # what the metrics read
         self.decision: FactorDecision | None = None
+        self._logged: FactorDecision | None = None  # the last decision logged
         self.volumes: list[VolumeUsage] = []
         self.active_brokers = 0
         self.fallbacks: Counter[str] = Counter()
@@ -163,7 +164,7 @@ class StoragePoller:
         return decision
 
     def _apply(self, decision: FactorDecision, volumes: list[VolumeUsage], brokers: int) -> None:
-        previous = self.decision
+        previous = self._logged
         self.polls += 1
         self.volumes = volumes
         self.active_brokers = brokers
@@ -171,7 +172,8 @@ class StoragePoller:
         if decision.fallback_applied and decision.reason is not None:
             self.fallbacks[decision.reason.value] += 1
         self._scaler.set_limit_scale(QuotaKind.PRODUCE, decision.factor)
-        if previous is None or (previous.factor, previous.reason) != (decision.factor, decision.reason):
+        if _worth_logging(previous, decision):
+            self._logged = decision
             log.log(logging.WARNING if decision.fallback_applied else logging.INFO,
                     "storage throttle factor %s -> %.3f: %s",
                     "(start)" if previous is None else f"{previous.factor:.3f}", decision.factor,
@@ -220,6 +222,27 @@ class StoragePoller:
             writer.close()
             with contextlib.suppress(OSError, ssl.SSLError):
                 await writer.wait_closed()
+
+
+#: Within the soft band the factor moves with every byte written; log a move this large.
+LOG_FACTOR_STEP = 0.05
+
+
+def _worth_logging(previous: FactorDecision | None, decision: FactorDecision) -> bool:
+    """A change of reason, of the throttling volume, to or from 0 or 1, or a step of at least
+    `LOG_FACTOR_STEP` since the last decision logged."""
+    if previous is None or previous.reason != decision.reason:
+        return True
+    before, now = previous.factor, decision.factor
+    if before == now:
+        return False
+    return (now in (0.0, 1.0) or before in (0.0, 1.0) or abs(now - before) >= LOG_FACTOR_STEP - 1e-9
+            or _volume_id(previous) != _volume_id(decision))
+
+
+def _volume_id(decision: FactorDecision) -> tuple[int, str] | None:
+    v = decision.throttling_volume
+    return None if v is None else (v.broker_id, v.log_dir)
 
 
 def _base_rate(config: StorageConfig) -> float | None:

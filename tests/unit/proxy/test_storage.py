@@ -284,3 +284,23 @@ async def test_applies_to_all_gives_clients_without_a_quota_the_scaled_base_rate
     quotas.set_limit_scale(QuotaKind.PRODUCE, 0.0)
     assert broker.check(QuotaKind.PRODUCE, bob).bound is None
     assert broker.check(QuotaKind.PRODUCE, alice).bound == 0.0
+
+
+def test_small_moves_in_the_soft_band_are_not_logged() -> None:
+    from proxy.storage import _worth_logging
+    from quotas.storage import FactorDecision, VolumeUsage
+
+    a = VolumeUsage(1, "/a", 100, 50)
+    b = VolumeUsage(2, "/b", 100, 50)
+
+    def at(f: float, v: VolumeUsage | None = a) -> FactorDecision:
+        return FactorDecision(f, throttling_volume=v)
+
+    assert _worth_logging(None, at(1.0))
+    assert not _worth_logging(at(0.50), at(0.50))
+    assert not _worth_logging(at(0.50), at(0.46))
+    assert _worth_logging(at(0.50), at(0.45))
+    assert _worth_logging(at(0.50), at(0.49, b))            # another volume throttles
+    assert _worth_logging(at(0.02), at(0.0))                # production stops
+    assert _worth_logging(at(0.99, None), at(1.0, None))    # production is free again
+    assert _worth_logging(at(0.5), FactorDecision(0.5, True, FallbackReason.POLL_FAILED))
