@@ -82,6 +82,10 @@ class QuotaManagers:
         self.cluster = ClusterView()
         self._scales: dict[QuotaKind, float] = {}  # storage throttle factors, for new managers too
         self._base_rate: float | None = None  # storage applies_to: all
+        # ``cluster_entries`` (the draft's `bps`): one more manager, for every broker at once
+        self.cluster_wide: QuotaManager | None = None
+        self._cluster_wide_kinds: frozenset[QuotaKind] = frozenset()
+        self._set_cluster_entries(self.plugins.cluster_entries)
         self.active_kinds = self._kinds()  # nothing is recorded for a kind with no quota
 
     @property
@@ -102,12 +106,35 @@ class QuotaManagers:
             self._managers[broker_id] = manager
         return manager
 
+    def for_request(self, broker_id: int | None) -> tuple[tuple[QuotaManager, frozenset[QuotaKind]], ...]:
+        """The managers a request through `broker_id` is counted in, each with the kinds to record:
+        the broker's (or the one of ``scope: cluster``), and the one of ``cluster_entries``."""
+        manager = self.for_broker(broker_id)
+        if self.cluster_wide is None:
+            return ((manager, self.active_kinds),)
+        return ((manager, self.active_kinds), (self.cluster_wide, self._cluster_wide_kinds))
+
+    def _set_cluster_entries(self, entries: QuotaConfig | None) -> None:
+        if entries is None or not len(entries):
+            self.cluster_wide = None
+            self._cluster_wide_kinds = frozenset()
+            return
+        if self.cluster_wide is None:
+            self.cluster_wide = QuotaManager(entries, self._clock, sticky_quotas_enabled=False)
+            for kind, factor in self._scales.items():
+                self.cluster_wide.set_limit_scale(kind, factor)
+        else:
+            self.cluster_wide.update_config(entries)
+        self._cluster_wide_kinds = entries.kinds()
+
     def set_limit_scale(self, kind: QuotaKind, factor: float) -> None:
         """Scale every limit of `kind` on every broker (`QuotaManager.set_limit_scale`)."""
         before = self._effective()
         self._scales[kind] = factor
         for manager in self._managers.values():
             manager.set_limit_scale(kind, factor)
+        if self.cluster_wide is not None:
+            self.cluster_wide.set_limit_scale(kind, factor)
         if self._effective() != before:
             self._push()
 
@@ -161,7 +188,9 @@ class QuotaManagers:
         if plugins.scope != self.plugins.scope:
             raise ValueError(f"quotas.scope cannot change at runtime ({self.plugins.scope} -> "
                              f"{plugins.scope}); restart to apply")
+        self._set_cluster_entries(plugins.cluster_entries)
         if plugins.same_callback(self.plugins):
+            self.active_kinds = self._kinds()
             return
         self.plugins = plugins
         for broker_id, manager in self._managers.items():
@@ -174,16 +203,26 @@ class QuotaManagers:
     def _kinds(self) -> frozenset[QuotaKind]:
         if self.plugins.factory is None:
             self._wants_metadata = False
-            return self._effective().kinds()
+            return self._effective().kinds() | self._cluster_wide_kinds
         probe = self.plugins.factory(None)
         self._wants_metadata = bool(getattr(probe, "wants_cluster_metadata", False))
         extra = getattr(probe, "quota_kinds", None)
         probe.close()
         # a callback that does not say which kinds it limits may limit any
-        return self._effective().kinds() | (frozenset(QuotaKind) if extra is None else frozenset(extra))
+        return (self._effective().kinds() | self._cluster_wide_kinds
+                | (frozenset(QuotaKind) if extra is None else frozenset(extra)))
 
     def items(self) -> Iterator[tuple[int | None, QuotaManager]]:
         return iter(list(self._managers.items()))
+
+    def labelled(self) -> list[tuple[str, QuotaManager]]:
+        """Every manager with its `broker` metrics label: a broker id, ``bootstrap``, ``all``
+        (``scope: cluster``) or ``cluster`` (``cluster_entries``)."""
+        bootstrap = "all" if self.plugins.scope == "cluster" else "bootstrap"
+        out = [(bootstrap if b is None else str(b), m) for b, m in self._managers.items()]
+        if self.cluster_wide is not None:
+            out.append(("cluster", self.cluster_wide))
+        return out
 
 
 class QuotaStage(StageBase):
@@ -198,16 +237,18 @@ class QuotaStage(StageBase):
         kinds = self._managers.active_kinds
         if not kinds:
             return None  # no quota configured: nothing to record, nothing to remember
-        manager = self._managers.for_broker(ctx.broker_id)
         identity = ClientIdentity.of(ctx.principal, header.client_id)
         decisions: list[ThrottleDecision] = []
-        if QuotaKind.REQUEST_RATE in kinds and header.api_key not in _NOT_REQUEST_RATED:
-            decisions.append(manager.record_and_check(QuotaKind.REQUEST_RATE, identity, 1.0))
-        if header.api_key == ApiKey.PRODUCE and QuotaKind.PRODUCE in kinds:
-            decisions.append(manager.record_and_check(QuotaKind.PRODUCE, identity, len(payload)))
         forward: bytes | None = None
-        if header.api_key == ApiKey.FETCH and QuotaKind.FETCH in kinds:
-            forward = self._cap_fetch(manager, identity, header, payload)
+        for manager, kinds in self._managers.for_request(ctx.broker_id):
+            if QuotaKind.REQUEST_RATE in kinds and header.api_key not in _NOT_REQUEST_RATED:
+                decisions.append(manager.record_and_check(QuotaKind.REQUEST_RATE, identity, 1.0))
+            if header.api_key == ApiKey.PRODUCE and QuotaKind.PRODUCE in kinds:
+                decisions.append(manager.record_and_check(QuotaKind.PRODUCE, identity, len(payload)))
+            if header.api_key == ApiKey.FETCH and QuotaKind.FETCH in kinds:
+                # the tighter cap wins: each manager caps what the previous one forwarded
+                capped = self._cap_fetch(manager, identity, header, payload if forward is None else forward)
+                forward = capped if capped is not None else forward
         enforced = self._observe(ctx, decisions)
         return RequestVerdict(throttle_time_ms=enforced, forward_payload=forward,
                               notes={DECISIONS: decisions, ENFORCED_MS: enforced, IDENTITY: identity})
@@ -233,29 +274,31 @@ class QuotaStage(StageBase):
         identity = notes.get(IDENTITY)
         if not isinstance(identity, ClientIdentity):
             return None
-        manager = self._managers.for_broker(ctx.broker_id)
+        managers = self._managers.for_request(ctx.broker_id)
         decisions: list[ThrottleDecision] = notes[DECISIONS]  # type: ignore[assignment]
         earlier_ms = int(notes[ENFORCED_MS])  # type: ignore[call-overload]
         new_ms = 0
-        kinds = self._managers.active_kinds
         if entry.api_key == ApiKey.FETCH:
             size = entry.upstream_response_bytes  # payload may be only the head of a streamed response
-            if QuotaKind.FETCH in kinds:
-                fetch = manager.record_and_check(QuotaKind.FETCH, identity, size)
-                decisions.append(fetch)
-                new_ms = self._observe(ctx, [fetch])
-            if max(new_ms, earlier_ms) > 0:  # throttled by bytes or by requests: Kafka empties it
+            for manager, kinds in managers:
                 if QuotaKind.FETCH in kinds:
-                    manager.unrecord(QuotaKind.FETCH, identity, size)
+                    fetch = manager.record_and_check(QuotaKind.FETCH, identity, size)
+                    decisions.append(fetch)
+                    new_ms = max(new_ms, self._observe(ctx, [fetch]))
+            if max(new_ms, earlier_ms) > 0:  # throttled by bytes or by requests: Kafka empties it
+                for manager, kinds in managers:
+                    if QuotaKind.FETCH in kinds:
+                        manager.unrecord(QuotaKind.FETCH, identity, size)
                 emptied = self._empty_fetch(entry, payload, max(new_ms, earlier_ms))
                 if emptied is not None:
                     return ResponseOutcome(emptied, new_ms, replaced=True)
-        elif (QuotaKind.REQUEST_PERCENTAGE in kinds and entry.forwarded
-              and entry.api_key not in _NOT_REQUEST_RATED):
+        elif entry.forwarded and entry.api_key not in _NOT_REQUEST_RATED:
             elapsed_ms = entry.response_received_ms - entry.received_ms
-            rp = manager.record_and_check(QuotaKind.REQUEST_PERCENTAGE, identity, elapsed_ms / 10.0)
-            decisions.append(rp)
-            new_ms = self._observe(ctx, [rp])
+            for manager, kinds in managers:
+                if QuotaKind.REQUEST_PERCENTAGE in kinds:
+                    rp = manager.record_and_check(QuotaKind.REQUEST_PERCENTAGE, identity, elapsed_ms / 10.0)
+                    decisions.append(rp)
+                    new_ms = max(new_ms, self._observe(ctx, [rp]))
         total_ms = max(new_ms, earlier_ms)
         notes[ENFORCED_MS] = total_ms
         if total_ms > 0:

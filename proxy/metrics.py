@@ -63,9 +63,7 @@ class QuotaSensorCollector(Collector):
                                    labels=kind_labels)
         sensors = GaugeMetricFamily("sluice_quota_sensors", "Live quota sensors", labels=["broker"])
         now_ms = self._clock.now_ms()
-        for broker_id, manager in self._managers.items():
-            broker = ("all" if self._managers.scope == "cluster" else "bootstrap") if broker_id is None \
-                else str(broker_id)
+        for broker, manager in self._managers.labelled():
             sensors.add_metric([broker], manager.sensor_count)
             for snap in manager.sensors():
                 key = snap.key

@@ -39,13 +39,13 @@ from proxy.inflight import InFlight
 from proxy.pipeline import ConnectionContext, ResponseOutcome, StageBase
 from quotas.callback import DefaultQuotaCallback, QuotaCallback
 from quotas.cluster import ClusterView
-from quotas.config import _pydantic_problems
+from quotas.config import QuotaConfig, _pydantic_problems
 from quotas.errors import QuotaConfigError
 
 log = logging.getLogger("sluice.quotas")
 
 DEFAULT_CALLBACK = "quotas.callback:DefaultQuotaCallback"
-PLUGIN_KEYS = ("callback", "scope")
+PLUGIN_KEYS = ("callback", "scope", "cluster_entries")
 
 CallbackFactory = Callable[[int | None], QuotaCallback]
 
@@ -64,6 +64,7 @@ class _PluginsModel(BaseModel):
 
     scope: Literal["broker", "cluster"] = "broker"
     callback: _CallbackModel = _CallbackModel()
+    cluster_entries: list[Any] = []
 
 
 @dataclass(frozen=True)
@@ -75,6 +76,7 @@ class QuotaPlugins:
     class_path: str = DEFAULT_CALLBACK
     config: Mapping[str, Any] = field(default_factory=dict)
     factory: CallbackFactory | None = None  # None: Kafka's DefaultQuotaCallback, the fast path
+    cluster_entries: QuotaConfig | None = None  # the draft's `bps`: one budget across all brokers
 
     @property
     def is_default(self) -> bool:
@@ -92,8 +94,9 @@ class QuotaPlugins:
                         if k.startswith((f"{path}.scope", f"{path}.callback"))]
             raise QuotaConfigError.of(problems or _pydantic_problems(exc, path)) from None
         spec = model.callback
+        cluster_entries = _cluster_entries(quotas, path) if model.cluster_entries else None
         if spec.class_ == DEFAULT_CALLBACK and not spec.config:
-            return cls(model.scope, spec.class_, {}, None)
+            return cls(model.scope, spec.class_, {}, None, cluster_entries)
         klass = load_class(spec.class_, f"{path}.callback.class")
         config = dict(spec.config)
 
@@ -112,8 +115,22 @@ class QuotaPlugins:
                                    f"{spec.class_} is not a QuotaCallback (see quotas.callback)")
         probe.close()
         if isinstance(probe, DefaultQuotaCallback):
-            return cls(model.scope, spec.class_, config, None)
-        return cls(model.scope, spec.class_, config, factory)
+            return cls(model.scope, spec.class_, config, None, cluster_entries)
+        return cls(model.scope, spec.class_, config, factory, cluster_entries)
+
+
+def _cluster_entries(quotas: Mapping[str, Any], path: str) -> QuotaConfig:
+    """``cluster_entries``: entries in the draft's `bps` unit (one budget per entity across every
+    broker behind this Sluice), enforced beside ``entries`` (`broker_bps`, Kafka's per broker);
+    whichever limit is hit first throttles. Same shape as ``entries``; the same window."""
+    data: dict[str, Any] = {"entries": quotas["cluster_entries"]}
+    if "window" in quotas:
+        data["window"] = quotas["window"]
+    try:
+        return QuotaConfig.from_dict(data, path=path)
+    except QuotaConfigError as exc:
+        raise QuotaConfigError.of([(key.replace(f"{path}.entries", f"{path}.cluster_entries", 1), reason)
+                                   for key, reason in exc.problems]) from None
 
 
 def load_class(class_path: str, where: str) -> Any:

@@ -108,6 +108,27 @@ def test_cluster_scope_holds_one_budget_across_three_brokers(kafka_cluster3: Kaf
         sluice.stop()
 
 
+def test_cluster_entries_beside_broker_entries_whichever_is_hit_first(kafka_cluster3: KafkaCluster,
+                                                                       tmp_path: Path) -> None:
+    # the draft's units side by side: 1 MiB/s per broker (broker_bps, 3 MiB/s over three brokers)
+    # and 1.5 MiB/s across all of them (bps): the cluster-wide one is hit first
+    sluice, metrics = start(kafka_cluster3, tmp_path, {
+        "entries": [{"client_id": "<default>", "producer_byte_rate": MiB}],
+        "cluster_entries": [{"client_id": "<default>", "producer_byte_rate": 3 * MiB // 2}]})
+    try:
+        topic = spread_topic(kafka_cluster3.bootstrap, [[1], [2], [3]])
+        timeline = load.confluent_flood(sluice.bootstrap, topic, RUN_S, client_id="both",
+                                        batch_bytes=64 * KiB)
+        achieved = timeline.rate(0, RUN_S)
+        print(f"1 MiB/s per broker and 1.5 MiB/s across brokers: {achieved / MiB:.2f} MiB/s")
+        assert 0.8 * 1.5 * MiB <= achieved <= 1.2 * 1.5 * MiB, achieved / MiB
+        assert metrics.value("sluice_quota_limit", broker="cluster", client_id="both",
+                             kind="produce") == 3 * MiB // 2
+        assert metrics.value("sluice_quota_limit", broker="2", client_id="both", kind="produce") == MiB
+    finally:
+        sluice.stop()
+
+
 # --------------------------------------------------------------------- partition-proportional
 
 

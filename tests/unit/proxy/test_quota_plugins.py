@@ -173,3 +173,35 @@ def test_readme_example_is_a_valid_configuration() -> None:
     plugins = config.quota_plugins()
     assert plugins.class_path == "quotas.builtin:GroupQuotaCallback" and plugins.scope == "broker"
     assert len(config.quota_config()) == 1
+
+
+def test_cluster_entries_add_one_budget_across_brokers_beside_the_per_broker_one() -> None:
+    config = proxy_config({
+        "entries": [{"user": "alice", "producer_byte_rate": 1000}],            # broker_bps
+        "cluster_entries": [{"user": "alice", "producer_byte_rate": 1500}]})   # bps
+    assert len(config.quota_config()) == 1
+    managers = QuotaManagers(config.quota_config(), FakeClock(), config.quota_plugins())
+    assert managers.cluster_wide is not None and managers.active_kinds == {P}
+    alice = ClientIdentity("alice", "x")
+    (b1, _), (cw, _) = managers.for_request(1)
+    (b2, _), (cw2, _) = managers.for_request(2)
+    assert cw is cw2 and b1 is not b2
+    b1.record_and_check(P, alice, 9000)
+    # broker 2's own rate: 9000 B / 10 s = 900 B/s <= 1000, not throttled there; all brokers
+    # together: 18 000 B / 10 s = 1800 B/s > 1500: (1800 - 1500) / 1500 x 10 000 = 2000 ms
+    cw.record_and_check(P, alice, 9000)
+    assert b2.record_and_check(P, alice, 9000).throttle_time_ms == 0
+    assert cw.record_and_check(P, alice, 9000).throttle_time_ms == 2000
+    assert [label for label, _ in managers.labelled()] == ["1", "2", "cluster"]
+    # SIGHUP: new cluster entries apply to the live manager; none removes it
+    managers.set_plugins(proxy_config({"cluster_entries": [{"user": "alice", "producer_byte_rate": 3000}]})
+                         .quota_plugins())
+    assert managers.cluster_wide is cw and cw.quota_bound(SensorKey(P, "alice", "")) == 3000.0
+    managers.set_plugins(proxy_config({}).quota_plugins())
+    assert managers.cluster_wide is None and [m for m, _ in managers.for_request(1)] == [b1]
+
+
+def test_cluster_entries_errors_name_the_key() -> None:
+    with pytest.raises(ConfigError) as info:
+        proxy_config({"cluster_entries": [{"user": "alice", "producer_byte_rate": 0}]}).quota_plugins()
+    assert "quotas.cluster_entries[0].producer_byte_rate: must be > 0" in str(info.value)
