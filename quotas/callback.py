@@ -14,6 +14,11 @@ active callback wants them.
 Loading by class path (the proxy's ``quotas.callback.class``): the class is called as
 ``cls(broker_id=<int or None>, **config)``, once per quota manager (one per broker, or one for all
 brokers with ``quotas.scope: cluster``, where `broker_id` is None).
+
+Optional extras the proxy looks for: ``quota_kinds`` (the kinds the callback may limit beyond the
+configured entries; without it every kind is recorded), `EntityMatcher` (which entry applied, for
+shadow entries and reporting) and `RecordObserver` (told of every record, for demand-driven
+limits).
 """
 
 from __future__ import annotations
