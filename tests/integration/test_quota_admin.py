@@ -123,7 +123,7 @@ def test_kafka_configs_and_the_cli_change_a_live_producers_rate(kafka: KafkaClus
         worker = threading.Thread(target=lambda: box.update(t=load.confluent_flood(
             sluice.bootstrap, topic, 60, client_id=cid, stop=stop, batch_bytes=32 * KiB, config=config)))
         worker.start()
-        time.sleep(8)
+        time.sleep(2 * 5.5)  # two whole periods of the windowed rate's sawtooth (11 samples x 500 ms)
         connections = metric(port, "sluice_open_connections", listener="broker 1")
 
         # kafka-configs raises it to 1 MiB/s for this client id
@@ -147,7 +147,7 @@ def test_kafka_configs_and_the_cli_change_a_live_producers_rate(kafka: KafkaClus
         assert f"Quota configs for client-id '{cid}' are producer_byte_rate=524288.0" in described.stdout
         timeline = box["t"]
         start_s, raised_s, lowered_s = 0.0, raised_at - timeline.started, lowered_at - timeline.started
-        before = timeline.rate(start_s + 2, raised_s)
+        before = timeline.rate(start_s, raised_s)   # whole periods from the first burst
         raised = timeline.rate(raised_s + 1.5, lowered_s)
         lowered = timeline.rate(lowered_s + 6, lowered_s + 12)
         assert before <= 1.3 * 256 * KiB, before / KiB
