@@ -1,0 +1,68 @@
+"""The fidelity benchmark runs end to end (`--quick`, 10 s per case) and writes a complete results file.
+
+No thresholds: on a shared 2-core machine the numbers are noise-prone, and 10 s runs sit inside
+a fresh sensor's burst anyway; the benchmark itself reports them against the targets.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.harness.kafka import REPO
+
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
+
+MODES = ("broker", "sluice")
+CLIENTS = ("java", "librdkafka")
+WORKLOADS = ("produce", "fetch")
+
+
+@pytest.mark.timeout(900)
+def test_quick_fidelity_benchmark_writes_all_eight_cases(tmp_path: Path) -> None:
+    out = tmp_path / "fidelity.json"
+    done = subprocess.run([sys.executable, "-m", "bench.bench_fidelity", "--quick", "--seconds", "10",
+                           "--out", str(out), "--workdir", str(tmp_path / "work")],
+                          cwd=REPO, capture_output=True, text=True, timeout=840, check=False)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-5000:]
+    assert "wire/Q" in done.stdout and "targets (issue 4)" in done.stdout  # the table
+    assert out.with_suffix(".png").stat().st_size > 0
+
+    report = json.loads(out.read_text())
+    assert report["benchmark"] == "fidelity" and report["quick"] is True
+    assert report["params"]["seconds"] == 10
+    assert report["window"] == {"samples": 11, "size_ms": 1000}
+    quota = report["quota_bytes_per_s"]
+    assert quota > 0
+    assert "producer_byte_rate" in report["broker_quota_described"]
+
+    cases = {(c["mode"], c["client"], c["workload"]): c for c in report["cases"]}
+    assert set(cases) == {(m, c, w) for m in MODES for c in CLIENTS for w in WORKLOADS}
+    for key, case in cases.items():
+        for measure in ("wire", "payload"):
+            m = case[measure]
+            assert m["rate"] is not None and m["rate"] > 0, (key, measure, m)
+            assert m["ratio"] == pytest.approx(m["rate"] / quota)
+            assert m["bytes"] > 0 and m["covered_s"] >= 10
+            assert len(m["per_second"]) == 10 and all(v >= 0 for v in m["per_second"])
+            assert m["tail_ratio"] is None  # 10 s runs end before the first 11 s are over
+        assert case["wire_over_payload"] > 0
+        assert case["error"] == pytest.approx(abs(case["wire"]["ratio"] - 1))
+        assert case["requests"] > 0
+        assert case["ended"] == "covered"
+        if case["workload"] == "fetch":
+            assert case["records_consumed"] > 0 and not case["topic_exhausted"]
+    # only Sluice throttles in sluice mode; in broker mode it passes the broker's throttling through
+    assert all(cases[("broker", c, w)]["sluice_throttled_requests"] == 0 for c in CLIENTS for w in WORKLOADS)
+    assert any(cases[("sluice", c, w)]["sluice_throttled_requests"] > 0 for c in CLIENTS for w in WORKLOADS)
+
+    assert {(c["client"], c["workload"]) for c in report["comparisons"]} == {
+        (c, w) for c in CLIENTS for w in WORKLOADS}
+    for c in report["comparisons"]:
+        assert c["broker_error"] >= 0 and c["sluice_error"] >= 0
+        assert isinstance(c["sluice_at_least_as_close"], bool)
+    assert len(report["targets"]) == 8 and all(isinstance(t["met"], bool) for t in report["targets"])
