@@ -52,29 +52,11 @@ class FrameSplitter:
 
     def next_frame(self) -> bytes | None:
         """The next complete payload, or None if more bytes are needed."""
-        buf = self._buf
-        pos = self._pos
-        available = len(buf) - pos
-        if available < 4:
+        size = self._front_size()
+        start = self._pos + 4
+        if size is None or len(self._buf) < start + size:
             return None
-        size: int = I32.unpack_from(buf, pos)[0]
-        if size < 0:
-            raise DecodeError(f"negative frame size {size}", pos)
-        if size > self._max_frame_bytes:
-            raise FrameTooLarge(size, self._max_frame_bytes)
-        if available < 4 + size:
-            return None
-        start = pos + 4
-        end = start + size
-        with memoryview(buf) as view:
-            frame = bytes(view[start:end])
-        if end == len(buf):
-            buf.clear()
-            self._pos = 0
-        else:
-            self._pos = end
-        return frame
-
+        return self._consume(start, start + size)
 
     # -- cut-through: a large frame can leave before its last byte has arrived -------------------
 
@@ -84,40 +66,23 @@ class FrameSplitter:
 
         Raises like `next_frame` on a bad size prefix.
         """
-        buf = self._buf
-        pos = self._pos
-        available = len(buf) - pos
-        if available < 4:
+        size = self._front_size()
+        start = self._pos + 4
+        if size is None or len(self._buf) < start + min(size, head_bytes):
             return None
-        size: int = I32.unpack_from(buf, pos)[0]
-        if size < 0:
-            raise DecodeError(f"negative frame size {size}", pos)
-        if size > self._max_frame_bytes:
-            raise FrameTooLarge(size, self._max_frame_bytes)
-        want = min(size, head_bytes)
-        if available < 4 + want:
-            return None
-        return size, bytes(buf[pos + 4 : pos + 4 + want])
+        return size, bytes(self._buf[start : start + min(size, head_bytes)])
 
     def take_partial(self) -> tuple[bytes, int]:
         """Consume the front frame's payload bytes buffered so far (its size prefix dropped).
 
         Returns (those bytes, how many bytes of the frame are still to come). With bytes still to
         come the buffer is then empty, and the caller takes them straight off the stream before
-        feeding the splitter again.
+        feeding the splitter again. Call it only after `pending_frame` returned the frame.
         """
-        buf = self._buf
-        pos = self._pos
-        size: int = I32.unpack_from(buf, pos)[0]
-        start = pos + 4
-        end = min(start + size, len(buf))
-        with memoryview(buf) as view:
-            part = bytes(view[start:end])
-        if end == len(buf):
-            buf.clear()
-            self._pos = 0
-        else:
-            self._pos = end
+        size = self._front_size()
+        assert size is not None, "take_partial before the size prefix arrived"
+        start = self._pos + 4
+        part = self._consume(start, min(start + size, len(self._buf)))
         return part, size - len(part)
 
     def unread(self, payloads: list[bytes]) -> None:
@@ -133,6 +98,32 @@ class FrameSplitter:
         else:
             self._buf = bytearray(head) + self._buf[pos:]
             self._pos = 0
+
+    # -- internals ----------------------------------------------------------------------------------
+
+    def _front_size(self) -> int | None:
+        """The front frame's size once its prefix has arrived (checked), else None."""
+        pos = self._pos
+        if len(self._buf) - pos < 4:
+            return None
+        size: int = I32.unpack_from(self._buf, pos)[0]
+        if size < 0:
+            raise DecodeError(f"negative frame size {size}", pos)
+        if size > self._max_frame_bytes:
+            raise FrameTooLarge(size, self._max_frame_bytes)
+        return size
+
+    def _consume(self, start: int, end: int) -> bytes:
+        """Copy out buf[start:end] and drop everything before `end`."""
+        buf = self._buf
+        with memoryview(buf) as view:
+            out = bytes(view[start:end])
+        if end == len(buf):
+            buf.clear()
+            self._pos = 0
+        else:
+            self._pos = end
+        return out
 
 
 def size_prefix(payload_len: int) -> bytes:
