@@ -100,7 +100,10 @@ def test_hard_limit_above_free_space_stops_production_and_lifting_it_resumes(
         print(f"factor 0: {stopped:.0f} B/s; lifted: {resumed:.0f} B/s (quota {MiB} B/s)")
         assert resumed > 256 * KiB, (stopped, resumed)
         assert resumed > 20 * max(stopped, 1.0), (stopped, resumed)
-        assert resumed < 1.3 * MiB  # the quota itself still holds
+        # the quota itself still holds: after the long mute the window is nearly empty, so Kafka's
+        # rate allows at most one window of quota (11 x 500 ms = 5.5 s x Q) on top of Q per second:
+        # (5.5 + 7.5) / 7.5 = 1.73 x Q over this 7.5 s measurement
+        assert resumed < 1.8 * MiB
         text = metrics.text()
         assert "sluice_storage_throttling_volume{" not in text
         assert metrics.value("sluice_quota_limit", kind="produce", client_id="disk") == MiB
