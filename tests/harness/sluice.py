@@ -68,6 +68,15 @@ class SluiceProcess:
     def log(self) -> str:
         return "".join(self._lines)
 
+    def wait_for_log(self, text: str, timeout_s: float = 10.0) -> bool:
+        """Sluice's output reaches us through a pipe, a little after what it describes."""
+        deadline = time.monotonic() + timeout_s
+        while text not in self.log():
+            if time.monotonic() > deadline:
+                return False
+            time.sleep(0.05)
+        return True
+
     def signal(self, sig: int) -> None:
         assert self.process is not None
         self.process.send_signal(sig)

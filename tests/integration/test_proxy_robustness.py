@@ -56,7 +56,7 @@ def test_malformed_frame_closes_only_that_connection(sluice: SluiceProcess, topi
     stop.set()
     worker.join(30)
     assert len(produced) > before, "the other client was disturbed"
-    assert "malformed" in sluice.log() and reason in sluice.log()
+    assert sluice.wait_for_log("malformed") and sluice.wait_for_log(reason), sluice.log()
 
 
 def test_unknown_api_key_passes_through_to_the_broker(sluice: SluiceProcess) -> None:
@@ -116,7 +116,7 @@ def test_unreachable_upstream_closes_the_client_with_a_reason(tmp_path: Path) ->
             RawKafkaSocket(sluice.bootstrap) as raw:
         raw.send(metadata_request())
         assert raw.at_eof(15.0)
-        assert "cannot connect upstream" in sluice.log()
+        assert sluice.wait_for_log("cannot connect upstream"), sluice.log()
 
 
 # ----------------------------------------------------------------------------- drain
