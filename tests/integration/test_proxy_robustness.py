@@ -140,7 +140,7 @@ def test_sigterm_drains_in_flight_requests_then_exits(kafka: KafkaCluster, tmp_p
         assert sluice.process.wait(20) == 0
         with pytest.raises(OSError):
             RawKafkaSocket(sluice.bootstrap, timeout_s=2)  # no longer accepting
-        assert "draining 1 connection(s), 1 request(s) in flight" in sluice.log()
+        assert sluice.wait_for_log("draining 1 connection(s), 1 request(s) in flight"), sluice.log()[-2000:]
     finally:
         sluice.stop()
 

@@ -71,9 +71,8 @@ def test_hard_limit_above_free_space_stops_production_and_lifting_it_resumes(
         available = metrics.value("sluice_storage_volume_available_bytes", log_dir=log_dir)
         assert available is not None and available < hard
         assert metrics.value("sluice_storage_fallback_active", reason="poll_failed") == 0.0
-        assert "storage throttle factor (start) -> 0.000" in sluice.log()
-        assert f"hard available_bytes_below {hard}" in sluice.log()
-
+        assert sluice.wait_for_log("storage throttle factor (start) -> 0.000"), sluice.log()[-2000:]
+        assert sluice.wait_for_log(f"hard available_bytes_below {hard}"), sluice.log()[-2000:]
         stop = threading.Event()
         timeline = load.Timeline()
         worker = threading.Thread(target=load.confluent_flood, daemon=True, kwargs=dict(
@@ -107,7 +106,7 @@ def test_hard_limit_above_free_space_stops_production_and_lifting_it_resumes(
         text = metrics.text()
         assert "sluice_storage_throttling_volume{" not in text
         assert metrics.value("sluice_quota_limit", kind="produce", client_id="disk") == MiB
-        assert "-> 1.000: every volume above the soft limit" in sluice.log()
+        assert sluice.wait_for_log("-> 1.000: every volume above the soft limit"), sluice.log()[-2000:]
     finally:
         sluice.stop()
 
