@@ -13,6 +13,7 @@ COPY proxy/ proxy/
 COPY protocol/ protocol/
 COPY quotas/ quotas/
 COPY spark_analytics/ spark_analytics/
+COPY contracts/ contracts/
 RUN pip install --no-compile .
 
 FROM python:${PYTHON_VERSION}-slim

@@ -12,7 +12,7 @@ test: setup lint
 	$(PY) -m pytest -p no:cacheprovider tests
 
 lint:
-	$(PY) -m ruff check proxy protocol quotas spark_analytics tests bench scripts
+	$(PY) -m ruff check proxy protocol quotas spark_analytics contracts tests bench scripts
 	$(PY) -m mypy
 	.venv/bin/lint-imports
 	.venv/bin/hadolint Dockerfile

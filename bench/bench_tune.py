@@ -32,7 +32,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from spark_analytics.access_log_schema import FIELD_NAMES, partition_path, validate_record
+from contracts.access_log import FIELD_NAMES, partition_path, validate_record
 
 RESULTS = Path(__file__).resolve().parent / "results"
 T0_MS = 1_767_225_600_000  # 2026-01-01T00:00:00Z

@@ -1,5 +1,5 @@
 """Pure framing for storage polling: Metadata (which brokers are active, where) and
-DescribeLogDirs v4 (KIP-827: each log dir's total and usable bytes). No I/O here; `proxy.storage`
+DescribeLogDirs v4 (KIP-827: each log dir's total and usable bytes). No I/O here; `proxy.ops.disk_guard`
 sends the frames over its own connections.
 """
 

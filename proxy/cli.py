@@ -58,19 +58,21 @@ def proxy(upstream: str | None, listen: str | None, advertised_host: str | None,
     sys.exit(run(config, reload if config_file is not None else None))
 
 
-def _register_tune() -> None:
-    """`sluice tune ...`: the Spark jobs (they import pyspark only when they run)."""
-    from spark_analytics.cli import tune
+def _register_plugins() -> None:
+    """Commands other packages add to `sluice` (the `sluice.commands` entry-point group), e.g.
+    `sluice tune` from `spark_analytics`, so the proxy never imports the analytics package."""
+    from importlib.metadata import entry_points
 
-    main.add_command(tune)
+    for ep in entry_points(group="sluice.commands"):
+        main.add_command(ep.load(), ep.name)
 
 
-_register_tune()
+_register_plugins()
 
 
 def _register_quotas() -> None:
     """`sluice quotas ...`: list, describe, alter over the Kafka protocol."""
-    from proxy.quotas_cli import quotas
+    from proxy.admin.cli import quotas
 
     main.add_command(quotas)
 

@@ -17,9 +17,9 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from proxy.quota_plugins import PLUGIN_KEYS, QuotaPlugins
-from proxy.quota_store import StoreConfig
-from proxy.storage import StorageConfig
+from proxy.admin.store import StoreConfig
+from proxy.ops.disk_guard import StorageConfig
+from proxy.stages.callbacks import PLUGIN_KEYS, QuotaPlugins
 from quotas.config import QuotaConfig
 from quotas.errors import QuotaConfigError
 
@@ -233,7 +233,7 @@ class ProxyConfig(BaseModel):
             raise ConfigError("invalid configuration:\n  " + str(exc).replace("\n", "\n  ")) from None
 
     def quota_plugins(self) -> QuotaPlugins:
-        """``quotas.scope`` and ``quotas.callback`` (`proxy.quota_plugins`); imports the class."""
+        """``quotas.scope`` and ``quotas.callback`` (`proxy.stages.callbacks`); imports the class."""
         try:
             return QuotaPlugins.from_dict(self.quotas, path="quotas")
         except QuotaConfigError as exc:

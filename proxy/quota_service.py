@@ -19,9 +19,9 @@ from typing import ParamSpec, TypeVar
 
 from protocol.quota_client import QuotaAdminError, QuotaClient, Stream
 from protocol.sasl_client import SaslCredentials
+from proxy.admin.store import QuotaStore, StoreError, open_store, reconcile_seed, table_from_described
 from proxy.config import ProxyConfig
-from proxy.enforcement import QuotaManagers
-from proxy.quota_store import QuotaStore, StoreError, open_store, reconcile_seed, table_from_described
+from proxy.stages.quota import QuotaManagers
 from quotas.config import QuotaConfig
 from quotas.table import QuotaChange, QuotaTable
 

@@ -9,23 +9,23 @@ from collections.abc import Sequence
 
 from prometheus_client import CollectorRegistry
 
-from proxy.access_log import AccessLogStage, AccessLogWriter
-from proxy.brokers import BrokerRegistry, UpstreamTarget, schedule_server
-from proxy.client_info import ClientSoftwareStage
+from proxy.admin.api import QuotaAdminStage
 from proxy.config import ConfigError, ProxyConfig
-from proxy.connection import ClientConnection, ConnectionServices, connection_factory
-from proxy.enforcement import QuotaManagers, QuotaStage
-from proxy.http import MetricsEndpoint
-from proxy.inflight import InFlight
-from proxy.listeners import auth_settings, listener_settings
-from proxy.listeners import describe as describe_listener
-from proxy.metrics import AccessLogCollector, QuotaSensorCollector, SluiceMetrics
-from proxy.pipeline import ConnectionContext, Pipeline, ResponseOutcome, Stage, StageBase
-from proxy.quota_admin import QuotaAdminStage
-from proxy.quota_plugins import ClusterMetadataFeed, ClusterMetadataStage
+from proxy.flow.inflight import InFlight
+from proxy.flow.pipeline import ConnectionContext, Pipeline, ResponseOutcome, Stage, StageBase
+from proxy.ops.access_log import AccessLogStage, AccessLogWriter
+from proxy.ops.disk_guard import StorageCollector, StoragePoller
+from proxy.ops.http import MetricsEndpoint
+from proxy.ops.metrics import AccessLogCollector, QuotaSensorCollector, SluiceMetrics
+from proxy.pumps.connection import ClientConnection, ConnectionServices, connection_factory
+from proxy.pumps.upstreams import BrokerRegistry, UpstreamTarget, schedule_server
 from proxy.quota_service import QuotaService
-from proxy.rewriting import REWRITTEN_APIS, ResponseRewriter
-from proxy.storage import StorageCollector, StoragePoller
+from proxy.settings import auth_settings, listener_settings
+from proxy.settings import describe as describe_listener
+from proxy.stages.addresses import REWRITTEN_APIS, ResponseRewriter
+from proxy.stages.callbacks import ClusterMetadataFeed, ClusterMetadataStage
+from proxy.stages.client_software import ClientSoftwareStage
+from proxy.stages.quota import QuotaManagers, QuotaStage
 from quotas.clock import Clock, SystemClock
 
 log = logging.getLogger("sluice.server")
@@ -89,7 +89,7 @@ class ProxyServer:
         def start_listener_factory(target: UpstreamTarget) -> object:
             return connection_factory(self._services())(target)
 
-        listener = listener_settings(config)  # client TLS, PROXY protocol (proxy.listeners)
+        listener = listener_settings(config)  # client TLS, PROXY protocol (proxy.pumps.listeners)
         self.registry = BrokerRegistry(
             config.listen.host, config.advertised, config.broker_port,
             schedule_server(loop, self._servers, start_listener_factory,  # type: ignore[arg-type]

@@ -3,7 +3,7 @@
 kafka-python 3.0.12's KafkaAdminClient has no client-quota methods, so the requests are framed by
 `protocol.quota_client`, the one client Sluice has for these two APIs (`sluice quotas` uses it
 too). This module opens the socket and speaks in the access log's entity strings
-(`access_log_schema.format_quota_entity`: ``user=alice,client-id=<default>``). The same client
+(`contracts.access_log.format_quota_entity`: ``user=alice,client-id=<default>``). The same client
 talks to Sluice or straight to a broker: it is the same protocol. SASL PLAIN and SCRAM-SHA-256/512
 are supported; TLS is not yet.
 """
@@ -14,6 +14,7 @@ import socket
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
+from contracts.access_log import EntityComponent, format_quota_entity, parse_quota_entity
 from protocol.quota_client import (
     MATCH_ANY,
     MATCH_DEFAULT,
@@ -25,7 +26,6 @@ from protocol.quota_client import (
 )
 from protocol.sasl_client import MECHANISMS as SASL_MECHANISMS
 from protocol.sasl_client import SaslCredentials as SaslConfig
-from spark_analytics.access_log_schema import EntityComponent, format_quota_entity, parse_quota_entity
 
 __all__ = ["MATCH_ANY", "MATCH_DEFAULT", "MATCH_EXACT", "SASL_MECHANISMS", "AlterResult", "KafkaQuotaClient",
            "QuotaAdminError", "QuotaEntry", "QuotaOp", "SaslConfig"]

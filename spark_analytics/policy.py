@@ -25,7 +25,7 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any, Literal
 
-from spark_analytics.access_log_schema import parse_quota_entity
+from contracts.access_log import parse_quota_entity
 
 BYTE_RATE_KEYS: tuple[str, ...] = ("producer_byte_rate", "consumer_byte_rate")
 RateScope = Literal["instance", "cluster"]

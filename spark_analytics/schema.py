@@ -1,6 +1,6 @@
 """The access-log schema as Spark sees it, and the two ways to read logs (files, or a Kafka topic).
 
-`ACCESS_LOG_SCHEMA` is built from `access_log_schema.FIELDS`, so the proxy's writer and the jobs
+`ACCESS_LOG_SCHEMA` is built from `contracts.access_log.FIELDS`, so the proxy's writer and the jobs
 cannot drift apart silently: tests/spark/test_schema_contract.py checks both directions.
 Reading always uses this explicit schema (never inference): it is faster, and a field of the
 wrong type becomes null instead of changing the column's type.
@@ -25,7 +25,7 @@ from pyspark.sql.types import (
     StructType,
 )
 
-from spark_analytics.access_log_schema import FIELD_NAMES, FIELDS, LOG_FORMATS, Field
+from contracts.access_log import FIELD_NAMES, FIELDS, LOG_FORMATS, Field
 
 _SCALARS: dict[str, DataType] = {
     "string": StringType(),

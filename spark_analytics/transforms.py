@@ -25,7 +25,7 @@ from collections.abc import Callable, Mapping
 from pyspark.sql import Column, DataFrame, Window
 from pyspark.sql import functions as F
 
-from spark_analytics.access_log_schema import FETCH_API_KEY, PRODUCE_API_KEY
+from contracts.access_log import FETCH_API_KEY, PRODUCE_API_KEY
 from spark_analytics.policy import QuotaPolicy, UnmatchedLevel
 
 PRODUCE_KEY = "producer_byte_rate"
@@ -69,7 +69,7 @@ def client_seconds(logs: DataFrame) -> DataFrame:
 # --------------------------------------------------------------------------- quota entities
 
 def _encode_name(col: Column) -> Column:
-    """The Spark twin of access_log_schema.encode_entity_name ('%' first, then the rest)."""
+    """The Spark twin of contracts.access_log.encode_entity_name ('%' first, then the rest)."""
     for ch, code in (("%", "%25"), (",", "%2C"), ("=", "%3D"), ("<", "%3C"), (">", "%3E")):
         col = F.replace(col, F.lit(ch), F.lit(code))
     return col

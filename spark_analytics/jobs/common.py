@@ -10,7 +10,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from spark_analytics.access_log_schema import LOG_FORMATS
+from contracts.access_log import LOG_FORMATS
 from spark_analytics.kafka_quota_client import SASL_MECHANISMS, KafkaQuotaClient, QuotaEntry, SaslConfig
 from spark_analytics.policy import BYTE_RATE_KEYS, PolicyError, QuotaPolicy, parse_byte_rate
 

@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from spark_analytics.access_log_schema import FIELD_NAMES, validate_record
+from contracts.access_log import FIELD_NAMES, validate_record
 from tests.conftest import create_topic, unique_name
 from tests.harness import clients
 from tests.harness.kafka import KafkaCluster, free_port

@@ -6,7 +6,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from spark_analytics.access_log_schema import FIELD_NAMES, dumps_record, example_record, partition_path
+from contracts.access_log import FIELD_NAMES, dumps_record, example_record, partition_path
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession

@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from spark_analytics.access_log_schema import (
+from contracts.access_log import (
     FIELD_NAMES,
     FIELDS,
     SCHEMA_VERSION,

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 from pyspark.sql import SparkSession
 
-from spark_analytics.access_log_schema import dumps_record, example_record
+from contracts.access_log import dumps_record, example_record
 from spark_analytics.jobs import recommend
 from spark_analytics.schema import read_access_logs_from_kafka
 from tests.harness.kafka import KafkaCluster

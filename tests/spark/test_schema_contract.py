@@ -10,13 +10,13 @@ from pyspark.sql import SparkSession
 from pyspark.sql.types import StringType, StructField, StructType
 from pyspark.testing import assertDataFrameEqual
 
-from spark_analytics.access_log_schema import FIELD_NAMES, FIELDS, example_record, validate_record
+from contracts.access_log import FIELD_NAMES, FIELDS, example_record, validate_record
 from spark_analytics.schema import ACCESS_LOG_SCHEMA, read_access_logs
 from tests.spark.logs import T0, fetch, frame, produce, write_logs
 
 pytestmark = pytest.mark.spark
 
-# Written out by hand on purpose: changing a field's type or nullability in access_log_schema must
+# Written out by hand on purpose: changing a field's type or nullability in contracts.access_log must
 # fail here, so both sides of the contract are changed knowingly.
 EXPECTED_SCHEMA = (
     "struct<schema_version:int,ts_ms:bigint,instance:string,broker_id:int,client_address:string,"

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from proxy.config import ConfigError, load_config
-from proxy.listeners import auth_settings, describe, listener_settings
+from proxy.settings import auth_settings, describe, listener_settings
 from tests.harness.tls import TestCA
 
 BASE = "upstream: {bootstrap: 'a:1'}\n"

@@ -12,9 +12,9 @@ from protocol.apis import ApiKey
 from protocol.encode import decode_response_body, encode_response
 from protocol.headers import RequestHeader
 from protocol.throttle import read_throttle_time_ms
-from proxy.enforcement import QuotaManagers, QuotaStage
-from proxy.inflight import InFlight
-from proxy.pipeline import ConnectionContext
+from proxy.flow.inflight import InFlight
+from proxy.flow.pipeline import ConnectionContext
+from proxy.stages.quota import QuotaManagers, QuotaStage
 from quotas.clock import FakeClock
 from quotas.config import QuotaConfig
 from quotas.entity import ClientIdentity, QuotaKind

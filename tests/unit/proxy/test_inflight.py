@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from proxy.inflight import CorrelationMismatch, InFlight, InFlightRequests
+from proxy.flow.inflight import CorrelationMismatch, InFlight, InFlightRequests
 
 
 def entry(correlation_id: int, forwarded: bool = True) -> InFlight:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from proxy.muting import ChannelMute, ChannelMuteState, IllegalMuteTransition
+from proxy.pumps.muting import ChannelMute, ChannelMuteState, IllegalMuteTransition
 
 S = ChannelMuteState
 

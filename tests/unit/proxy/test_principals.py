@@ -33,11 +33,11 @@ from protocol.encode import encode_request, encode_response
 from protocol.headers import RequestHeader, read_request_header
 from protocol.principal_rules import SslPrincipalMapper
 from protocol.proxy_protocol import encode_v1, encode_v2
-from proxy.auth import AuthSettings
-from proxy.brokers import BrokerRegistry, UpstreamTarget
-from proxy.connection import ClientConnection, ConnectionServices, connection_factory
-from proxy.listeners import ListenerSettings
-from proxy.pipeline import Pipeline
+from proxy.flow.pipeline import Pipeline
+from proxy.pumps.connection import ClientConnection, ConnectionServices, connection_factory
+from proxy.pumps.listeners import ListenerSettings
+from proxy.pumps.principals import AuthSettings
+from proxy.pumps.upstreams import BrokerRegistry, UpstreamTarget
 from quotas.clock import SystemClock
 from tests.harness.tls import TestCA
 

@@ -17,9 +17,9 @@ from kio.static.primitive import f64, i8
 from protocol.apis import ApiKey
 from protocol.encode import decode_response_body, encode_request, request_schema
 from protocol.headers import RequestHeader, read_request_header
-from proxy.pipeline import ConnectionContext, RequestVerdict
-from proxy.quota_admin import QuotaAdminStage, kafka_entity_string
-from proxy.quota_store import StoreError
+from proxy.admin.api import QuotaAdminStage, kafka_entity_string
+from proxy.admin.store import StoreError
+from proxy.flow.pipeline import ConnectionContext, RequestVerdict
 from quotas import DEFAULT, QuotaEntity
 from quotas.table import SHADOW_KEY, QuotaChange, QuotaTable
 

@@ -13,8 +13,8 @@ from kio.schema.errors import ErrorCode
 from kio.schema.metadata.v12 import response as m12
 
 from proxy.config import ConfigError, ProxyConfig
-from proxy.enforcement import QuotaManagers
-from proxy.quota_plugins import DEFAULT_CALLBACK, ClusterMetadataFeed, QuotaPlugins
+from proxy.stages.callbacks import DEFAULT_CALLBACK, ClusterMetadataFeed, QuotaPlugins
+from proxy.stages.quota import QuotaManagers
 from quotas import ClientIdentity, ClusterView, DefaultQuotaCallback, FakeClock, QuotaKind, SensorKey
 from quotas.builtin import GroupQuotaCallback, PartitionProportionalCallback
 from tests.unit.protocol.kio_support import response_payload

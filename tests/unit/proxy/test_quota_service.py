@@ -9,10 +9,10 @@ from typing import Any
 
 import pytest
 
+from proxy.admin.store import MemoryStore
 from proxy.config import ProxyConfig
-from proxy.enforcement import QuotaManagers
 from proxy.quota_service import QuotaService
-from proxy.quota_store import MemoryStore
+from proxy.stages.quota import QuotaManagers
 from quotas import DEFAULT, ClientIdentity, QuotaEntity, QuotaKind
 from quotas.clock import FakeClock
 from quotas.table import SHADOW_KEY, QuotaChange

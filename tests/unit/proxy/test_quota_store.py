@@ -7,8 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from proxy.config import load_config
-from proxy.quota_store import (
+from proxy.admin.store import (
     SEEDED,
     MemoryStore,
     QuotaStore,
@@ -20,6 +19,7 @@ from proxy.quota_store import (
     seed_meta,
     table_from_described,
 )
+from proxy.config import load_config
 from quotas import DEFAULT, QuotaEntity
 from quotas.table import SHADOW_KEY, QuotaChange, QuotaTable
 

@@ -10,7 +10,7 @@ import pytest
 from click.testing import CliRunner
 
 from protocol.quota_client import AlterEntry, AlterOutcome, DescribedEntity, QuotaAdminError
-from proxy import quotas_cli
+from proxy.admin import cli as quotas_cli
 from proxy.cli import main
 
 DESCRIBED = [

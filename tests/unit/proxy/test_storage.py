@@ -17,7 +17,7 @@ from prometheus_client import CollectorRegistry, generate_latest
 
 from protocol.log_dirs import describe_log_dirs_frame, metadata_frame, parse_log_dirs
 from proxy.config import ConfigError, load_config
-from proxy.storage import StorageCollector, StorageConfig, StoragePoller
+from proxy.ops.disk_guard import StorageCollector, StorageConfig, StoragePoller
 from quotas.entity import DEFAULT, QuotaKind
 from quotas.storage import FallbackReason
 
@@ -255,7 +255,7 @@ async def test_changes_are_logged_steady_polls_are_not(
 
 
 async def test_applies_to_all_gives_clients_without_a_quota_the_scaled_base_rate(tmp_path: Path) -> None:
-    from proxy.enforcement import QuotaManagers
+    from proxy.stages.quota import QuotaManagers
     from quotas import ClientIdentity, FakeClock, QuotaConfig, QuotaEntity, QuotaEntry
 
     free = shutil.disk_usage(tmp_path).free
@@ -287,7 +287,7 @@ async def test_applies_to_all_gives_clients_without_a_quota_the_scaled_base_rate
 
 
 def test_small_moves_in_the_soft_band_are_not_logged() -> None:
-    from proxy.storage import _worth_logging
+    from proxy.ops.disk_guard import _worth_logging
     from quotas.storage import FactorDecision, VolumeUsage
 
     a = VolumeUsage(1, "/a", 100, 50)

@@ -161,7 +161,7 @@ def test_scaled_throttle_is_kafkas_formula_below_the_cap() -> None:
 
 
 def test_quota_managers_apply_the_scale_to_brokers_seen_later() -> None:
-    from proxy.enforcement import QuotaManagers
+    from proxy.stages.quota import QuotaManagers
 
     clock = FakeClock(0)
     cfg = QuotaConfig((QuotaEntry(QuotaEntity(user="alice"), {QuotaKind.PRODUCE: 1000.0}),))

@@ -3,7 +3,7 @@
 The pipeline stage only captures references (the context, the in-flight entry, the broker's
 throttle time, the payloads it will need) and hands them to a bounded queue; it never blocks: when
 the queue is full the record is dropped and counted. A writer thread builds each record in the
-schema of `spark_analytics.access_log_schema` (the one contract shared with the Spark jobs),
+schema of `contracts.access_log` (the one contract shared with the Spark jobs),
 parses Produce/Fetch partitions and error codes, and appends JSON lines (or Parquet) to files
 partitioned by UTC date and hour, rotating by size and hour, flushing every second and on close.
 Optionally every record also goes to a Kafka topic.
@@ -23,21 +23,21 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any, Protocol
 
-from protocol.apis import ApiKey, api_name
-from protocol.errors import ProtocolError
-from protocol.headers import RequestHeader, read_request_header
-from protocol.throttle import read_throttle_time_ms
-from proxy.enforcement import DECISIONS, ENFORCED_MS
-from proxy.inflight import InFlight
-from proxy.pipeline import ConnectionContext, RequestVerdict, ResponseOutcome, StageBase
-from quotas.clock import Clock
-from quotas.manager import ThrottleDecision
-from spark_analytics.access_log_schema import (
+from contracts.access_log import (
     SCHEMA_VERSION,
     dumps_record,
     format_quota_entity,
     partition_path,
 )
+from protocol.apis import ApiKey, api_name
+from protocol.errors import ProtocolError
+from protocol.headers import RequestHeader, read_request_header
+from protocol.throttle import read_throttle_time_ms
+from proxy.flow.inflight import InFlight
+from proxy.flow.pipeline import ConnectionContext, RequestVerdict, ResponseOutcome, StageBase
+from proxy.stages.quota import DECISIONS, ENFORCED_MS
+from quotas.clock import Clock
+from quotas.manager import ThrottleDecision
 
 log = logging.getLogger("sluice.access_log")
 
@@ -200,7 +200,7 @@ class AccessLogWriter:
             import pyarrow as pa
             import pyarrow.parquet as pq
 
-            from spark_analytics.access_log_schema import FIELD_NAMES
+            from contracts.access_log import FIELD_NAMES
 
             table = pa.Table.from_pylist(self._parquet_rows)
             pq.write_table(table.select(list(FIELD_NAMES)), self._path)

@@ -12,7 +12,7 @@ from protocol.apis import ApiKey
 from protocol.errors import ProtocolError
 from protocol.headers import RequestHeader
 from protocol.rewrite import read_api_versions_request_client_software
-from proxy.pipeline import ConnectionContext, RequestVerdict, StageBase
+from proxy.flow.pipeline import ConnectionContext, RequestVerdict, StageBase
 
 log = logging.getLogger("sluice.client_info")
 

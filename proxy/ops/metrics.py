@@ -17,10 +17,10 @@ from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from protocol.apis import api_name
-from proxy.access_log import AccessLogWriter
-from proxy.enforcement import DecisionObserver, QuotaManagers
-from proxy.inflight import InFlight
-from proxy.pipeline import ConnectionContext, StageBase
+from proxy.flow.inflight import InFlight
+from proxy.flow.pipeline import ConnectionContext, StageBase
+from proxy.ops.access_log import AccessLogWriter
+from proxy.stages.quota import DecisionObserver, QuotaManagers
 from quotas.clock import Clock
 from quotas.entity import QuotaKind
 from quotas.manager import ThrottleDecision

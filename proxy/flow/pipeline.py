@@ -1,6 +1,6 @@
 """What happens to one request and its response, apart from moving bytes.
 
-The connection (`proxy.connection`) frames bytes and keeps order; the pipeline decides. It is a
+The connection (`proxy.pumps.connection`) frames bytes and keeps order; the pipeline decides. It is a
 short list of stages, each with one job, called in order:
 
     on_request(ctx, header, payload)   -> RequestVerdict: forward it, or answer it here; throttle?
@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from protocol.headers import RequestHeader
-from proxy.inflight import InFlight
+from proxy.flow.inflight import InFlight
 
 
 @dataclass(slots=True)

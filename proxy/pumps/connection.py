@@ -14,9 +14,9 @@ A malformed frame or a broken upstream closes this connection, with the reason l
 nothing else.
 
 The connection's principal (`ctx.principal`) is set at the start from its TLS certificate or
-address (`proxy.auth.AuthSettings`) and by `proxy.auth.SaslInspector`, which is called for
-SaslHandshake/SaslAuthenticate only. After a SaslHandshake v0, frames in both directions are raw
-SASL tokens until the exchange ends: see "SASL" below.
+address (`proxy.pumps.principals.AuthSettings`) and by `proxy.pumps.principals.SaslInspector`,
+which is called for SaslHandshake/SaslAuthenticate only. After a SaslHandshake v0, frames in both
+directions are raw SASL tokens until the exchange ends: see "SASL" below.
 """
 
 from __future__ import annotations
@@ -35,12 +35,12 @@ from protocol.framing import FrameSplitter, size_prefix
 from protocol.headers import RequestHeader, read_request_header, read_response_correlation_id
 from protocol.produce import read_produce_acks
 from protocol.sasl import SASL_API_KEYS
-from proxy.auth import RAW_TOKENS, AuthSettings, SaslInspector
-from proxy.brokers import BrokerRegistry, UpstreamTarget
-from proxy.inflight import CorrelationMismatch, InFlight, InFlightRequests
-from proxy.listeners import ListenerSettings
-from proxy.muting import ChannelMute
-from proxy.pipeline import NO_VERDICT, ConnectionContext, Pipeline
+from proxy.flow.inflight import CorrelationMismatch, InFlight, InFlightRequests
+from proxy.flow.pipeline import NO_VERDICT, ConnectionContext, Pipeline
+from proxy.pumps.listeners import ListenerSettings
+from proxy.pumps.muting import ChannelMute
+from proxy.pumps.principals import RAW_TOKENS, AuthSettings, SaslInspector
+from proxy.pumps.upstreams import BrokerRegistry, UpstreamTarget
 from quotas.clock import Clock
 
 log = logging.getLogger("sluice.connection")
@@ -65,7 +65,7 @@ class ConnectionServices:
     connections: set[ClientConnection] = field(default_factory=set)
     on_open: Callable[[ClientConnection], None] | None = None
     on_close: Callable[[ClientConnection], None] | None = None
-    auth: AuthSettings = field(default_factory=AuthSettings)            # principals (proxy.auth)
+    auth: AuthSettings = field(default_factory=AuthSettings)            # principals (proxy.pumps.principals)
     listener: ListenerSettings = field(default_factory=ListenerSettings)  # TLS, PROXY protocol
 
     def upstream_addresses(self, target: UpstreamTarget) -> list[tuple[str, int]]:
@@ -445,13 +445,13 @@ class ClientConnection(asyncio.Protocol):
 
     # ------------------------------------------------------------------ SASL
     #
-    # `proxy.auth.SaslInspector` follows SaslHandshake/SaslAuthenticate and sets the principal once
-    # the broker accepts. After a SaslHandshake v0 the SASL tokens travel raw (a size prefix and the
-    # token, no Kafka header) in both directions until the exchange ends. Each client frame must be
-    # read the way the broker reads it, so after the v0 handshake and after each raw client token
-    # the next client frames are held until the broker has answered, then handed back to the splitter.
-    # The frame handlers are swapped by shadowing `_on_request` and `on_upstream_frame` with instance
-    # attributes, so that connections that never see raw tokens pay nothing for them.
+    # `proxy.pumps.principals.SaslInspector` follows SaslHandshake/SaslAuthenticate and sets the principal
+    # once the broker accepts. After a SaslHandshake v0 the SASL tokens travel raw (a size prefix and the
+    # token, no Kafka header) in both directions until the exchange ends. Each client frame must be read the
+    # way the broker reads it, so after the v0 handshake and after each raw client token the next client
+    # frames are held until the broker has answered, then handed back to the splitter. The frame handlers are
+    # swapped by shadowing `_on_request` and `on_upstream_frame` with instance attributes, so that connections
+    # that never see raw tokens pay nothing for them.
 
     def _read_frames_with(self, client: Callable[[bytes], None] | None,
                           upstream: Callable[[bytes], None] | None = None) -> None:

@@ -35,7 +35,7 @@ from protocol.rewrite import (
     rewrite_metadata_response,
     rewrite_produce_response_node_endpoints,
 )
-from proxy.brokers import BrokerRegistry
+from proxy.pumps.upstreams import BrokerRegistry
 
 log = logging.getLogger("sluice.rewrite")
 

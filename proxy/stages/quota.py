@@ -26,7 +26,7 @@ counted and logged, and nothing is throttled.
 Quotas are per broker, as in Kafka: a client that talks to three brokers through Sluice may use
 three times its quota. Each broker listener (and the bootstrap listener) has its own sensors.
 With ``quotas.scope: cluster`` one manager serves every listener: one budget per entity across all
-brokers behind this Sluice (see `proxy.quota_plugins` for that and the pluggable callback).
+brokers behind this Sluice (see `proxy.stages.callbacks` for that and the pluggable callback).
 """
 
 from __future__ import annotations
@@ -42,9 +42,9 @@ from protocol.errors import ProtocolError
 from protocol.fetch import cap_fetch_max_bytes, empty_fetch_response
 from protocol.headers import RequestHeader, response_body_offset
 from protocol.throttle import patch_throttle_time
-from proxy.inflight import InFlight
-from proxy.pipeline import ConnectionContext, RequestVerdict, ResponseOutcome, StageBase
-from proxy.quota_plugins import QuotaPlugins
+from proxy.flow.inflight import InFlight
+from proxy.flow.pipeline import ConnectionContext, RequestVerdict, ResponseOutcome, StageBase
+from proxy.stages.callbacks import QuotaPlugins
 from quotas.callback import DefaultQuotaCallback
 from quotas.clock import Clock
 from quotas.cluster import ClusterView
@@ -177,7 +177,7 @@ class QuotaManagers:
         return self._wants_metadata
 
     def update_cluster_metadata(self, cluster: ClusterView) -> None:
-        """Sluice saw the cluster change (`proxy.quota_plugins.ClusterMetadataFeed`)."""
+        """Sluice saw the cluster change (`proxy.stages.callbacks.ClusterMetadataFeed`)."""
         self.cluster = cluster
         for manager in self._managers.values():
             manager.update_cluster_metadata(cluster)

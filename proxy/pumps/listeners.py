@@ -21,16 +21,8 @@ import ssl
 from asyncio import sslproto
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
-from protocol.principal_rules import SslPrincipalMapper
 from protocol.proxy_protocol import ProxyHeaderError, parse_proxy_header
-from proxy.auth import AuthSettings
-
-if TYPE_CHECKING:
-    from prometheus_client import CollectorRegistry
-
-    from proxy.config import ProxyConfig
 
 log = logging.getLogger("sluice.listeners")
 
@@ -134,37 +126,3 @@ def start_tls(transport: asyncio.Transport, app: asyncio.Protocol, context: ssl.
         buf[:n] = view[:n]
         tls.buffer_updated(n)
         view = view[n:]
-
-
-def listener_settings(config: ProxyConfig) -> ListenerSettings:
-    tls = config.listen_tls.context() if config.listen_tls is not None else None
-    return ListenerSettings(tls=tls, proxy_versions=PROXY_VERSIONS[config.proxy_protocol])
-
-
-def auth_settings(config: ProxyConfig, registry: CollectorRegistry | None = None) -> AuthSettings:
-    on_result = None
-    if registry is not None:
-        from prometheus_client import Counter
-
-        counter = Counter("sluice_sasl_authentications", "SASL exchanges the broker accepted or refused",
-                          ["mechanism", "result"], registry=registry)
-
-        def on_result(mechanism: str, result: str) -> None:
-            counter.labels(mechanism, result).inc()
-
-    rules = config.listen_tls.principal_mapping_rules if config.listen_tls is not None else "DEFAULT"
-    return AuthSettings(tls_mapper=SslPrincipalMapper.from_rules(rules),
-                        principal_from_address=config.principal_from == "client_address",
-                        oauthbearer_claim=config.sasl.oauthbearer_principal_claim, on_result=on_result)
-
-
-def describe(config: ProxyConfig) -> str:
-    """One log line about how clients connect."""
-    parts = []
-    if config.listen_tls is not None:
-        parts.append(f"client TLS (client certificates: {config.listen_tls.client_auth})")
-    if config.proxy_protocol != "off":
-        parts.append(f"PROXY protocol {config.proxy_protocol}")
-    if config.principal_from == "client_address":
-        parts.append("client address as principal")
-    return ", ".join(parts) or "plaintext"

@@ -35,8 +35,8 @@ from pydantic import BaseModel, ConfigDict, Field
 from protocol.apis import ApiKey
 from protocol.encode import decode_response_body
 from protocol.errors import ProtocolError
-from proxy.inflight import InFlight
-from proxy.pipeline import ConnectionContext, ResponseOutcome, StageBase
+from proxy.flow.inflight import InFlight
+from proxy.flow.pipeline import ConnectionContext, ResponseOutcome, StageBase
 from quotas.callback import DefaultQuotaCallback, QuotaCallback
 from quotas.cluster import ClusterView
 from quotas.config import QuotaConfig, _pydantic_problems

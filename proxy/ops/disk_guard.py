@@ -81,7 +81,7 @@ class StorageConfig(BaseModel):
 
 
 class LimitScaler(Protocol):
-    """What the poller drives: `proxy.enforcement.QuotaManagers` in the proxy."""
+    """What the poller drives: `proxy.stages.quota.QuotaManagers` in the proxy."""
 
     def set_limit_scale(self, kind: QuotaKind, factor: float, /) -> None: ...
 

@@ -46,8 +46,8 @@ from protocol.sasl import (
     understood,
 )
 from protocol.x500 import certificate_subject
-from proxy.inflight import InFlight
-from proxy.pipeline import ConnectionContext
+from proxy.flow.inflight import InFlight
+from proxy.flow.pipeline import ConnectionContext
 from quotas.entity import UNAUTHENTICATED_PRINCIPAL
 
 log = logging.getLogger("sluice.auth")

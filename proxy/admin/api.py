@@ -44,7 +44,7 @@ from protocol.apis import ApiKey, api_name, response_header_version
 from protocol.encode import decode_request_body, encode_response, response_schema
 from protocol.errors import ProtocolError
 from protocol.headers import RequestHeader
-from proxy.pipeline import ConnectionContext, RequestVerdict, StageBase
+from proxy.flow.pipeline import ConnectionContext, RequestVerdict, StageBase
 from quotas.entity import CLIENT_ID, USER, QuotaEntity
 from quotas.table import QuotaChange, QuotaTable, format_value, validate_key_value
 

@@ -1,0 +1,1 @@
+"""The contract between a pump and the stages: connection context, verdicts, in-flight entries."""

@@ -1,0 +1,1 @@
+"""Pipeline stages: quota enforcement and throttling, quota callbacks, address rewriting, client software."""
