@@ -18,6 +18,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from proxy.admin.store import StoreConfig
+from proxy.fleet.config import FleetConfig
 from proxy.ops.disk_guard import StorageConfig
 from proxy.stages.callbacks import PLUGIN_KEYS, QuotaPlugins
 from quotas.config import QuotaConfig
@@ -214,11 +215,21 @@ class ProxyConfig(BaseModel):
     sasl: SaslConfig = SaslConfig()
     storage: StorageConfig | None = Field(
         default=None, description="storage-driven throttling of produce quotas (README)")
+    fleet: FleetConfig | None = Field(
+        default=None, description="one budget across every Sluice process naming the same fleet id "
+                                  "(README: Running a fleet); needs store.type: kafka")
 
     @field_validator("listen", mode="before")
     @classmethod
     def _listen(cls, value: Any) -> Any:
         return _host_port(value)
+
+    @model_validator(mode="after")
+    def _fleet_needs_shared_store(self) -> ProxyConfig:
+        if self.fleet is not None and self.store.type != "kafka":
+            raise ValueError(f"fleet: needs the shared quota store (store.type: kafka); with store.type: "
+                             f"{self.store.type} every member would have its own quotas")
+        return self
 
     @field_validator("proxy_protocol", mode="before")
     @classmethod

@@ -17,7 +17,7 @@ Per request the proxy calls `record_and_check(kind, identity, value)` and gets a
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import NamedTuple
 
@@ -79,6 +79,14 @@ class ThrottleStats:
         return self.total_ms / self.count if self.count else math.nan
 
 
+class FleetUsage(NamedTuple):
+    key: SensorKey
+    used_total: float
+    throttle_count: int
+    base_bound: float | None
+    share: float
+
+
 class SensorSnapshot(NamedTuple):
     key: SensorKey
     rate: SampledRate
@@ -88,8 +96,8 @@ class SensorSnapshot(NamedTuple):
 class _Sensor:
     """One sharing group's rate, its current bound and bookkeeping. Internal."""
 
-    __slots__ = ("bound", "entity", "key", "last_record_ms", "rate", "shadow", "shadow_throttles",
-                 "throttles", "touched_sweep_ms")
+    __slots__ = ("base_bound", "bound", "entity", "key", "last_record_ms", "rate", "shadow",
+                 "shadow_throttles", "share", "throttles", "touched_sweep_ms", "used_total")
 
     def __init__(self, key: SensorKey, rate: SampledRate, now_ms: int, sweep_ms: int) -> None:
         self.key = key
@@ -99,6 +107,9 @@ class _Sensor:
         # manager's sensor dict; last_record_ms >= touched_sweep_ms always.
         self.touched_sweep_ms = sweep_ms
         self.bound: float | None = None
+        self.base_bound: float | None = None  # the bound before the fleet share
+        self.share = 1.0                      # this process's share of the bound (fleet)
+        self.used_total = 0.0                 # everything recorded, for fleet usage reports
         self.entity: QuotaEntity | None = None
         self.shadow = False
         self.throttles = _ThrottleCounter()
@@ -150,6 +161,8 @@ class QuotaManager:
         self._enabled: dict[QuotaKind, bool] = dict.fromkeys(QuotaKind, self._custom)
         self._last_sweep_ms = clock.now_ms()
         self._scales: dict[QuotaKind, float] = {}  # storage throttle factors (set_limit_scale)
+        self._shares: Mapping[SensorKey, float] = {}  # fleet shares (set_shares)
+        self._standby_share = 1.0
         self._config = QuotaConfig(window=config.window)
         self._apply(config)
 
@@ -167,6 +180,7 @@ class QuotaManager:
         if sensor.touched_sweep_ms != self._last_sweep_ms:
             self._touch(sensor)
         sensor.rate.record(value, now)
+        sensor.used_total += value
         if self._observer is not None:
             self._observer.on_record(sensor.key, value, now)
         return self._decide(kind, sensor, now)
@@ -196,6 +210,7 @@ class QuotaManager:
         if sensor.touched_sweep_ms != self._last_sweep_ms:
             self._touch(sensor)
         sensor.rate.record(value, now)
+        sensor.used_total += value
         if self._observer is not None:
             self._observer.on_record(sensor.key, value, now)
 
@@ -254,6 +269,34 @@ class QuotaManager:
 
     def limit_scale(self, kind: QuotaKind) -> float:
         return self._scales.get(kind, 1.0)
+
+    def set_shares(self, shares: Mapping[SensorKey, float], standby: float) -> None:
+        """Fleet mode: this process enforces ``bound x share`` (`quotas.fleet`): `shares` for the
+        sharing groups it is active on, `standby` for every other (and every new) one. Sensors keep
+        their history. While a share is below 1 a byte-rate throttle is capped at the full quota
+        window, as for a storage factor, so a client held by a small share checks again within one
+        window once the shares move."""
+        for share in (standby, *shares.values()):
+            if not 0.0 < share <= 1.0:
+                raise ValueError(f"a share must be in (0, 1], got {share}")
+        self._shares = dict(shares)
+        self._standby_share = standby
+        for sensor in self._sensors.values():
+            share = self._shares.get(sensor.key, standby)
+            if share != sensor.share:
+                sensor.share = share
+                sensor.bound = None if sensor.base_bound is None else sensor.base_bound * share
+
+    def share_of(self, key: SensorKey) -> float:
+        return self._shares.get(key, self._standby_share)
+
+    def fleet_usage(self) -> Iterator[FleetUsage]:
+        """Per live sensor: everything recorded so far, throttles so far (enforced and shadow) and
+        the bound before the share; the fleet member turns differences into a usage report."""
+        for sensor in list(self._sensors.values()):
+            yield FleetUsage(sensor.key, sensor.used_total,
+                             sensor.throttles.count + sensor.shadow_throttles.count, sensor.base_bound,
+                             sensor.share)
 
     def close(self) -> None:
         self._callback.close()
@@ -360,9 +403,10 @@ class QuotaManager:
         if bound is not None and observed > bound:
             if kind in _CAPPED_KINDS:
                 throttle_ms = bounded_throttle_time_ms(observed, bound, window_ms, self._window_ms)
-            elif self._scales.get(kind, 1.0) < 1.0:
-                # A scaled (storage-throttled) bound, perhaps 0: cap at the full quota window so a
-                # client checks again, and resumes, within one window of the factor going back up.
+            elif self._scales.get(kind, 1.0) < 1.0 or sensor.share < 1.0:
+                # A scaled (storage-throttled) bound, perhaps 0, or a fleet share: cap at the full
+                # quota window so a client checks again, and resumes, within one window of the
+                # factor or share going back up.
                 throttle_ms = bounded_throttle_time_ms(observed, bound, window_ms,
                                                        self._rate_config.retention_ms)
             else:
@@ -376,10 +420,13 @@ class QuotaManager:
                                 self._config.shadow_all, None)
 
     def _bind_limit(self, sensor: _Sensor) -> None:
-        sensor.bound = self._callback.quota_limit(sensor.key)
+        bound = self._callback.quota_limit(sensor.key)
         scale = self._scales.get(sensor.key.kind)
-        if scale is not None and sensor.bound is not None:
-            sensor.bound *= scale
+        if scale is not None and bound is not None:
+            bound *= scale
+        sensor.base_bound = bound
+        sensor.share = self._shares.get(sensor.key, self._standby_share)
+        sensor.bound = None if bound is None else bound * sensor.share
         entity = self._matcher.matched_entity(sensor.key) if self._matcher is not None else None
         sensor.entity = entity
         entry = None if entity is None else self._config.get(entity)

@@ -1,0 +1,245 @@
+"""This process as a fleet member: every report interval, publish what it used, read what the
+others used, and set its local shares (`quotas.fleet` decides them; the quota managers enforce
+``limit x share`` with Kafka's windowed rate, so no decision ever waits on the exchange).
+
+*Constrained* (wants more than its share) means: a request was throttled on the group during the
+last interval, or a connection throttled on it is still muted (`FleetClaims`): a client held by a
+long throttle sends nothing, yet wants its share. A claim ends with its throttle or when its
+connection closes, so a client that goes away frees its share at once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from proxy.fleet.exchange import Exchange
+from proxy.flow.pipeline import ConnectionContext
+from proxy.stages.quota import QuotaManagers
+from quotas.clock import Clock
+from quotas.entity import SensorKey
+from quotas.fleet import (
+    FleetReportError,
+    FleetView,
+    GroupUsage,
+    ShareDecision,
+    UsageReport,
+    decode_report,
+    encode_report,
+)
+from quotas.manager import ThrottleDecision
+
+log = logging.getLogger("sluice.fleet")
+
+Group = tuple[str, SensorKey]
+
+
+class FleetClaims:
+    """Which sharing groups have a connection muted by a throttle right now (a `DecisionObserver`).
+
+    A decision does not say which manager made it, so a claim is held on the key in the
+    connection's broker scope and in the cluster-wide scopes; a claim on a group without a bound
+    changes nothing."""
+
+    def __init__(self, clock: Clock, scope_labels: tuple[str, ...]) -> None:
+        self._clock = clock
+        self._scope_labels = scope_labels
+        self._until: dict[Group, dict[int, int]] = {}
+        self._by_connection: dict[int, set[Group]] = {}
+
+    def on_violation(self, ctx: ConnectionContext, decision: ThrottleDecision) -> None:
+        ms = decision.throttle_time_ms
+        if ms <= 0:
+            return
+        until = self._clock.now_ms() + ms
+        broker = "bootstrap" if ctx.broker_id is None else str(ctx.broker_id)
+        for scope in (broker, *self._scope_labels):
+            group = (scope, decision.key)
+            holders = self._until.setdefault(group, {})
+            holders[ctx.connection_id] = max(until, holders.get(ctx.connection_id, 0))
+            self._by_connection.setdefault(ctx.connection_id, set()).add(group)
+
+    def connection_closed(self, connection_id: int) -> None:
+        for group in self._by_connection.pop(connection_id, ()):
+            holders = self._until.get(group)
+            if holders is not None:
+                holders.pop(connection_id, None)
+                if not holders:
+                    del self._until[group]
+
+    def claimed(self, now_ms: int) -> set[Group]:
+        """Groups with a throttle still running; forgets the finished ones."""
+        out = set()
+        for group, holders in list(self._until.items()):
+            for conn, until in list(holders.items()):
+                if until <= now_ms:
+                    del holders[conn]
+                    groups = self._by_connection.get(conn)
+                    if groups is not None:
+                        groups.discard(group)
+                        if not groups:
+                            del self._by_connection[conn]
+            if holders:
+                out.add(group)
+            else:
+                del self._until[group]
+        return out
+
+
+@dataclass(slots=True)
+class _Seen:
+    used_total: float
+    throttle_count: int
+
+
+class FleetMember:
+    """Runs the report loop; `tick` is one round and is what the unit tests drive."""
+
+    def __init__(self, view: FleetView, exchange: Exchange, managers: QuotaManagers, clock: Clock,
+                 claims: FleetClaims, interval_ms: int) -> None:
+        self.view = view
+        self.exchange = exchange
+        self.managers = managers
+        self.clock = clock
+        self.claims = claims
+        self.interval_ms = interval_ms
+        self._seq = 0
+        self._seen: dict[Group, _Seen] = {}
+        self._last_tick_ms: int | None = None
+        self._task: asyncio.Task[None] | None = None
+        self.decision = ShareDecision({}, 1.0, 1, fallback=False)
+        self.in_fallback = False
+        self.reports_received = 0
+        self.bad_reports = 0
+
+    @property
+    def name(self) -> str:
+        return self.view.member
+
+    def start(self) -> None:
+        self.exchange.start()
+        self._task = asyncio.get_running_loop().create_task(self._run(), name="fleet-member")
+        log.info("fleet %s: member %s, reports every %d ms over %s", self.view.fleet_id, self.name,
+                 self.interval_ms, self.exchange.describe())
+
+    async def close(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+        await asyncio.get_running_loop().run_in_executor(None, self.exchange.close)
+
+    async def _run(self) -> None:
+        while True:
+            await asyncio.sleep(self.interval_ms / 1000)
+            try:
+                self.tick()
+            except Exception:  # one bad round must not end the loop
+                log.exception("fleet: a report round failed")
+
+    def tick(self) -> None:
+        now = self.clock.now_ms()
+        for payload in self.exchange.drain():
+            try:
+                report = decode_report(payload)
+            except FleetReportError as exc:
+                self.bad_reports += 1
+                log.debug("fleet: ignoring a payload that is not a usage report: %s", exc)
+                continue
+            if self.view.receive(report, now):
+                self.reports_received += 1
+        elapsed_ms = self.interval_ms if self._last_tick_ms is None else max(1, now - self._last_tick_ms)
+        self._last_tick_ms = now
+        own, limits = self._own_usage(now, elapsed_ms)
+        self._seq += 1
+        self.exchange.publish(encode_report(UsageReport(self.view.fleet_id, self.name, self._seq,
+                                                        self.interval_ms, tuple(own))))
+        decision = self.view.decide(own, limits, now, channel_up=self.exchange.connected)
+        self._apply(decision)
+
+    def _own_usage(self, now_ms: int, elapsed_ms: int) -> tuple[list[GroupUsage], dict[Group, float | None]]:
+        claimed = self.claims.claimed(now_ms)
+        own: list[GroupUsage] = []
+        limits: dict[Group, float | None] = {}
+        seen: dict[Group, _Seen] = {}
+        for scope, manager in self.managers.labelled():
+            for usage in manager.fleet_usage():
+                group = (scope, usage.key)
+                limits[group] = usage.base_bound
+                before = self._seen.get(group)
+                seen[group] = _Seen(usage.used_total, usage.throttle_count)
+                if before is None:
+                    used = usage.used_total
+                    throttled = usage.throttle_count > 0
+                else:
+                    used = usage.used_total - before.used_total
+                    throttled = usage.throttle_count > before.throttle_count
+                used_per_s = max(0.0, used) * 1000.0 / elapsed_ms
+                constrained = throttled or group in claimed
+                if usage.base_bound is not None and (used_per_s > 0 or constrained):
+                    own.append(GroupUsage(scope, usage.key, used_per_s, constrained))
+        self._seen = seen
+        return own, limits
+
+    def _apply(self, decision: ShareDecision) -> None:
+        if decision.fallback != self.in_fallback:
+            if decision.fallback:
+                log.warning("fleet %s: exchange %s unreachable or silent; fallback: each quota x %.3f "
+                            "(%d member(s) last known)", self.view.fleet_id, self.exchange.describe(),
+                            decision.standby, decision.members)
+            else:
+                log.info("fleet %s: exchange back; %d member(s)", self.view.fleet_id, decision.members)
+            self.in_fallback = decision.fallback
+        elif decision.members != self.decision.members and not decision.fallback:
+            log.info("fleet %s: %d member(s) now (was %d)", self.view.fleet_id, decision.members,
+                     self.decision.members)
+        self.decision = decision
+        for scope, manager in self.managers.labelled():
+            shares = {key: share for (s, key), share in decision.shares.items() if s == scope}
+            manager.set_shares(shares, decision.standby)
+
+
+class FleetCollector(Collector):
+    """`sluice_fleet_*`: members seen, this member's share per entity, report age, exchange health."""
+
+    def __init__(self, member: FleetMember) -> None:
+        self._member = member
+
+    def collect(self) -> Iterator[Metric]:
+        m = self._member
+        now = m.clock.now_ms()
+        members = GaugeMetricFamily("sluice_fleet_members", "Fleet members this process hears from "
+                                    "(itself included; in fallback: the count it splits by)")
+        members.add_metric([], m.decision.members)
+        yield members
+        fallback = GaugeMetricFamily("sluice_fleet_fallback", "1 while the exchange is down and quotas are "
+                                     "split by the last known member count")
+        fallback.add_metric([], 1 if m.in_fallback else 0)
+        yield fallback
+        age = GaugeMetricFamily("sluice_fleet_newest_report_age_seconds",
+                                "Age of the newest report from another member")
+        newest = m.view.newest_report_age_ms(now)
+        if newest is not None:
+            age.add_metric([], newest / 1000)
+            yield age
+        errors = CounterMetricFamily("sluice_fleet_exchange_errors", "Failures to publish or read reports")
+        errors.add_metric([], m.exchange.errors)
+        yield errors
+        received = CounterMetricFamily("sluice_fleet_reports_received", "Usage reports read (own included)")
+        received.add_metric([], m.reports_received)
+        yield received
+        standby = GaugeMetricFamily("sluice_fleet_standby_share", "This member's share of every group it is "
+                                    "not active on")
+        standby.add_metric([], m.decision.standby)
+        yield standby
+        share = GaugeMetricFamily("sluice_fleet_share", "This member's share of an entity's quota",
+                                  labels=["broker", "kind", "user", "client_id"])
+        for (scope, key), value in m.decision.shares.items():
+            share.add_metric([scope, key.kind.value, key.user, key.client_id], value)
+        yield share

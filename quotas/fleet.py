@@ -1,0 +1,235 @@
+"""One budget across many enforcers: usage reports and shares, sans I/O.
+
+Every Sluice process of a fleet (each worker of each instance) is a *member*. Every
+`report_interval_ms` a member publishes a `UsageReport`: per sharing group (the manager's `scope`
+label, such as a broker id, and the `SensorKey`) what it admitted over the last interval
+(`used_per_s`, in the kind's unit per second) and whether it had to throttle (`constrained`: it
+wants more than it has). Every member reads every report (`FleetView`) and enforces, locally and
+with Kafka's windowed rate, ``limit x share``; the shares of the members that use a group sum to 1.
+
+**Shares** are weighted max-min fair (water-filling) over the members *active* on the group (used
+something in the interval, or throttled):
+
+* a constrained member wants without bound; an unconstrained one wants what it used, plus
+  `headroom` (20 %) so it can grow without first being throttled;
+* the quota is filled in increasing order of want: each member gets ``min(want, what is left /
+  members left)``; what nobody wants is split equally among the active members;
+* a member that is *not* active on a group (it has a sensor but used nothing lately, or has never
+  seen the group) holds a *standby* share of ``1 / live members``: a client that turns up there is
+  served at once, not starved, and the others learn of it with the next report. This is the only
+  over-admission while shares move: at most ``quota / members`` for about one interval.
+
+A member's own entry is taken from its fresh local counters, never from its echoed report, so
+its reaction to its own clients does not wait for the exchange.
+
+**Staleness.** A member not heard from for `member_timeout_ms` has left: its share returns to the
+others at the next computation. **Fallback.** While the exchange is down (nothing received, not
+even this member's own echo, for `member_timeout_ms`, or the channel says so) every group's share
+is ``1 / n`` with ``n`` the last known member count (`FleetFallback.SPLIT`, the default: the fleet
+as a whole never admits more than one budget), or 1 (`FleetFallback.FULL`: each member enforces
+the whole quota, failing open).
+"""
+
+from __future__ import annotations
+
+import enum
+import json
+import math
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+
+from quotas.entity import QuotaKind, SensorKey
+
+#: Report format version (`"v"` in the JSON); a reader ignores reports of another version.
+REPORT_VERSION = 1
+DEFAULT_HEADROOM = 0.2
+
+
+class FleetReportError(ValueError):
+    """A payload that is not a usage report of this format."""
+
+
+class FleetFallback(enum.Enum):
+    SPLIT = "split"   # 1 / last known member count: the fleet never exceeds one budget
+    FULL = "full"     # each member enforces the whole quota (fails open)
+
+
+@dataclass(frozen=True, slots=True)
+class GroupUsage:
+    """One sharing group in one member's report."""
+
+    scope: str            # the manager's `broker` label: a broker id, "bootstrap", "all", "cluster"
+    key: SensorKey
+    used_per_s: float     # admitted over the last interval, per second, in the kind's unit
+    constrained: bool     # throttled during the interval (it wants more than its share)
+
+
+@dataclass(frozen=True, slots=True)
+class UsageReport:
+    fleet_id: str
+    member: str
+    seq: int
+    interval_ms: int
+    groups: tuple[GroupUsage, ...] = ()
+
+
+def encode_report(report: UsageReport) -> bytes:
+    """Compact JSON: ``{"v", "fleet", "member", "seq", "interval_ms", "groups": [[scope, kind,
+    user, client_id, used_per_s, constrained], ...]}``."""
+    groups = [[g.scope, g.key.kind.value, g.key.user, g.key.client_id, round(g.used_per_s, 3),
+               1 if g.constrained else 0] for g in report.groups]
+    return json.dumps({"v": REPORT_VERSION, "fleet": report.fleet_id, "member": report.member,
+                       "seq": report.seq, "interval_ms": report.interval_ms, "groups": groups},
+                      separators=(",", ":")).encode()
+
+
+_KINDS = {k.value: k for k in QuotaKind}
+
+
+def decode_report(payload: bytes) -> UsageReport:
+    """The inverse of `encode_report`; anything else raises `FleetReportError`."""
+    try:
+        raw = json.loads(payload)
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise FleetReportError(f"not JSON: {exc}") from None
+    if not isinstance(raw, dict) or raw.get("v") != REPORT_VERSION:
+        raise FleetReportError("not a usage report of version 1")
+    try:
+        fleet_id, member, seq, interval_ms = raw["fleet"], raw["member"], raw["seq"], raw["interval_ms"]
+        if not (isinstance(fleet_id, str) and isinstance(member, str) and type(seq) is int
+                and type(interval_ms) is int and interval_ms > 0):
+            raise FleetReportError("bad header fields")
+        groups = []
+        for g in raw["groups"]:
+            scope, kind, user, client_id, used, constrained = g
+            if not (isinstance(scope, str) and isinstance(user, str) and isinstance(client_id, str)
+                    and isinstance(used, int | float) and not isinstance(used, bool) and math.isfinite(used)
+                    and used >= 0 and constrained in (0, 1)):
+                raise FleetReportError(f"bad group {g!r}")
+            groups.append(GroupUsage(scope, SensorKey(_KINDS[kind], user, client_id), float(used),
+                                     bool(constrained)))
+    except (KeyError, TypeError, ValueError) as exc:
+        if isinstance(exc, FleetReportError):
+            raise
+        raise FleetReportError(f"malformed report: {exc!r}") from None
+    return UsageReport(fleet_id, member, seq, interval_ms, tuple(groups))
+
+
+def water_fill(wants: Iterable[float]) -> list[float]:
+    """Max-min fair shares of 1 for the given wants (fractions of the quota, `math.inf` for
+    "as much as possible"), in the order given. What nobody wants is split equally."""
+    wants = list(wants)
+    n = len(wants)
+    if n == 0:
+        return []
+    shares = [0.0] * n
+    left = 1.0
+    order = sorted(range(n), key=lambda i: wants[i])
+    for pos, i in enumerate(order):
+        give = min(wants[i], left / (n - pos))
+        shares[i] = give
+        left -= give
+    if left > 1e-12:
+        extra = left / n
+        shares = [s + extra for s in shares]
+    return shares
+
+
+@dataclass(frozen=True, slots=True)
+class ShareDecision:
+    """Shares for one member at one moment: `shares` per (scope, key) where it is active,
+    `standby` for every other group, and why (for logs and metrics)."""
+
+    shares: Mapping[tuple[str, SensorKey], float]
+    standby: float
+    members: int
+    fallback: bool = False
+
+
+@dataclass(slots=True)
+class _Heard:
+    report: UsageReport
+    received_ms: int
+
+
+@dataclass(slots=True)
+class FleetView:
+    """What this member knows of the fleet: the newest report of every member, by receipt time."""
+
+    fleet_id: str
+    member: str
+    member_timeout_ms: int
+    headroom: float = DEFAULT_HEADROOM
+    fallback_mode: FleetFallback = FleetFallback.SPLIT
+    _heard: dict[str, _Heard] = field(default_factory=dict)
+    _last_any_ms: int | None = None
+    _last_known_members: int = 1
+    rejected: int = 0
+
+    def expect_members(self, n: int) -> None:
+        """The member count the fallback splits by until the fleet has been heard from."""
+        self._last_known_members = max(1, n)
+
+    def receive(self, report: UsageReport, now_ms: int) -> bool:
+        """Take a report (this member's own echo included). Reports of another fleet, or older
+        than the newest already heard from that member, are ignored."""
+        if report.fleet_id != self.fleet_id:
+            self.rejected += 1
+            return False
+        self._last_any_ms = now_ms
+        heard = self._heard.get(report.member)
+        if heard is not None and report.seq <= heard.report.seq:
+            return False
+        self._heard[report.member] = _Heard(report, now_ms)
+        return True
+
+    def live_members(self, now_ms: int) -> list[str]:
+        """Members heard from within the timeout (this member always counts); forgets the rest."""
+        cutoff = now_ms - self.member_timeout_ms
+        for name in [m for m, h in self._heard.items() if h.received_ms < cutoff]:
+            del self._heard[name]
+        live = set(self._heard)
+        live.add(self.member)
+        return sorted(live)
+
+    def exchange_silent(self, now_ms: int) -> bool:
+        """Nothing at all received (not even our own echo) for the member timeout."""
+        return self._last_any_ms is None or now_ms - self._last_any_ms > self.member_timeout_ms
+
+    def newest_report_age_ms(self, now_ms: int) -> int | None:
+        others = [h.received_ms for m, h in self._heard.items() if m != self.member]
+        return None if not others else now_ms - max(others)
+
+    def decide(self, own: Iterable[GroupUsage], limits: Mapping[tuple[str, SensorKey], float | None],
+               now_ms: int, *, channel_up: bool = True) -> ShareDecision:
+        """This member's shares. `own` is its fresh usage per group; `limits` the unshared limit of
+        every group it has a sensor for (None: unlimited, share irrelevant)."""
+        if not channel_up or self.exchange_silent(now_ms):
+            n = self._last_known_members
+            share = 1.0 if self.fallback_mode is FleetFallback.FULL else 1.0 / n
+            return ShareDecision({}, share, n, fallback=True)
+        live = self.live_members(now_ms)
+        self._last_known_members = len(live)
+        standby = 1.0 / len(live)
+        others: dict[tuple[str, SensorKey], list[GroupUsage]] = {}
+        for name in live:
+            if name == self.member:
+                continue
+            for g in self._heard[name].report.groups:
+                if g.used_per_s > 0 or g.constrained:
+                    others.setdefault((g.scope, g.key), []).append(g)
+        shares: dict[tuple[str, SensorKey], float] = {}
+        for mine in own:
+            if mine.used_per_s <= 0 and not mine.constrained:
+                continue
+            group = (mine.scope, mine.key)
+            limit = limits.get(group)
+            if limit is None or limit <= 0:
+                continue
+            peers = others.get(group, [])
+            wants = [self._want(g, limit) for g in (mine, *peers)]
+            shares[group] = water_fill(wants)[0]
+        return ShareDecision(shares, standby, len(live))
+
+    def _want(self, g: GroupUsage, limit: float) -> float:
+        return math.inf if g.constrained else g.used_per_s * (1.0 + self.headroom) / limit

@@ -1,0 +1,206 @@
+"""Fleet shares, sans I/O: the report codec, water-filling, the view's decisions, and a quota
+manager enforcing ``limit x share`` (fake clock; the arithmetic is in the comments)."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from quotas.clock import FakeClock
+from quotas.config import QuotaConfig
+from quotas.entity import ClientIdentity, QuotaKind, SensorKey
+from quotas.fleet import (
+    FleetFallback,
+    FleetReportError,
+    FleetView,
+    GroupUsage,
+    UsageReport,
+    decode_report,
+    encode_report,
+    water_fill,
+)
+from quotas.manager import QuotaManager
+
+KEY = SensorKey(QuotaKind.PRODUCE, "", "app")
+Q = 1_000_000.0  # bytes/s
+
+
+def report(member: str, seq: int, *groups: GroupUsage, fleet: str = "f") -> UsageReport:
+    return UsageReport(fleet, member, seq, 500, groups)
+
+
+def g(used: float, constrained: bool = False, scope: str = "1", key: SensorKey = KEY) -> GroupUsage:
+    return GroupUsage(scope, key, used, constrained)
+
+
+# ---------------------------------------------------------------------------------- codec
+
+def test_report_round_trips() -> None:
+    r = report("a/w0/1", 7, g(1234.5, True), g(0.0, False, "cluster",
+                                                SensorKey(QuotaKind.REQUEST_RATE, "alice", "")))
+    assert decode_report(encode_report(r)) == r
+
+
+@pytest.mark.parametrize("payload", [
+    b"", b"\xff", b"[]", b'{"v": 2}', b'{"v":1,"fleet":"f","member":"m","seq":1,"interval_ms":0,"groups":[]}',
+    b'{"v":1,"fleet":"f","member":"m","seq":1,"interval_ms":500,"groups":[["1","nope","","",1,0]]}',
+    b'{"v":1,"fleet":"f","member":"m","seq":1,"interval_ms":500,"groups":[["1","producer_byte_rate","","",-1,0]]}',
+    b'{"v":1,"fleet":"f","member":"m","seq":1,"interval_ms":500,"groups":[["1"]]}',
+    b'{"v":1,"fleet":"f","member":"m","seq":"1","interval_ms":500,"groups":[]}',
+])
+def test_garbage_is_a_report_error(payload: bytes) -> None:
+    with pytest.raises(FleetReportError):
+        decode_report(payload)
+
+
+# ---------------------------------------------------------------------------------- water-filling
+
+def test_water_fill() -> None:
+    # three that want all they can get: a third each
+    assert water_fill([math.inf] * 3) == pytest.approx([1 / 3] * 3)
+    # one wants 0.1: it gets 0.1, the other two split 0.9
+    assert water_fill([math.inf, 0.1, math.inf]) == pytest.approx([0.45, 0.1, 0.45])
+    # nobody is constrained: wants 0.2 and 0.3, the 0.5 left is split equally -> 0.45, 0.55
+    assert water_fill([0.2, 0.3]) == pytest.approx([0.45, 0.55])
+    # shares always sum to 1
+    assert sum(water_fill([0.7, math.inf, 0.05, 2.0])) == pytest.approx(1.0)
+    assert water_fill([]) == []
+
+
+# ---------------------------------------------------------------------------------- the view
+
+def view(member: str = "a", timeout_ms: int = 1500, **kw: object) -> FleetView:
+    return FleetView("f", member, timeout_ms, **kw)  # type: ignore[arg-type]
+
+
+def test_three_constrained_members_get_a_third_each() -> None:
+    v = view()
+    v.receive(report("b", 1, g(300_000, True)), 0)
+    v.receive(report("c", 1, g(300_000, True)), 0)
+    d = v.decide([g(300_000, True)], {("1", KEY): Q}, 100)
+    assert d.members == 3 and not d.fallback
+    assert d.shares[("1", KEY)] == pytest.approx(1 / 3)
+    assert d.standby == pytest.approx(1 / 3)
+
+
+def test_idle_peers_leave_the_whole_quota_to_the_active_member() -> None:
+    # b and c still report, but used nothing and are not throttled: they are not active on KEY
+    v = view()
+    v.receive(report("b", 2, g(0.0, False)), 0)
+    v.receive(report("c", 2), 0)
+    d = v.decide([g(400_000, True)], {("1", KEY): Q}, 100)
+    assert d.shares[("1", KEY)] == pytest.approx(1.0)
+    # ... while a member with no traffic of its own on a group holds the standby share 1/3
+    assert ("1", KEY) not in v.decide([], {("1", KEY): Q}, 100).shares
+
+
+def test_an_unconstrained_peer_keeps_what_it_uses_plus_headroom() -> None:
+    # b uses 200 kB/s unthrottled: it wants 200k x 1.2 = 240k = 0.24 Q; a (constrained) gets 0.76
+    v = view()
+    v.receive(report("b", 1, g(200_000, False)), 0)
+    d = v.decide([g(700_000, True)], {("1", KEY): Q}, 100)
+    assert d.shares[("1", KEY)] == pytest.approx(0.76)
+
+
+def test_groups_are_per_scope() -> None:
+    # b is active on broker 2 only: on broker 1 a is alone
+    v = view()
+    v.receive(report("b", 1, g(500_000, True, scope="2")), 0)
+    d = v.decide([g(500_000, True, scope="1"), g(500_000, True, scope="2")],
+                 {("1", KEY): Q, ("2", KEY): Q}, 100)
+    assert d.shares[("1", KEY)] == pytest.approx(1.0)
+    assert d.shares[("2", KEY)] == pytest.approx(0.5)
+
+
+def test_a_silent_member_leaves_after_the_timeout() -> None:
+    v = view(timeout_ms=1500)
+    v.receive(report("b", 1, g(1, True)), 0)
+    v.receive(report("a", 1), 1000)  # our own echo keeps the channel alive
+    assert v.decide([g(1, True)], {("1", KEY): Q}, 1500).shares[("1", KEY)] == pytest.approx(0.5)
+    v.receive(report("a", 2), 1600)
+    # b last heard at 0, now 1501 ms later > 1500: gone
+    d = v.decide([g(1, True)], {("1", KEY): Q}, 1501 + 100)
+    assert d.members == 1 and d.shares[("1", KEY)] == pytest.approx(1.0)
+
+
+def test_reports_of_another_fleet_and_old_reports_are_ignored() -> None:
+    v = view()
+    assert not v.receive(report("b", 1, g(1, True), fleet="other"), 0)
+    assert v.rejected == 1
+    assert v.receive(report("b", 5, g(1, True)), 0)
+    assert not v.receive(report("b", 4), 10)  # older than what we have
+    assert v.decide([g(1, True)], {("1", KEY): Q}, 20).shares[("1", KEY)] == pytest.approx(0.5)
+
+
+def test_fallback_splits_by_the_last_known_member_count() -> None:
+    v = view(timeout_ms=1500)
+    for m in ("b", "c", "d"):
+        v.receive(report(m, 1, g(1, True)), 0)
+    assert v.decide([g(1, True)], {("1", KEY): Q}, 100).members == 4
+    # nothing at all for longer than the timeout: the exchange is down
+    d = v.decide([g(1, True)], {("1", KEY): Q}, 1700)
+    assert d.fallback and d.members == 4 and d.shares == {} and d.standby == pytest.approx(0.25)
+    # the channel itself can say it is down, too
+    v.receive(report("a", 9), 1800)
+    assert v.decide([], {}, 1800, channel_up=False).fallback
+
+
+def test_fallback_full_fails_open_and_expected_members_before_first_contact() -> None:
+    assert view(fallback_mode=FleetFallback.FULL).decide([], {}, 0).standby == 1.0
+    v = view()
+    v.expect_members(3)
+    d = v.decide([], {}, 0)
+    assert d.fallback and d.standby == pytest.approx(1 / 3)
+
+
+# ---------------------------------------------------------------------------------- the manager
+
+def config(rate: float) -> QuotaConfig:
+    return QuotaConfig.from_dict({"entries": [{"client_id": "app", "producer_byte_rate": rate}]})
+
+
+def test_manager_enforces_the_bound_times_the_share() -> None:
+    clock = FakeClock()
+    m = QuotaManager(config(Q), clock, sticky_quotas_enabled=False)
+    who = ClientIdentity.of("ANONYMOUS", "app")
+    m.record_and_check(QuotaKind.PRODUCE, who, 1)  # create the sensor
+    m.set_shares({KEY: 0.25}, standby=0.5)
+    assert m.quota_bound(KEY) == pytest.approx(250_000)
+    # a young sensor's window is padded to (11 - 1) x 1 s = 10 s: 3 000 000 bytes are a rate of
+    # 300 000 > 250 000; throttle = (300000 - 250000) / 250000 x 10000 = 2000 ms
+    d = m.record_and_check(QuotaKind.PRODUCE, who, 2_999_999)
+    assert d.bound == pytest.approx(250_000) and d.observed == pytest.approx(300_000)
+    assert d.throttle_time_ms == 2000
+    # without a share the same rate is far under 1 MB/s
+    m.set_shares({}, standby=1.0)
+    assert m.quota_bound(KEY) == Q
+    assert m.check(QuotaKind.PRODUCE, who).throttle_time_ms == 0
+
+
+def test_a_share_caps_byte_throttles_at_the_quota_window() -> None:
+    clock = FakeClock()
+    m = QuotaManager(config(Q), clock, sticky_quotas_enabled=False)
+    who = ClientIdentity.of("ANONYMOUS", "app")
+    m.set_shares({}, standby=0.01)
+    # rate 100e6 / 11 s = 9.09e6 against 10 000: uncapped it would be ~10 000 s; capped at the
+    # retention of 11 samples x 1 s = 11 000 ms
+    assert m.record_and_check(QuotaKind.PRODUCE, who, 100e6).throttle_time_ms == 11_000
+
+
+def test_fleet_usage_counts_what_was_recorded_and_throttled() -> None:
+    clock = FakeClock()
+    m = QuotaManager(config(Q), clock, sticky_quotas_enabled=False)
+    who = ClientIdentity.of("ANONYMOUS", "app")
+    m.record_and_check(QuotaKind.PRODUCE, who, 1000)
+    m.record_and_check(QuotaKind.PRODUCE, who, 100e6)   # throttled
+    m.unrecord(QuotaKind.PRODUCE, who, 500)
+    (usage,) = list(m.fleet_usage())
+    assert usage.key == KEY and usage.used_total == 1000 + 100e6 - 500
+    assert usage.throttle_count == 1 and usage.base_bound == Q and usage.share == 1.0
+
+
+def test_shares_must_be_positive() -> None:
+    m = QuotaManager(config(Q), FakeClock())
+    with pytest.raises(ValueError):
+        m.set_shares({KEY: 0.0}, standby=1.0)
