@@ -23,6 +23,7 @@ from proxy.admin.store import QuotaStore, StoreError, open_store, reconcile_seed
 from proxy.config import ProxyConfig
 from proxy.stages.quota import QuotaManagers
 from quotas.config import QuotaConfig
+from quotas.errors import QuotaConfigError
 from quotas.table import QuotaChange, QuotaTable
 
 log = logging.getLogger("sluice.quota_store")
@@ -41,6 +42,8 @@ class QuotaService:
         yaml = config.quota_config()
         self._shadow_all = yaml.shadow_all
         self._window = yaml.window
+        self._rate_model = yaml.rate_model
+        self._burst_ms = yaml.burst_ms
         self.table = QuotaTable()
         self._tasks: set[asyncio.Task[None]] = set()
 
@@ -93,6 +96,8 @@ class QuotaService:
         yaml = config.quota_config()
         self._config = config
         self._shadow_all = yaml.shadow_all
+        self._rate_model = yaml.rate_model
+        self._burst_ms = yaml.burst_ms
         seed = QuotaTable.from_config(yaml)
         outcome = await self._run(reconcile_seed, self.store, seed, config.instance)
         self._set(outcome.table, force=True)
@@ -136,7 +141,19 @@ class QuotaService:
 
     def config(self) -> QuotaConfig:
         """The enforcement view of the current table, with the YAML's global settings."""
-        return self.table.to_config(shadow_all=self._shadow_all, window=self._window)
+        return self._config_of(self.table)
+
+    def _config_of(self, table: QuotaTable) -> QuotaConfig:
+        return table.to_config(shadow_all=self._shadow_all, window=self._window,
+                               rate_model=self._rate_model, burst_ms=self._burst_ms)
+
+    def check_table(self, table: QuotaTable) -> str | None:
+        """Why `table` cannot be enforced with the YAML's global settings, or None."""
+        try:
+            self._config_of(table)
+        except QuotaConfigError as exc:
+            return str(exc)
+        return None
 
     async def close(self) -> None:
         if self._store is not None:

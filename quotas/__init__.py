@@ -43,8 +43,14 @@ from quotas.manager import (
     ThrottleDecision,
     ThrottleStats,
 )
-from quotas.stats import RateConfig, SampledRate
-from quotas.throttle import MAX_THROTTLE_TIME_MS, bounded_throttle_time_ms, java_round, throttle_time_ms
+from quotas.stats import BucketShape, RateConfig, RateModel, SampledRate, TokenBucket
+from quotas.throttle import (
+    MAX_THROTTLE_TIME_MS,
+    bounded_throttle_time_ms,
+    bucket_throttle_time_ms,
+    java_round,
+    throttle_time_ms,
+)
 
 __all__ = [
     "DEFAULT",
@@ -53,6 +59,7 @@ __all__ = [
     "NO_LEADER",
     "SENSOR_SWEEP_INTERVAL_MS",
     "UNAUTHENTICATED_PRINCIPAL",
+    "BucketShape",
     "ClientIdentity",
     "Clock",
     "ClusterView",
@@ -70,6 +77,7 @@ __all__ = [
     "QuotaManager",
     "QuotaValues",
     "RateConfig",
+    "RateModel",
     "RecordObserver",
     "SampledRate",
     "SensorKey",
@@ -77,7 +85,9 @@ __all__ = [
     "SystemClock",
     "ThrottleDecision",
     "ThrottleStats",
+    "TokenBucket",
     "bounded_throttle_time_ms",
+    "bucket_throttle_time_ms",
     "java_round",
     "sanitize_user",
     "throttle_time_ms",

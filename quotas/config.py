@@ -7,24 +7,26 @@ YAML shape (``quotas:`` section)::
 
     shadow: false                       # shadow_all: compute throttles, never enforce them
     window: {samples: 11, size_ms: 1000}
+    rate_model: windowed                # or token_bucket (`quotas.stats.RateModel`); per entry too
+    burst_ms: 11000                     # token bucket: burst = quota x burst_ms (<= samples x size_ms)
     entries:
       - {user: alice, client_id: "<default>", producer_byte_rate: 1048576, shadow: true}
-      - {user: "<default>", consumer_byte_rate: 2097152}
+      - {user: "<default>", consumer_byte_rate: 2097152, rate_model: token_bucket, burst_ms: 2000}
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Iterable, Iterator, Mapping
-from dataclasses import dataclass, field
-from typing import Annotated, Any
+from dataclasses import dataclass, field, replace
+from typing import Annotated, Any, Literal
 
 import pydantic
 from pydantic import BaseModel, ConfigDict, Field
 
 from quotas.entity import DEFAULT, Name, QuotaEntity, QuotaKind
 from quotas.errors import QuotaConfigError, join_key
-from quotas.stats import RateConfig
+from quotas.stats import BucketShape, RateConfig, RateModel, check_burst_ms
 
 #: Kafka LONG configs must fit a Java long.
 _LONG_MAX = 2**63 - 1
@@ -84,11 +86,16 @@ class QuotaValues(Mapping[QuotaKind, float]):
 @dataclass(frozen=True)
 class QuotaEntry:
     """The quota values configured for one entity. `shadow` entries are measured and reported but
-    never throttle (`ThrottleDecision.throttle_time_ms` is 0, `would_throttle_ms` is not)."""
+    never throttle (`ThrottleDecision.throttle_time_ms` is 0, `would_throttle_ms` is not).
+
+    `rate_model` and `burst_ms` choose this entry's `RateModel` and token-bucket burst; `None`
+    takes the config's global ones. A `burst_ms` with ``rate_model=WINDOWED`` is refused."""
 
     entity: QuotaEntity
     values: Mapping[QuotaKind, float]
     shadow: bool = False
+    rate_model: RateModel | None = None
+    burst_ms: int | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.entity, QuotaEntity):
@@ -102,6 +109,15 @@ class QuotaEntry:
                 raise QuotaConfigError(str(kind), "unknown quota kind")
             checked.append((kind, validate_quota_value(kind, value)))
         object.__setattr__(self, "values", QuotaValues(checked))
+        if self.rate_model is not None and not isinstance(self.rate_model, RateModel):
+            raise QuotaConfigError("rate_model", f"must be a RateModel, got {self.rate_model!r}")
+        if self.burst_ms is not None:
+            if self.rate_model is RateModel.WINDOWED:
+                raise QuotaConfigError("burst_ms", "applies only to rate_model token_bucket, "
+                                                   "and this entry says windowed")
+            if isinstance(self.burst_ms, bool) or not isinstance(self.burst_ms, int) or self.burst_ms < 1:
+                raise QuotaConfigError("burst_ms", f"must be a whole number of ms >= 1, "
+                                                   f"got {self.burst_ms!r}")
 
 
 @dataclass(frozen=True)
@@ -110,11 +126,15 @@ class QuotaConfig:
 
     `shadow_all` turns every decision into a shadow one. `window` is the rate window (Kafka's
     `quota.window.num` / `quota.window.size.seconds`); like Kafka's it is fixed at start-up.
+    `rate_model` and `burst_ms` are the defaults of entries that do not set their own; every
+    `burst_ms` must fit the window (Kafka's burst, ``samples x size_ms``, is the most).
     """
 
     entries: tuple[QuotaEntry, ...] = ()
     shadow_all: bool = False
     window: RateConfig = field(default_factory=RateConfig)
+    rate_model: RateModel = RateModel.WINDOWED
+    burst_ms: int | None = None
     _by_entity: Mapping[QuotaEntity, QuotaEntry] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -126,8 +146,30 @@ class QuotaConfig:
             if entry.entity in by_entity:
                 raise QuotaConfigError(f"entries[{i}]", f"duplicate entity {entry.entity.describe()}")
             by_entity[entry.entity] = entry
+            if entry.burst_ms is not None:
+                try:
+                    check_burst_ms(self.window, entry.burst_ms)
+                except QuotaConfigError as e:
+                    raise e.under(f"entries[{i}]") from None
+        if not isinstance(self.rate_model, RateModel):
+            raise QuotaConfigError("rate_model", f"must be a RateModel, got {self.rate_model!r}")
+        if self.burst_ms is not None:
+            check_burst_ms(self.window, self.burst_ms)
         object.__setattr__(self, "entries", entries)
         object.__setattr__(self, "_by_entity", by_entity)
+
+    def model_of(self, entry: QuotaEntry | None) -> RateModel:
+        """The rate model enforcing `entry` (its own, else the global one)."""
+        if entry is None or entry.rate_model is None:
+            return self.rate_model
+        return entry.rate_model
+
+    def bucket_of(self, entry: QuotaEntry | None) -> BucketShape | None:
+        """The token bucket's shape for `entry`, or None when its model is windowed."""
+        if self.model_of(entry) is not RateModel.TOKEN_BUCKET:
+            return None
+        burst_ms = entry.burst_ms if entry is not None and entry.burst_ms is not None else self.burst_ms
+        return BucketShape.of(self.window, burst_ms)
 
     def get(self, entity: QuotaEntity) -> QuotaEntry | None:
         return self._by_entity.get(entity)
@@ -155,14 +197,16 @@ class QuotaConfig:
             entries = tuple(entry if e.entity == entry.entity else e for e in self.entries)
         else:
             entries = (*self.entries, entry)
-        return QuotaConfig(entries, self.shadow_all, self.window)
+        return replace(self, entries=entries)
 
     def with_value(self, entity: QuotaEntity, kind: QuotaKind, value: float) -> QuotaConfig:
         """Set one key (kafka-configs ``--add-config``), keeping the entity's other keys."""
         entry = self._by_entity.get(entity)
         values = dict(entry.values) if entry else {}
         values[kind] = value
-        return self.with_entry(QuotaEntry(entity, values, entry.shadow if entry else False))
+        if entry is None:
+            return self.with_entry(QuotaEntry(entity, values))
+        return self.with_entry(replace(entry, values=values))
 
     def without_key(self, entity: QuotaEntity, kind: QuotaKind) -> QuotaConfig:
         """Remove one key (kafka-configs ``--delete-config``); an entity left with no keys goes.
@@ -173,15 +217,15 @@ class QuotaConfig:
         values = {k: v for k, v in entry.values.items() if k is not kind}
         if not values:
             return self.without_entity(entity)
-        return self.with_entry(QuotaEntry(entity, values, entry.shadow))
+        return self.with_entry(replace(entry, values=values))
 
     def without_entity(self, entity: QuotaEntity) -> QuotaConfig:
         if entity not in self._by_entity:
             return self
-        return QuotaConfig(tuple(e for e in self.entries if e.entity != entity), self.shadow_all, self.window)
+        return replace(self, entries=tuple(e for e in self.entries if e.entity != entity))
 
     def with_shadow_all(self, shadow_all: bool) -> QuotaConfig:
-        return QuotaConfig(self.entries, shadow_all, self.window)
+        return replace(self, shadow_all=shadow_all)
 
     @classmethod
     def from_dict(cls, data: object, *, path: str = "quotas") -> QuotaConfig:
@@ -198,6 +242,7 @@ class QuotaConfig:
         problems: list[tuple[str, str]] = []
         entries: list[QuotaEntry] = []
         seen: dict[QuotaEntity, int] = {}
+        window = RateConfig(samples=model.window.samples, window_ms=model.window.size_ms)
         for i, raw in enumerate(model.entries):
             where = join_key(path, f"entries[{i}]")
             try:
@@ -223,12 +268,27 @@ class QuotaConfig:
                                         f"(already at entries[{seen[entity]}])"))
                 continue
             seen[entity] = i
+            rate_model = None if raw.rate_model is None else RateModel(raw.rate_model)
+            if raw.burst_ms is not None:
+                if rate_model is RateModel.WINDOWED:
+                    problems.append((join_key(where, "burst_ms"),
+                                     "applies only to rate_model token_bucket, and this entry says windowed"))
+                    continue
+                try:
+                    check_burst_ms(window, raw.burst_ms)
+                except QuotaConfigError as e:
+                    problems.extend(e.under(where).problems)
+                    continue
             if values:
-                entries.append(QuotaEntry(entity, values, raw.shadow))
+                entries.append(QuotaEntry(entity, values, raw.shadow, rate_model, raw.burst_ms))
+        if model.burst_ms is not None:
+            try:
+                check_burst_ms(window, model.burst_ms)
+            except QuotaConfigError as e:
+                problems.extend(e.under(path).problems)
         if problems:
             raise QuotaConfigError.of(problems)
-        window = RateConfig(samples=model.window.samples, window_ms=model.window.size_ms)
-        return cls(tuple(entries), model.shadow, window)
+        return cls(tuple(entries), model.shadow, window, RateModel(model.rate_model), model.burst_ms)
 
     def to_dict(self) -> dict[str, Any]:
         """The inverse of `from_dict` (``<default>`` for defaults, absent components omitted)."""
@@ -243,15 +303,24 @@ class QuotaConfig:
                 item[kind.value] = int(value) if kind.is_byte_rate else value
             if entry.shadow:
                 item["shadow"] = True
+            if entry.rate_model is not None:
+                item["rate_model"] = entry.rate_model.value
+            if entry.burst_ms is not None:
+                item["burst_ms"] = entry.burst_ms
             entries.append(item)
-        return {"shadow": self.shadow_all,
-                "window": {"samples": self.window.samples, "size_ms": self.window.window_ms},
-                "entries": entries}
+        out: dict[str, Any] = {"shadow": self.shadow_all,
+                               "window": {"samples": self.window.samples, "size_ms": self.window.window_ms},
+                               "rate_model": self.rate_model.value}
+        if self.burst_ms is not None:
+            out["burst_ms"] = self.burst_ms
+        out["entries"] = entries
+        return out
 
 
 # ---- parsing models (structure and types only; values go through validate_quota_value) ----
 
 _Number = Annotated[float, pydantic.Strict()]
+_RateModelName = Literal["windowed", "token_bucket"]
 
 
 class _WindowModel(BaseModel):
@@ -271,6 +340,8 @@ class _EntryModel(BaseModel):
     request_percentage: _Number | None = None
     request_rate: _Number | None = None
     shadow: bool = False
+    rate_model: _RateModelName | None = None
+    burst_ms: int | None = None
 
 
 class _QuotasModel(BaseModel):
@@ -278,6 +349,8 @@ class _QuotasModel(BaseModel):
 
     shadow: bool = False
     window: _WindowModel = _WindowModel()
+    rate_model: _RateModelName = "windowed"
+    burst_ms: int | None = None
     entries: list[_EntryModel] = []
 
 

@@ -27,8 +27,8 @@ from quotas.cluster import ClusterView
 from quotas.config import QuotaConfig
 from quotas.entity import ClientIdentity, QuotaEntity, QuotaKind, SensorKey
 from quotas.errors import QuotaConfigError
-from quotas.stats import RateConfig, SampledRate
-from quotas.throttle import bounded_throttle_time_ms, throttle_time_ms
+from quotas.stats import RateConfig, SampledRate, TokenBucket
+from quotas.throttle import bucket_throttle_time_ms, throttle_time_ms
 
 #: Kafka's `INACTIVE_SENSOR_EXPIRATION_TIME_SECONDS`.
 DEFAULT_SENSOR_IDLE_EXPIRY_MS = 3_600_000
@@ -96,8 +96,8 @@ class SensorSnapshot(NamedTuple):
 class _Sensor:
     """One sharing group's rate, its current bound and bookkeeping. Internal."""
 
-    __slots__ = ("base_bound", "bound", "entity", "key", "last_record_ms", "rate", "shadow",
-                 "shadow_throttles", "share", "throttles", "touched_sweep_ms", "used_total")
+    __slots__ = ("base_bound", "bound", "bucket", "burst_s", "entity", "key", "last_record_ms", "rate",
+                 "shadow", "shadow_throttles", "share", "throttles", "touched_sweep_ms", "used_total")
 
     def __init__(self, key: SensorKey, rate: SampledRate, now_ms: int, sweep_ms: int) -> None:
         self.key = key
@@ -110,6 +110,10 @@ class _Sensor:
         self.base_bound: float | None = None  # the bound before the fleet share
         self.share = 1.0                      # this process's share of the bound (fleet)
         self.used_total = 0.0                 # everything recorded, for fleet usage reports
+        # rate_model token_bucket: the bucket (throttles from it; `rate` stays the metric, as in
+        # KIP-599) and its burst in seconds of the bound. None under the windowed model.
+        self.bucket: TokenBucket | None = None
+        self.burst_s = 0.0
         self.entity: QuotaEntity | None = None
         self.shadow = False
         self.throttles = _ThrottleCounter()
@@ -181,6 +185,8 @@ class QuotaManager:
             self._touch(sensor)
         sensor.rate.record(value, now)
         sensor.used_total += value
+        if sensor.bucket is not None and sensor.bound is not None:
+            sensor.bucket.record(value, sensor.bound, sensor.bound * sensor.burst_s, now)
         if self._observer is not None:
             self._observer.on_record(sensor.key, value, now)
         return self._decide(kind, sensor, now)
@@ -211,6 +217,8 @@ class QuotaManager:
             self._touch(sensor)
         sensor.rate.record(value, now)
         sensor.used_total += value
+        if sensor.bucket is not None and sensor.bound is not None:
+            sensor.bucket.record(value, sensor.bound, sensor.bound * sensor.burst_s, now)
         if self._observer is not None:
             self._observer.on_record(sensor.key, value, now)
 
@@ -399,18 +407,21 @@ class QuotaManager:
         total, window_ms = sensor.rate.measure_parts(now)
         observed = total / (window_ms / 1000.0)
         bound = sensor.bound
+        bucket = sensor.bucket
         throttle_ms = 0
-        if bound is not None and observed > bound:
+        if bound is not None and (bucket is not None or observed > bound):
+            if bucket is None:
+                throttle_ms = throttle_time_ms(observed, bound, window_ms)
+            else:  # rate_model token_bucket: the time to refill the credits to zero
+                credits = bucket.measure(bound, bound * sensor.burst_s, now)
+                throttle_ms = bucket_throttle_time_ms(credits, bound)
             if kind in _CAPPED_KINDS:
-                throttle_ms = bounded_throttle_time_ms(observed, bound, window_ms, self._window_ms)
+                throttle_ms = min(throttle_ms, self._window_ms)
             elif self._scales.get(kind, 1.0) < 1.0 or sensor.share < 1.0:
                 # A scaled (storage-throttled) bound, perhaps 0, or a fleet share: cap at the full
                 # quota window so a client checks again, and resumes, within one window of the
                 # factor or share going back up.
-                throttle_ms = bounded_throttle_time_ms(observed, bound, window_ms,
-                                                       self._rate_config.retention_ms)
-            else:
-                throttle_ms = throttle_time_ms(observed, bound, window_ms)
+                throttle_ms = min(throttle_ms, self._rate_config.retention_ms)
             if count and throttle_ms > 0:
                 (sensor.shadow_throttles if sensor.shadow else sensor.throttles).add(throttle_ms)
         return ThrottleDecision(kind, sensor.key, throttle_ms, observed, bound, sensor.shadow, sensor.entity)
@@ -431,6 +442,13 @@ class QuotaManager:
         sensor.entity = entity
         entry = None if entity is None else self._config.get(entity)
         sensor.shadow = self._config.shadow_all or (entry is not None and entry.shadow)
+        shape = self._config.bucket_of(entry)
+        if shape is None:
+            sensor.bucket = None
+        else:  # a bucket that already exists keeps its credits (clipped to a smaller burst)
+            if sensor.bucket is None:
+                sensor.bucket = TokenBucket()
+            sensor.burst_s = shape.burst_ms / 1000.0
 
     def _install(self, callback: QuotaCallback) -> None:
         self._custom = not isinstance(callback, DefaultQuotaCallback)

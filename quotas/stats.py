@@ -20,6 +20,7 @@ Side effects are Kafka's too: measuring an empty stat creates a sample starting 
 
 from __future__ import annotations
 
+import enum
 from dataclasses import dataclass
 
 from quotas.errors import QuotaConfigError
@@ -145,3 +146,106 @@ class SampledRate:
         samples = ", ".join(f"({v:g} @{s}..{last})" for v, s, last in
                             zip(self._values, self._starts, self._lasts, strict=True))
         return f"SampledRate({self._config}, current={self._current}, samples=[{samples}])"
+
+
+class RateModel(enum.Enum):
+    """How a quota turns recorded values into a throttle.
+
+    * `WINDOWED` (the default, Kafka's byte and request quotas): the sampled `SampledRate` above,
+      throttle ``(rate - quota) / quota x window``. A fresh or long-idle client may burst up to
+      about ``(samples - 1) x window x quota`` and then sends in a sawtooth.
+    * `TOKEN_BUCKET` (Kafka's `TokenBucket`, KIP-599, which Kafka uses only for controller
+      mutations): credits refill at the quota up to a burst, a record takes credits (they may go
+      negative), the quota is violated while credits < 0 and the throttle is the time to refill to
+      zero. A saturating client moves at the quota with no periodic bursts.
+    """
+
+    WINDOWED = "windowed"
+    TOKEN_BUCKET = "token_bucket"
+
+    __hash__ = object.__hash__
+
+
+class TokenBucket:
+    """Kafka's `TokenBucket` stat (``org.apache.kafka.common.metrics.stats.TokenBucket``).
+
+    The quota (refill rate, units per second) and the burst (the most credits the bucket holds)
+    are passed on every call, as Kafka reads them from the sensor's `MetricConfig` each time, so
+    a changed bound applies from the next call with the credits kept (clipped to the new burst).
+
+    * refill(now): ``credits = min(burst, credits + quota x (now - last) / 1000)``, ``last = now``;
+    * record(v, now): refill, then ``credits = min(burst, credits - v)``: credits may go negative,
+      and a negative `v` (Kafka's fetch un-record) gives credits back, never beyond the burst;
+    * measure(now): refill, then the credits.
+
+    Kafka starts a bucket at 0 credits updated at epoch 0, so its first refill fills it; here the
+    first call fills it explicitly (the same, and also for a clock that starts near 0).
+    """
+
+    __slots__ = ("_credits", "_last_ms")
+
+    def __init__(self) -> None:
+        self._credits: float | None = None  # None until the first call: then full
+        self._last_ms = 0
+
+    def record(self, value: float, quota: float, burst: float, now_ms: int) -> None:
+        credits = self._refill(quota, burst, now_ms)
+        self._credits = min(burst, credits - value)
+
+    def measure(self, quota: float, burst: float, now_ms: int) -> float:
+        """The credits at `now_ms` after refilling (negative: in violation)."""
+        return self._refill(quota, burst, now_ms)
+
+    def _refill(self, quota: float, burst: float, now_ms: int) -> float:
+        credits = self._credits
+        if credits is None:
+            credits = burst
+        else:
+            credits = min(burst, credits + quota * ((now_ms - self._last_ms) / 1000.0))
+        self._credits = credits
+        self._last_ms = now_ms
+        return credits
+
+    def __repr__(self) -> str:
+        return f"TokenBucket(credits={self._credits}, last_ms={self._last_ms})"
+
+
+@dataclass(frozen=True, slots=True)
+class BucketShape:
+    """What a token bucket holds, as a duration of quota: ``burst = quota x burst_ms / 1000``.
+
+    Kafka's burst is ``samples x window x quota`` (`RateConfig.retention_ms`); `burst_ms` may only
+    make it smaller: a larger one is refused, naming `burst_ms`.
+    """
+
+    burst_ms: int
+
+    def __post_init__(self) -> None:
+        value = self.burst_ms
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise QuotaConfigError("burst_ms", f"must be an integer, got {value!r}")
+        if value < 1:
+            raise QuotaConfigError("burst_ms", f"must be >= 1, got {value}")
+
+    @classmethod
+    def of(cls, window: RateConfig, burst_ms: int | None) -> BucketShape:
+        """Kafka's burst for `window`, or `burst_ms` when given and not larger than it."""
+        if burst_ms is None:
+            return cls(window.retention_ms)
+        check_burst_ms(window, burst_ms)
+        return cls(burst_ms)
+
+    def burst(self, quota: float) -> float:
+        return quota * (self.burst_ms / 1000.0)
+
+
+def check_burst_ms(window: RateConfig, burst_ms: object) -> int:
+    """`burst_ms` as a valid int for `window`, or `QuotaConfigError("burst_ms", reason)`."""
+    if isinstance(burst_ms, bool) or not isinstance(burst_ms, int):
+        raise QuotaConfigError("burst_ms", f"must be a whole number of milliseconds, got {burst_ms!r}")
+    if burst_ms < 1:
+        raise QuotaConfigError("burst_ms", f"must be >= 1, got {burst_ms}")
+    if burst_ms > window.retention_ms:
+        raise QuotaConfigError("burst_ms", f"{burst_ms} is larger than the window allows "
+                                           f"(samples x size_ms = {window.retention_ms})")
+    return burst_ms

@@ -6,9 +6,11 @@ map, immutable; a `QuotaChange` is one op. The enforcement view, `QuotaConfig`, 
 with `QuotaTable.to_config`.
 
 Keys are Kafka's (`producer_byte_rate`, `consumer_byte_rate`, `request_percentage`) and Sluice's
-own: `request_rate` (requests per second) and `sluice.shadow` (value 1: the entity's quotas are
-measured and reported, never enforced). An entity whose only key is `sluice.shadow` is kept (as
-Kafka keeps any key) and has no quota to enforce.
+own: `request_rate` (requests per second), `sluice.shadow` (value 1: the entity's quotas are
+measured and reported, never enforced), `sluice.token_bucket` (1: this entity's quotas use the
+token bucket, 0: the windowed rate, absent: the global `rate_model`) and `sluice.burst_ms` (the
+token bucket's burst as a duration of quota, at most the window). An entity whose only keys are
+`sluice.*` flags is kept (as Kafka keeps any key) and has no quota to enforce.
 
 `validate_key_value` applies Kafka's value rules with Kafka's messages (the broker's
 `ClientQuotaControlManager.validateQuotaKeyValue`), so an admin request gets the answer a broker
@@ -24,12 +26,20 @@ from types import MappingProxyType
 
 from quotas.config import QuotaConfig, QuotaEntry
 from quotas.entity import DEFAULT, Name, QuotaEntity, QuotaKind
-from quotas.stats import RateConfig
+from quotas.errors import QuotaConfigError
+from quotas.stats import RateConfig, RateModel, check_burst_ms
 
 SHADOW_KEY = "sluice.shadow"
 """Sluice's per-entity shadow flag as a quota key: 1 = measure and report, never throttle."""
 
-KNOWN_KEYS: frozenset[str] = frozenset({*(k.value for k in QuotaKind), SHADOW_KEY})
+TOKEN_BUCKET_KEY = "sluice.token_bucket"
+"""1 = this entity's quotas use the token bucket, 0 = the windowed rate; absent = the global model."""
+
+BURST_MS_KEY = "sluice.burst_ms"
+"""The token bucket's burst in ms of quota (at most samples x size_ms; needs the token bucket)."""
+
+KNOWN_KEYS: frozenset[str] = frozenset({*(k.value for k in QuotaKind), SHADOW_KEY, TOKEN_BUCKET_KEY,
+                                        BURST_MS_KEY})
 
 _KINDS_BY_KEY = {k.value: k for k in QuotaKind}
 _LONG_LIMIT = float(2**63)  # a double >= this is not a Java long
@@ -52,10 +62,16 @@ def validate_key_value(key: str, value: float) -> str | None:
     """Kafka's checks of one quota value, in Kafka's order and words; None when it is valid.
 
     Unknown key, then ``<= 0``, then (for the LONG byte rates) too large and fractional. Sluice
-    adds: a value must be finite (Kafka lets NaN through), and `sluice.shadow` must be 1.
+    adds: a value must be finite (Kafka lets NaN through), `sluice.shadow` must be 1,
+    `sluice.token_bucket` 0 or 1, `sluice.burst_ms` a whole number of ms (whether it fits the
+    window is checked with the window: `QuotaTable.to_config`).
     """
     if key not in KNOWN_KEYS:
         return f"Invalid configuration key {key}"
+    if key == TOKEN_BUCKET_KEY:
+        if value not in (0.0, 1.0):
+            return f"Quota {key} must be 1 (token bucket) or 0 (windowed rate), got {format_value(value)}"
+        return None
     if not value > 0.0:
         if math.isnan(value):
             return f"Quota {key} must be a number"
@@ -70,6 +86,8 @@ def validate_key_value(key: str, value: float) -> str | None:
             return f"{key} cannot be a fractional value."
     if key == SHADOW_KEY and value != 1.0:
         return f"Quota {key} must be 1 (remove the key to turn shadow mode off)"
+    if key == BURST_MS_KEY and (abs(value % 1.0) > 1e-6 or value >= _LONG_LIMIT):
+        return f"{key} must be a whole number of milliseconds"
     return None
 
 
@@ -133,17 +151,35 @@ class QuotaTable(Mapping[QuotaEntity, Mapping[str, float]]):
                    if self._items.get(e, {}).get(k) != v]
         return removed + changed
 
-    def to_config(self, *, shadow_all: bool = False, window: RateConfig | None = None) -> QuotaConfig:
-        """The enforcement view: one `QuotaEntry` per entity with at least one quota value.
+    def to_config(self, *, shadow_all: bool = False, window: RateConfig | None = None,
+                  rate_model: RateModel = RateModel.WINDOWED, burst_ms: int | None = None) -> QuotaConfig:
+        """The enforcement view: one `QuotaEntry` per entity with at least one quota value;
+        `shadow_all`, `window`, `rate_model` and `burst_ms` are the global settings (the YAML's).
 
         Raises `QuotaConfigError` if a value breaks the quota rules (a store validates what it
-        loads with `validate_key_value` first)."""
+        loads with `validate_key_value` first), or an entity's `sluice.burst_ms` does not fit the
+        window or comes with ``sluice.token_bucket=0``; the key names the entity and the key."""
+        window = window or RateConfig()
         entries = []
         for entity, values in self.sorted_items():
             kinds = {_KINDS_BY_KEY[k]: v for k, v in values.items() if k in _KINDS_BY_KEY}
-            if kinds:
-                entries.append(QuotaEntry(entity, kinds, shadow=values.get(SHADOW_KEY) == 1.0))
-        return QuotaConfig(tuple(entries), shadow_all, window or RateConfig())
+            if not kinds:
+                continue
+            model = values.get(TOKEN_BUCKET_KEY)
+            burst = values.get(BURST_MS_KEY)
+            try:
+                entry = QuotaEntry(entity, kinds, shadow=values.get(SHADOW_KEY) == 1.0,
+                                   rate_model=None if model is None else
+                                   (RateModel.TOKEN_BUCKET if model == 1.0 else RateModel.WINDOWED),
+                                   burst_ms=None if burst is None else int(burst))
+                if entry.burst_ms is not None:
+                    check_burst_ms(window, entry.burst_ms)
+            except QuotaConfigError as e:
+                raise QuotaConfigError.of(
+                    (f"{entity.describe()}: " + (BURST_MS_KEY if k == "burst_ms" else k), r)
+                    for k, r in e.problems) from None
+            entries.append(entry)
+        return QuotaConfig(tuple(entries), shadow_all, window, rate_model, burst_ms)
 
     @classmethod
     def from_config(cls, config: QuotaConfig) -> QuotaTable:
@@ -153,6 +189,10 @@ class QuotaTable(Mapping[QuotaEntity, Mapping[str, float]]):
             values = {kind.value: float(v) for kind, v in entry.values.items()}
             if entry.shadow:
                 values[SHADOW_KEY] = 1.0
+            if entry.rate_model is not None:
+                values[TOKEN_BUCKET_KEY] = 1.0 if entry.rate_model is RateModel.TOKEN_BUCKET else 0.0
+            if entry.burst_ms is not None:
+                values[BURST_MS_KEY] = float(entry.burst_ms)
             items[entry.entity] = values
         return cls(items)
 

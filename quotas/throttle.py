@@ -49,3 +49,18 @@ def throttle_time_ms(observed: float, bound: float, window_ms: int) -> int:
 def bounded_throttle_time_ms(observed: float, bound: float, window_ms: int, max_ms: int) -> int:
     """`throttle_time_ms` capped at `max_ms`: request quotas cap at one window (default 1000 ms)."""
     return min(throttle_time_ms(observed, bound, window_ms), max_ms)
+
+
+def bucket_throttle_time_ms(credits: float, quota: float) -> int:
+    """A token bucket's throttle: the time to refill from `credits` (< 0: violated) to zero,
+    ``round_half_up(-credits / quota x 1000)`` as Kafka's controller mutation quota computes it,
+    clamped to ``[0, 2**31-1]``. 0 while credits >= 0; the maximum for a quota <= 0 (a storage
+    factor of 0), which callers cap."""
+    if not credits < 0:
+        return 0
+    if not quota > 0:
+        return MAX_THROTTLE_TIME_MS
+    x = -credits / quota * 1000.0
+    if x >= MAX_THROTTLE_TIME_MS:
+        return MAX_THROTTLE_TIME_MS
+    return java_round(x)

@@ -231,6 +231,11 @@ class QuotaBackend(Protocol):
 
     def submit(self, changes: Sequence[QuotaChange]) -> asyncio.Future[QuotaTable]: ...
 
+    def check_table(self, table: QuotaTable) -> str | None:
+        """Why `table` cannot be enforced with the global settings (a `sluice.burst_ms` larger than
+        the window allows, or with ``sluice.token_bucket=0``), or None when it can."""
+        ...
+
 
 class QuotaAdminStage(StageBase):
     """Answers API keys 48 and 49 locally; nothing else is touched."""
@@ -289,6 +294,11 @@ class QuotaAdminStage(StageBase):
                       for components, _ops in entries]
             return RequestVerdict(local_response=self._alter_response(header, denied))
         results = plan_alter(entries)
+        for result in results:  # keys valid one by one may still not fit together or the window
+            problem = self._backend.check_table(self._backend.table.apply(result.changes)) \
+                if result.changes else None
+            if problem is not None:
+                result.error_code, result.error_message, result.changes = INVALID_REQUEST, problem, []
         changes = [c for r in results for c in r.changes]
         if request.validate_only or not changes:
             return RequestVerdict(local_response=self._alter_response(header, results))

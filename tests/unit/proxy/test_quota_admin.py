@@ -20,7 +20,7 @@ from protocol.headers import RequestHeader, read_request_header
 from proxy.admin.api import QuotaAdminStage, kafka_entity_string
 from proxy.admin.store import StoreError
 from proxy.flow.pipeline import ConnectionContext, RequestVerdict
-from quotas import DEFAULT, QuotaEntity
+from quotas import DEFAULT, QuotaConfigError, QuotaEntity
 from quotas.table import SHADOW_KEY, QuotaChange, QuotaTable
 
 ALICE = QuotaEntity(user="alice")
@@ -52,6 +52,13 @@ class FakeBackend:
             self.table = self.table.apply(changes)
             future.set_result(self.table)
         return future
+
+    def check_table(self, table: QuotaTable) -> str | None:
+        try:
+            table.to_config()
+        except QuotaConfigError as exc:
+            return str(exc)
+        return None
 
 
 def ctx(principal: str = "admin") -> ConnectionContext:
@@ -212,6 +219,12 @@ async def test_alter_sets_and_removes_keys(version: int) -> None:
      "the brokers"),
     ([("user", "alice")], [(SHADOW_KEY, 0.5)], "Quota sluice.shadow must be 1 (remove the key to turn shadow "
                                                "mode off)"),
+    ([("user", "alice")], [("producer_byte_rate", 1.0), ("sluice.token_bucket", 2.0)],
+     "Quota sluice.token_bucket must be 1 (token bucket) or 0 (windowed rate), got 2"),
+    ([("user", "alice")], [("sluice.burst_ms", 12000.0)],   # the window is 11 x 1000 ms
+     "user 'alice': sluice.burst_ms: 12000 is larger than the window allows (samples x size_ms = 11000)"),
+    ([("user", "alice")], [("sluice.token_bucket", 0.0), ("sluice.burst_ms", 100.0)],
+     "user 'alice': sluice.burst_ms: applies only to rate_model token_bucket, and this entry says windowed"),
     ([("user", "alice")], [("producer_byte_rate", 1.0), ("producer_byte_rate", 2.0)],
      "Duplicate quota key producer_byte_rate not updating quota for this entity "
      "ClientQuotaEntity(entries={user=alice})"),
@@ -224,6 +237,17 @@ async def test_invalid_alterations_get_kafkas_errors_and_change_nothing(
     backend = FakeBackend()
     assert await alter(backend, [(entity, ops)]) == [(42, message)]
     assert backend.table == TABLE and backend.submitted == []
+
+
+async def test_rate_model_keys_are_set_per_entity() -> None:
+    backend = FakeBackend(QuotaTable())
+    got = await alter(backend, [([("client-id", "app")], [("producer_byte_rate", 1024.0),
+                                                           ("sluice.token_bucket", 1.0),
+                                                           ("sluice.burst_ms", 2000.0)])])
+    assert got == [OK]
+    entry = backend.table.to_config().get(APP)
+    assert entry is not None and entry.rate_model is not None
+    assert (entry.rate_model.value, entry.burst_ms) == ("token_bucket", 2000)
 
 
 async def test_a_bad_entry_does_not_stop_the_good_ones() -> None:

@@ -1,0 +1,216 @@
+"""rate_model token_bucket: Kafka's TokenBucket arithmetic, its config, and the manager on a fake clock."""
+
+from __future__ import annotations
+
+import pytest
+
+from quotas import (
+    BucketShape,
+    ClientIdentity,
+    FakeClock,
+    QuotaConfig,
+    QuotaConfigError,
+    QuotaKind,
+    QuotaManager,
+    RateConfig,
+    RateModel,
+    TokenBucket,
+    bucket_throttle_time_ms,
+)
+from quotas.table import BURST_MS_KEY, TOKEN_BUCKET_KEY, QuotaTable, validate_key_value
+
+P = QuotaKind.PRODUCE
+F = QuotaKind.FETCH
+WHO = ClientIdentity("ANONYMOUS", "c")
+START_MS = 1_000_000
+
+
+# ---- the stat -----------------------------------------------------------------------------
+
+def test_bucket_starts_full_and_credits_go_negative() -> None:
+    bucket = TokenBucket()
+    assert bucket.measure(100.0, 1100.0, 0) == 1100.0       # full at the first call
+    bucket.record(1100.0, 100.0, 1100.0, 0)
+    assert bucket.measure(100.0, 1100.0, 0) == 0.0
+    bucket.record(250.0, 100.0, 1100.0, 0)
+    assert bucket.measure(100.0, 1100.0, 0) == -250.0        # may go negative
+    assert bucket.measure(100.0, 1100.0, 500) == -200.0      # refills at the quota: 100/s
+    assert bucket.measure(100.0, 1100.0, 2500) == 0.0
+
+
+def test_refill_is_capped_at_the_burst_and_a_negative_record_gives_credits_back() -> None:
+    bucket = TokenBucket()
+    bucket.record(300.0, 100.0, 1000.0, 0)
+    assert bucket.measure(100.0, 1000.0, 60_000) == 1000.0   # a minute idle: full, no more
+    bucket.record(400.0, 100.0, 1000.0, 60_000)
+    bucket.record(-400.0, 100.0, 1000.0, 60_000)             # the fetch un-record
+    assert bucket.measure(100.0, 1000.0, 60_000) == 1000.0
+    bucket.record(-5000.0, 100.0, 1000.0, 60_000)
+    assert bucket.measure(100.0, 1000.0, 60_000) == 1000.0   # never beyond the burst
+
+
+def test_a_smaller_bound_clips_the_credits_to_its_burst() -> None:
+    bucket = TokenBucket()
+    assert bucket.measure(1000.0, 11_000.0, 0) == 11_000.0
+    assert bucket.measure(10.0, 110.0, 0) == 110.0
+
+
+@pytest.mark.parametrize(("credits", "quota", "expected"), [
+    (0.0, 100.0, 0),
+    (5.0, 100.0, 0),
+    (-100.0, 100.0, 1000),
+    (-1.0, 3.0, 333),
+    (-0.5, 1000.0, 1),                  # 0.5 ms rounds half up, as Java's Math.round
+    (-1.0, 0.0, 2**31 - 1),             # a bound of 0 (storage factor 0): the maximum, capped by callers
+])
+def test_throttle_is_the_time_to_refill_to_zero(credits: float, quota: float, expected: int) -> None:
+    assert bucket_throttle_time_ms(credits, quota) == expected
+
+
+# ---- config -------------------------------------------------------------------------------
+
+def test_global_and_per_entry_models_and_bursts() -> None:
+    config = QuotaConfig.from_dict({
+        "rate_model": "token_bucket", "burst_ms": 3000,
+        "entries": [{"client_id": "a", "producer_byte_rate": 100},
+                    {"client_id": "b", "producer_byte_rate": 100, "rate_model": "windowed"},
+                    {"client_id": "c", "producer_byte_rate": 100, "burst_ms": 500}]})
+    a, b, c = config.entries
+    assert config.model_of(a) is RateModel.TOKEN_BUCKET
+    assert config.bucket_of(a) == BucketShape(3000)
+    assert config.bucket_of(b) is None
+    assert config.bucket_of(c) == BucketShape(500)
+    assert QuotaConfig.from_dict(config.to_dict()) == config
+    default = QuotaConfig.from_dict({"entries": [{"client_id": "a", "producer_byte_rate": 100,
+                                                  "rate_model": "token_bucket"}]})
+    assert default.rate_model is RateModel.WINDOWED
+    assert default.bucket_of(default.entries[0]) == BucketShape(11_000)   # samples x window x quota
+
+
+@pytest.mark.parametrize(("data", "key", "reason"), [
+    ({"rate_model": "leaky"}, "quotas.rate_model", "'windowed' or 'token_bucket'"),
+    ({"burst_ms": 20_000}, "quotas.burst_ms", "larger than the window allows"),
+    ({"burst_ms": 0}, "quotas.burst_ms", ">= 1"),
+    ({"window": {"samples": 3, "size_ms": 500},
+      "entries": [{"client_id": "a", "producer_byte_rate": 1, "burst_ms": 1501}]},
+     "quotas.entries[0].burst_ms", "larger than the window allows (samples x size_ms = 1500)"),
+    ({"entries": [{"client_id": "a", "producer_byte_rate": 1, "rate_model": "windowed", "burst_ms": 10}]},
+     "quotas.entries[0].burst_ms", "applies only to rate_model token_bucket"),
+    ({"entries": [{"client_id": "a", "producer_byte_rate": 1, "rate_model": "bucket"}]},
+     "quotas.entries[0].rate_model", "'windowed' or 'token_bucket'"),
+])
+def test_bad_rate_model_input_is_refused_with_the_key(data: dict[str, object], key: str, reason: str) -> None:
+    with pytest.raises(QuotaConfigError) as err:
+        QuotaConfig.from_dict(data)
+    assert err.value.key == key
+    assert reason in err.value.reason
+
+
+def test_store_keys_round_trip_and_are_validated() -> None:
+    config = QuotaConfig.from_dict({"entries": [
+        {"client_id": "a", "producer_byte_rate": 100, "rate_model": "token_bucket", "burst_ms": 2000},
+        {"client_id": "b", "producer_byte_rate": 100, "rate_model": "windowed"}]})
+    table = QuotaTable.from_config(config)
+    assert dict(table[config.entries[0].entity])[TOKEN_BUCKET_KEY] == 1.0
+    assert dict(table[config.entries[0].entity])[BURST_MS_KEY] == 2000.0
+    assert dict(table[config.entries[1].entity])[TOKEN_BUCKET_KEY] == 0.0
+    assert table.to_config() == config
+    assert validate_key_value(TOKEN_BUCKET_KEY, 0.0) is None
+    assert validate_key_value(TOKEN_BUCKET_KEY, 2.0) is not None
+    assert validate_key_value(BURST_MS_KEY, 1.5) is not None
+    assert validate_key_value(BURST_MS_KEY, 0.0) is not None
+    too_big = table.apply([])  # a burst that does not fit a smaller window is refused with the key
+    with pytest.raises(QuotaConfigError) as err:
+        too_big.to_config(window=RateConfig(samples=1, window_ms=1000))
+    assert err.value.key == f"client-id 'a': {BURST_MS_KEY}"
+
+
+# ---- the manager --------------------------------------------------------------------------
+
+def _saturate(model: str, *, burst_ms: int | None = None, duration_ms: int = 60_000,
+              chunk: int = 100, quota: int = 1000) -> list[int]:
+    """A client that sends `chunk` bytes, then waits for the throttle (at least 10 ms), for
+    `duration_ms`: bytes accepted per second."""
+    clock = FakeClock(START_MS)
+    entry: dict[str, object] = {"client_id": "c", "producer_byte_rate": quota}
+    if burst_ms is not None:
+        entry["burst_ms"] = burst_ms
+    manager = QuotaManager(QuotaConfig.from_dict({"rate_model": model, "entries": [entry]}), clock)
+    per_second = [0] * (duration_ms // 1000)
+    t = 0
+    while t < duration_ms:
+        clock.set(START_MS + t)
+        decision = manager.record_and_check(P, WHO, chunk)
+        per_second[t // 1000] += chunk
+        t += max(decision.throttle_time_ms, 10)
+    return per_second
+
+
+def test_windowed_saturating_client_moves_in_a_sawtooth() -> None:
+    per_second = _saturate("windowed")
+    assert per_second[0] == 10_000                      # ~ (samples - 1) x quota at once
+    late_peak = max(per_second[12:])                    # long after the first burst
+    assert late_peak >= 5 * 1000, per_second           # the windowed rate lets it burst again
+
+
+def test_token_bucket_saturating_client_moves_at_the_quota() -> None:
+    per_second = _saturate("token_bucket")
+    # The burst (11 x 1000 B) is spent in the first two seconds; from then on the client gets
+    # exactly the refill: 1000 B every second, never a second burst.
+    assert per_second[0] + per_second[1] == 11_000 + 2 * 1000
+    assert all(s == 1000 for s in per_second[2:]), per_second
+    assert sum(per_second) == 11_000 + 60 * 1000       # burst + quota x time: long-run = quota
+
+
+def test_a_smaller_burst_bounds_the_first_second() -> None:
+    per_second = _saturate("token_bucket", burst_ms=1000)
+    assert per_second[0] == 2000                        # the 1 s burst + 1 s of refill
+    assert all(s == 1000 for s in per_second[1:]), per_second
+
+
+def test_throttle_arithmetic_through_the_manager() -> None:
+    clock = FakeClock(START_MS)
+    entry = {"client_id": "c", "producer_byte_rate": 1000, "rate_model": "token_bucket", "burst_ms": 2000}
+    manager = QuotaManager(QuotaConfig.from_dict({"entries": [entry]}), clock)
+    assert manager.record_and_check(P, WHO, 2000).throttle_time_ms == 0     # credits 2000 -> 0
+    assert manager.record_and_check(P, WHO, 500).throttle_time_ms == 500    # -500 at 1000/s
+    clock.advance(200)
+    assert manager.check(P, WHO).throttle_time_ms == 300                    # -300
+    decision = manager.record_and_check(P, WHO, 1700)                       # -2000
+    assert decision.throttle_time_ms == 2000
+    assert decision.observed == pytest.approx(4200 / 10.2)   # the sampled rate stays the metric
+
+
+def test_fetch_unrecord_gives_the_credits_back() -> None:
+    clock = FakeClock(START_MS)
+    entries = [{"client_id": "c", "consumer_byte_rate": 1000}]
+    manager = QuotaManager(QuotaConfig.from_dict({"rate_model": "token_bucket", "burst_ms": 1000,
+                                                  "entries": entries}), clock)
+    assert manager.record_and_check(F, WHO, 3000).throttle_time_ms == 2000
+    manager.unrecord(F, WHO, 3000)
+    assert manager.check(F, WHO).throttle_time_ms == 0
+    assert manager.record_and_check(F, WHO, 1000).throttle_time_ms == 0
+
+
+def test_request_kinds_cap_the_bucket_throttle_at_one_window() -> None:
+    clock = FakeClock(START_MS)
+    manager = QuotaManager(QuotaConfig.from_dict({"rate_model": "token_bucket", "burst_ms": 1000,
+                                                  "entries": [{"client_id": "c", "request_rate": 1}]}), clock)
+    for _ in range(5):
+        decision = manager.record_and_check(QuotaKind.REQUEST_RATE, WHO, 1)
+    assert decision.throttle_time_ms == 1000   # 4 requests short = 4 s to refill, capped at 1 window
+
+
+def test_switching_models_live_keeps_the_sampled_history() -> None:
+    clock = FakeClock(START_MS)
+    windowed = QuotaConfig.from_dict({"entries": [{"client_id": "c", "producer_byte_rate": 1000}]})
+    manager = QuotaManager(windowed, clock)
+    manager.record_and_check(P, WHO, 5000)
+    assert manager.check(P, WHO).throttle_time_ms == 0       # 5000 / 10 s: under the quota
+    manager.update_config(QuotaConfig.from_dict({"entries": [
+        {"client_id": "c", "producer_byte_rate": 1000, "rate_model": "token_bucket", "burst_ms": 1000}]}))
+    decision = manager.record_and_check(P, WHO, 3000)         # fresh full bucket of 1000: -2000
+    assert decision.throttle_time_ms == 2000
+    assert decision.observed == pytest.approx(8000 / 10.0)   # the rate kept the 5000 from before
+    manager.update_config(windowed)
+    assert manager.check(P, WHO).throttle_time_ms == 0        # back to the windowed decision
