@@ -1,0 +1,224 @@
+"""Fetch v16+ responses while they stream: find the top-level tag section, rewrite it in place.
+
+KIP-951 puts `node_endpoints` (tag 0) in the tag section at the very end of a Fetch response v16+:
+the current leader of each partition answered NOT_LEADER_OR_FOLLOWER or FENCED_LEADER_EPOCH.
+Sluice must map those addresses to its own listeners. A small response is rewritten whole
+(`protocol.rewrite.rewrite_fetch_response_node_endpoints`); a large one is streamed to the client
+as it arrives (`proxy.pumps.connection`), and its size prefix has already gone out when the tail
+arrives. The choice made here, to keep streaming:
+
+* `FetchTailFinder` follows the response as it streams: it parses only the structure (topic and
+  partition headers, a few dozen bytes each) and lets the records through by their length, so
+  every byte before the top-level tag section can be forwarded at once; only the tag section (a
+  few bytes, or some 30 bytes per endpoint) is held back;
+* `fit_tail` rewrites the held tag section **to exactly its original length**, so the size prefix
+  already sent stays right: a shorter result is padded with an unknown tagged field (tag
+  `PADDING_TAG`, zero bytes, ignored by every client, as KIP-482 requires of unknown tags); a
+  longer one (Sluice's host name longer than the broker's) cannot fit, so the endpoints are left
+  out and the rest padded: the client then finds the new leader with a Metadata request, which
+  Sluice rewrites. A real broker address never reaches the client either way.
+"""
+
+from __future__ import annotations
+
+from typing import Final
+
+from protocol._wire import (
+    encode_uvarint,
+    read_array_len,
+    read_uvarint,
+    skip,
+    skip_string,
+    skip_tagged_fields,
+)
+from protocol.errors import DecodeError
+from protocol.rewrite import _NODE_ENDPOINT, AddressMapper, BrokerAddress, _Found, _splice, _walk_array
+
+NODE_ENDPOINTS_TAG: Final = 0
+PADDING_TAG: Final = 127   # Fetch defines tags 0 (v16+) at the top level; 127 is one varint byte
+
+_HEAD, _TOPIC, _PARTITION, _PARTITION_TAGS, _TOPIC_TAGS, _TAIL, _FAILED = range(7)
+_WINDOW_BYTES: Final = 256
+_MAX_STEP_BYTES: Final = 4 * 1024 * 1024  # a step is one topic or partition header
+
+
+class FetchTailFinder:
+    """Follows one Fetch response (v12+, flexible) chunk by chunk; holds back its top-level tags.
+
+    `feed(chunk)` returns how many leading bytes of `chunk` may be forwarded now; the rest of the
+    chunk belongs to the tag section and is kept. After the last chunk, `tail` is the held tag
+    section (when `found` is True). Structure bytes are buffered only until parsed; records pass
+    through without copying. A malformed response never reaches `found`: the caller then forwards
+    what was held unchanged.
+    """
+
+    __slots__ = ("_buf", "_left", "_partitions", "_skip", "_stage", "_topic_id_bytes", "_topics", "tail")
+
+    def __init__(self, api_version: int) -> None:
+        if api_version < 12:
+            raise ValueError(f"Fetch v{api_version} is not flexible: no top-level tag section")
+        self._topic_id_bytes = 16 if api_version >= 13 else 0  # v12 has a topic name instead
+        self._stage = _HEAD
+        self._buf = bytearray()       # structure bytes of the step being parsed
+        self._skip = 0                # record bytes still to let through
+        self._topics = 0
+        self._partitions = 0
+        self._left = 0
+        self.tail = bytearray()
+
+    @property
+    def found(self) -> bool:
+        return self._stage == _TAIL
+
+    def feed(self, chunk: bytes | memoryview) -> int:
+        """Take the next bytes of the response payload (correlation id first); returns how many of
+        them, from the start of `chunk`, precede the tag section (all of them until it is found)."""
+        n = len(chunk)
+        pos = 0
+        while pos < n:
+            stage = self._stage
+            if stage == _TAIL:
+                self.tail += chunk[pos:]
+                return pos
+            if stage == _FAILED:
+                return n
+            if self._skip:  # records: straight through
+                step = min(self._skip, n - pos)
+                self._skip -= step
+                pos += step
+                continue
+            # structure: buffer a window (doubling while one step does not fit), parse what is whole
+            take = min(n - pos, max(_WINDOW_BYTES, len(self._buf)))
+            self._buf += chunk[pos:pos + take]
+            consumed = self._parse()
+            if consumed == 0:  # no step complete yet: everything taken stays buffered
+                pos += take
+                if len(self._buf) > _MAX_STEP_BYTES:
+                    self._stage = _FAILED  # no real step is this large: give up, forward as is
+                continue
+            # the bytes after the last whole step go back to the chunk (records, tail or a part step)
+            leftover = len(self._buf) - consumed
+            self._buf.clear()
+            pos += take - leftover
+        return n
+
+    def _parse(self) -> int:
+        """Parse the whole steps at the start of the buffer; returns the bytes they took."""
+        buf = bytes(self._buf)
+        at = 0
+        while self._stage not in (_TAIL, _FAILED) and not self._skip:
+            try:
+                at = self._step(buf, at)
+            except DecodeError:
+                break
+        return at
+
+    def _step(self, buf: bytes, at: int) -> int:
+        stage = self._stage
+        if stage == _HEAD:  # correlation_id, header tags, throttle_time_ms, error_code, session_id
+            pos = skip_tagged_fields(buf, skip(buf, at, 4, "correlation_id"), "header tags")
+            pos = skip(buf, pos, 10, "fetch throttle_time_ms, error_code, session_id")
+            self._topics, pos = read_array_len(buf, pos, True, "fetch responses", 0)
+            self._stage = _TOPIC if self._topics else _TAIL
+            return pos
+        if stage == _TOPIC:
+            if self._topic_id_bytes:
+                pos = skip(buf, at, self._topic_id_bytes, "fetch topic_id")
+            else:
+                pos = skip_string(buf, at, True, "fetch topic")
+            self._partitions, pos = read_array_len(buf, pos, True, "fetch partitions", 0)
+            self._stage = _PARTITION if self._partitions else _TOPIC_TAGS
+            return pos
+        if stage == _PARTITION:
+            # partition_index, error_code, high_watermark, last_stable_offset, log_start_offset
+            pos = skip(buf, at, 30, "fetch partition")
+            n_aborted, pos = read_array_len(buf, pos, True, "fetch aborted_transactions", 0)
+            for _ in range(n_aborted):
+                pos = skip_tagged_fields(buf, skip(buf, pos, 16, "fetch aborted_transaction"))
+            pos = skip(buf, pos, 4, "fetch preferred_read_replica")
+            length, pos = read_uvarint(buf, pos, "fetch records length")  # compact: N + 1, 0 = null
+            self._skip = max(0, length - 1)
+            self._stage = _PARTITION_TAGS
+            return pos
+        if stage == _PARTITION_TAGS:
+            pos = skip_tagged_fields(buf, at, "fetch partition tags")
+            self._partitions -= 1
+            self._stage = _PARTITION if self._partitions else _TOPIC_TAGS
+            return pos
+        # _TOPIC_TAGS
+        pos = skip_tagged_fields(buf, at, "fetch topic tags")
+        self._topics -= 1
+        self._stage = _TOPIC if self._topics else _TAIL
+        return pos
+
+
+def _read_tags(section: bytes, what: str) -> list[tuple[int, bytes]]:
+    count, pos = read_uvarint(section, 0, f"{what} tag count")
+    fields: list[tuple[int, bytes]] = []
+    for _ in range(count):
+        tag, pos = read_uvarint(section, pos, f"{what} tag")
+        size, start = read_uvarint(section, pos, f"{what} tag size")
+        pos = skip(section, start, size, f"{what} tag data")
+        fields.append((tag, section[start:pos]))
+    if pos != len(section):
+        raise DecodeError(f"{what}: {len(section) - pos} trailing bytes", pos)
+    return fields
+
+
+def _encode_tags(fields: list[tuple[int, bytes]]) -> bytes:
+    out = [encode_uvarint(len(fields))]
+    for tag, data in fields:
+        out += (encode_uvarint(tag), encode_uvarint(len(data)), data)
+    return b"".join(out)
+
+
+def _padded(fields: list[tuple[int, bytes]], size: int) -> bytes | None:
+    """`fields` plus unknown padding field(s) so that the section is exactly `size` bytes."""
+    base = _encode_tags(fields)
+    if len(base) == size:
+        return base
+    deficit = size - len(base)
+    if deficit < 0:
+        return None
+    pad_tag = max([PADDING_TAG, *(tag + 1 for tag, _ in fields)])
+    # one field: tag + size varint + n zero bytes; the count varint may grow by a byte too
+    for pads in ([n] for n in range(max(0, deficit - 8), deficit)):
+        candidate = _encode_tags([*fields, *((pad_tag + i, bytes(n)) for i, n in enumerate(pads))])
+        if len(candidate) == size:
+            return candidate
+    for n in range(max(0, deficit - 12), deficit):  # two fields, for the sizes one cannot hit
+        candidate = _encode_tags([*fields, (pad_tag, b""), (pad_tag + 1, bytes(n))])
+        if len(candidate) == size:
+            return candidate
+    return None
+
+
+def fit_tail(tail: bytes, mapper: AddressMapper) -> tuple[bytes, list[BrokerAddress], bool]:
+    """The top-level tag section of a Fetch response v16+, rewritten to exactly `len(tail)` bytes.
+
+    Returns (new section, the original brokers, whether the endpoints were kept). When the mapped
+    endpoints do not fit, they are left out (the client then asks for Metadata). Raises
+    DecodeError if the section is malformed.
+    """
+    fields = _read_tags(tail, "fetch tags")
+    if not any(tag == NODE_ENDPOINTS_TAG for tag, _ in fields):
+        return tail, [], True
+    mapped_fields: list[tuple[int, bytes]] = []
+    original: list[BrokerAddress] = []
+    for tag, data in fields:
+        if tag == NODE_ENDPOINTS_TAG:
+            found: list[_Found] = []
+            walked = _walk_array(data, 0, _NODE_ENDPOINT, True, found, "fetch node_endpoints")
+            if walked != len(data):
+                raise DecodeError(f"fetch node_endpoints: {len(data) - walked} stray bytes", walked)
+            data, original = _splice(data, found, True, mapper)
+        mapped_fields.append((tag, data))
+    fitted = _padded(mapped_fields, len(tail))
+    if fitted is not None:
+        return fitted, original, True
+    without = [(tag, data) for tag, data in fields if tag != NODE_ENDPOINTS_TAG]
+    fitted = _padded(without, len(tail))
+    if fitted is None:  # cannot happen: leaving the field out frees at least 2 bytes
+        raise DecodeError("fetch tags: cannot keep the section's length", 0)
+    return fitted, original, False
+

@@ -1,0 +1,175 @@
+"""Share groups (KIP-932, queues on Kafka): the parts of ShareFetch and ShareAcknowledge Sluice touches.
+
+* **Broker addresses.** Both responses end with `node_endpoints` (a regular array, not a tagged
+  field as in Fetch): the current leader of every partition answered NOT_LEADER_OR_FOLLOWER or
+  FENCED_LEADER_EPOCH, so that the share consumer goes there without a Metadata round trip. Left
+  alone they would send clients straight to the brokers. They are rewritten like every other
+  broker entry (`protocol.rewrite`: only the node_id/host/port runs are re-encoded; records,
+  acquired-record ranges, racks and tag sections are copied byte for byte).
+* **max_bytes** of a ShareFetch request is lowered to what the consumer's fetch quota allows in one
+  window, as the broker does for share fetches (`KafkaApis.handleFetchFromShareFetchRequest`:
+  min(request max_bytes, fetch.max.bytes, quotas.fetch.maxValueInQuotaWindow)), min_bytes with it.
+
+Response layouts (Kafka 4.3.1's `ShareFetchResponse.json` / `ShareAcknowledgeResponse.json`, always
+flexible; v0 was 4.0's early access, removed in 4.1 and laid out as v1 without the lock timeout):
+
+    ShareFetch       throttle_time_ms i32, error_code i16, error_message str?,
+                     acquisition_lock_timeout_ms i32 (v1+),
+                     responses[topic_id uuid, partitions[partition_index i32, error_code i16,
+                       error_message str?, acknowledge_error_code i16, acknowledge_error_message str?,
+                       current_leader{leader_id i32, leader_epoch i32, tags}, records bytes?,
+                       acquired_records[first_offset i64, last_offset i64, delivery_count i16, tags],
+                       tags], tags],
+                     node_endpoints[node_id i32, host str, port i32, rack str?, tags], tags
+    ShareAcknowledge throttle_time_ms i32, error_code i16, error_message str?,
+                     acquisition_lock_timeout_ms i32 (v2+),
+                     responses[topic_id uuid, partitions[partition_index i32, error_code i16,
+                       error_message str?, current_leader{leader_id i32, leader_epoch i32, tags},
+                       tags], tags],
+                     node_endpoints[...as above], tags
+"""
+
+from __future__ import annotations
+
+from typing import Final
+
+from protocol._wire import (
+    I32,
+    INT32_MAX,
+    read_array_len,
+    read_i32,
+    skip,
+    skip_bytes,
+    skip_string,
+    skip_tagged_fields,
+)
+from protocol.apis import ApiKey
+from protocol.errors import DecodeError, UnsupportedVersion
+from protocol.headers import RequestHeader, response_body_offset
+from protocol.rewrite import (  # the address walker and splicer this package shares
+    _NODE_ENDPOINT,
+    AddressMapper,
+    BrokerAddress,
+    _Found,
+    _splice,
+    _walk_array,
+)
+
+SHARE_FETCH_MAX_VERSION: Final = 2       # Kafka 4.3.1 (= kio 0.6.5): ShareFetch v1-2 (v0 removed in 4.1)
+SHARE_ACKNOWLEDGE_MAX_VERSION: Final = 2
+
+
+def _check(api_key: int, api_version: int, highest: int) -> None:
+    if not 0 <= api_version <= highest:
+        raise UnsupportedVersion(api_key, api_version, "layout not verified")
+
+
+def _skip_leader(payload: bytes, pos: int, what: str) -> int:
+    pos = skip(payload, pos, 8, f"{what} current_leader")  # leader_id, leader_epoch
+    return skip_tagged_fields(payload, pos, f"{what} current_leader tags")
+
+
+def _share_fetch_endpoints_offset(payload: bytes, body: int, api_version: int) -> int:
+    pos = skip(payload, body, 6, "share_fetch throttle_time_ms, error_code")
+    pos = skip_string(payload, pos, True, "share_fetch error_message")
+    if api_version >= 1:
+        pos = skip(payload, pos, 4, "share_fetch acquisition_lock_timeout_ms")
+    n_topics, pos = read_array_len(payload, pos, True, "share_fetch responses", 18)
+    for _ in range(n_topics):
+        pos = skip(payload, pos, 16, "share_fetch topic_id")
+        n_partitions, pos = read_array_len(payload, pos, True, "share_fetch partitions", 21)
+        for _ in range(n_partitions):
+            what = "share_fetch partition"
+            pos = skip(payload, pos, 6, what)  # partition_index, error_code
+            pos = skip_string(payload, pos, True, f"{what} error_message")
+            pos = skip(payload, pos, 2, f"{what} acknowledge_error_code")
+            pos = skip_string(payload, pos, True, f"{what} acknowledge_error_message")
+            pos = _skip_leader(payload, pos, what)
+            pos = skip_bytes(payload, pos, True, f"{what} records")
+            n_acquired, pos = read_array_len(payload, pos, True, f"{what} acquired_records", 19)
+            for _ in range(n_acquired):
+                pos = skip(payload, pos, 18, f"{what} acquired_records entry")
+                pos = skip_tagged_fields(payload, pos, f"{what} acquired_records tags")
+            pos = skip_tagged_fields(payload, pos, f"{what} tags")
+        pos = skip_tagged_fields(payload, pos, "share_fetch topic tags")
+    return pos
+
+
+def _share_acknowledge_endpoints_offset(payload: bytes, body: int, api_version: int) -> int:
+    pos = skip(payload, body, 6, "share_acknowledge throttle_time_ms, error_code")
+    pos = skip_string(payload, pos, True, "share_acknowledge error_message")
+    if api_version >= 2:
+        pos = skip(payload, pos, 4, "share_acknowledge acquisition_lock_timeout_ms")
+    n_topics, pos = read_array_len(payload, pos, True, "share_acknowledge responses", 18)
+    for _ in range(n_topics):
+        pos = skip(payload, pos, 16, "share_acknowledge topic_id")
+        n_partitions, pos = read_array_len(payload, pos, True, "share_acknowledge partitions", 17)
+        for _ in range(n_partitions):
+            what = "share_acknowledge partition"
+            pos = skip(payload, pos, 6, what)  # partition_index, error_code
+            pos = skip_string(payload, pos, True, f"{what} error_message")
+            pos = _skip_leader(payload, pos, what)
+            pos = skip_tagged_fields(payload, pos, f"{what} tags")
+        pos = skip_tagged_fields(payload, pos, "share_acknowledge topic tags")
+    return pos
+
+
+def _rewrite_endpoints(payload: bytes, pos: int, mapper: AddressMapper,
+                       what: str) -> tuple[bytes, list[BrokerAddress]]:
+    found: list[_Found] = []
+    end = _walk_array(payload, pos, _NODE_ENDPOINT, True, found, f"{what} node_endpoints")
+    end = skip_tagged_fields(payload, end, f"{what} tags")
+    if end != len(payload):
+        raise DecodeError(f"{what}: {len(payload) - end} trailing bytes", end)
+    if not found:
+        return payload, []
+    return _splice(payload, found, True, mapper)
+
+
+def rewrite_share_fetch_response(
+    payload: bytes, api_version: int, mapper: AddressMapper
+) -> tuple[bytes, list[BrokerAddress]]:
+    """Map the leader endpoints of a ShareFetch response (v0-v2).
+
+    Returns (new payload, the original brokers); (payload itself, []) when there are none, the
+    usual case. Finding them means walking every partition; records are skipped by length.
+    """
+    _check(ApiKey.SHARE_FETCH, api_version, SHARE_FETCH_MAX_VERSION)
+    body = response_body_offset(payload, 1)
+    pos = _share_fetch_endpoints_offset(payload, body, api_version)
+    return _rewrite_endpoints(payload, pos, mapper, "share_fetch")
+
+
+def rewrite_share_acknowledge_response(
+    payload: bytes, api_version: int, mapper: AddressMapper
+) -> tuple[bytes, list[BrokerAddress]]:
+    """Map the leader endpoints of a ShareAcknowledge response (v0-v2)."""
+    _check(ApiKey.SHARE_ACKNOWLEDGE, api_version, SHARE_ACKNOWLEDGE_MAX_VERSION)
+    body = response_body_offset(payload, 1)
+    pos = _share_acknowledge_endpoints_offset(payload, body, api_version)
+    return _rewrite_endpoints(payload, pos, mapper, "share_acknowledge")
+
+
+def cap_share_fetch_max_bytes(payload: bytes, header: RequestHeader, max_bytes: int) -> bytes:
+    """The ShareFetch request with max_bytes (and min_bytes) lowered to at most `max_bytes`.
+
+    Request layout (v0-v2, flexible): group_id str?, member_id str?, share_session_epoch i32,
+    max_wait_ms i32, min_bytes i32, max_bytes i32, ... Returns `payload` itself when nothing needs
+    lowering. A renew-only request (v2 is_renew_ack) has max_bytes and min_bytes 0: it stays so.
+    """
+    if header.api_key != ApiKey.SHARE_FETCH:
+        raise ValueError(f"not a ShareFetch request: api_key={header.api_key}")
+    _check(ApiKey.SHARE_FETCH, header.api_version, SHARE_FETCH_MAX_VERSION)
+    cap = max(1, min(max_bytes, INT32_MAX))
+    pos = skip_string(payload, header.body_offset, True, "share_fetch group_id")
+    pos = skip_string(payload, pos, True, "share_fetch member_id")
+    min_pos = pos + 8  # share_session_epoch, max_wait_ms
+    max_pos = min_pos + 4
+    min_bytes = read_i32(payload, min_pos, "share_fetch min_bytes")
+    current = read_i32(payload, max_pos, "share_fetch max_bytes")
+    if current <= cap and min_bytes <= cap:
+        return payload
+    out = bytearray(payload)
+    I32.pack_into(out, max_pos, min(current, cap))
+    I32.pack_into(out, min_pos, min(min_bytes, cap))
+    return bytes(out)
