@@ -41,6 +41,8 @@ class _Limits(BaseModel):
     consumer_byte_rate: _Number | None = None
     request_percentage: _Number | None = None
     request_rate: _Number | None = None
+    producer_record_rate: _Number | None = None
+    consumer_record_rate: _Number | None = None
 
     def values(self, where: str) -> dict[QuotaKind, float]:
         out: dict[QuotaKind, float] = {}

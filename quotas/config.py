@@ -31,6 +31,7 @@ from quotas.stats import BucketShape, RateConfig, RateModel, check_burst_ms
 #: Kafka LONG configs must fit a Java long.
 _LONG_MAX = 2**63 - 1
 _DEFAULT_NAME = "<default>"
+_NOT_PER_TOPIC = "a topic entry cannot limit it: broker time is not attributed to topics"
 
 
 def validate_quota_value(kind: QuotaKind, value: object) -> float:
@@ -108,6 +109,8 @@ class QuotaEntry:
             if not isinstance(kind, QuotaKind):
                 raise QuotaConfigError(str(kind), "unknown quota kind")
             checked.append((kind, validate_quota_value(kind, value)))
+            if self.entity.is_topic and not kind.topic_attributable:
+                raise QuotaConfigError(kind.value, _NOT_PER_TOPIC)
         object.__setattr__(self, "values", QuotaValues(checked))
         if self.rate_model is not None and not isinstance(self.rate_model, RateModel):
             raise QuotaConfigError("rate_model", f"must be a RateModel, got {self.rate_model!r}")
@@ -245,8 +248,11 @@ class QuotaConfig:
         window = RateConfig(samples=model.window.samples, window_ms=model.window.size_ms)
         for i, raw in enumerate(model.entries):
             where = join_key(path, f"entries[{i}]")
+            problems_before = len(problems)
             try:
-                entity = QuotaEntity(user=_name(raw.user), client_id=_name(raw.client_id))
+                entity = QuotaEntity(user=_name(raw.user), client_id=_name(raw.client_id),
+                                     client_id_prefix=raw.client_id_prefix, topic=raw.topic,
+                                     topic_prefix=raw.topic_prefix, each_client_id=raw.each_client_id)
             except QuotaConfigError as e:
                 problems.extend(e.under(where).problems)
                 entity = None
@@ -259,6 +265,8 @@ class QuotaConfig:
                     values[kind] = validate_quota_value(kind, value)
                 except QuotaConfigError as e:
                     problems.extend(e.under(where).problems)
+                if entity is not None and entity.is_topic and not kind.topic_attributable:
+                    problems.append((join_key(where, kind.value), _NOT_PER_TOPIC))
             if not values and all(getattr(raw, k.value) is None for k in QuotaKind):
                 problems.append((where, "needs at least one of " + ", ".join(k.value for k in QuotaKind)))
             if entity is None:
@@ -279,7 +287,7 @@ class QuotaConfig:
                 except QuotaConfigError as e:
                     problems.extend(e.under(where).problems)
                     continue
-            if values:
+            if values and len(problems) == problems_before:
                 entries.append(QuotaEntry(entity, values, raw.shadow, rate_model, raw.burst_ms))
         if model.burst_ms is not None:
             try:
@@ -299,6 +307,11 @@ class QuotaConfig:
                 item["user"] = str(entry.entity.user)
             if entry.entity.client_id is not None:
                 item["client_id"] = str(entry.entity.client_id)
+            for key in ("client_id_prefix", "topic", "topic_prefix"):
+                if getattr(entry.entity, key) is not None:
+                    item[key] = getattr(entry.entity, key)
+            if entry.entity.each_client_id:
+                item["each_client_id"] = True
             for kind, value in entry.values.items():
                 item[kind.value] = int(value) if kind.is_byte_rate else value
             if entry.shadow:
@@ -339,6 +352,12 @@ class _EntryModel(BaseModel):
     consumer_byte_rate: _Number | None = None
     request_percentage: _Number | None = None
     request_rate: _Number | None = None
+    producer_record_rate: _Number | None = None
+    consumer_record_rate: _Number | None = None
+    client_id_prefix: str | None = None
+    each_client_id: bool = False
+    topic: str | None = None
+    topic_prefix: str | None = None
     shadow: bool = False
     rate_model: _RateModelName | None = None
     burst_ms: int | None = None

@@ -1,6 +1,7 @@
 """The effective quotas of a caller: which configured entry gives each quota, and what it overrides.
 
-Resolution is `DefaultQuotaCallback`'s, the one enforcement uses, so a description can never
+Resolution is `DefaultQuotaCallback`'s (with its client-id-prefix levels) for a caller and
+`TopicQuotaCallback`'s for a topic, the ones enforcement uses, so a description can never
 disagree with what is enforced: the winning entry is the callback's `matched_entity` for the
 caller's sensor key. The overridden entries are found the same way, by asking the callback again
 with the winner taken out, until nothing matches: each is what would apply if every more specific
@@ -11,7 +12,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from quotas.callback import DefaultQuotaCallback
+from quotas.callback import (
+    DefaultQuotaCallback,
+    EntityMatcher,
+    QuotaCallback,
+    TopicQuotaCallback,
+    topic_identity,
+)
 from quotas.config import QuotaConfig
 from quotas.entity import ClientIdentity, QuotaEntity, QuotaKind
 
@@ -53,8 +60,23 @@ def effective_quotas(config: QuotaConfig, identity: ClientIdentity) -> dict[Quot
     return out
 
 
-def _chain(config: QuotaConfig, kind: QuotaKind, identity: ClientIdentity) -> list[QuotaSource]:
-    callback = DefaultQuotaCallback(sticky_levels=False)
+def effective_topic_quotas(config: QuotaConfig, topic: str) -> dict[QuotaKind, EffectiveQuota]:
+    """Per kind with a topic quota for `topic`: the applied value, its topic or topic-prefix entry
+    and the entries it overrides (an exact topic overrides prefixes, a longer prefix a shorter).
+    Topic quotas apply to every client beside its own quota; the larger throttle wins."""
+    out: dict[QuotaKind, EffectiveQuota] = {}
+    for kind in QuotaKind:
+        chain = _chain(config, kind, topic_identity(topic), TopicQuotaCallback())
+        if chain:
+            out[kind] = EffectiveQuota(kind, chain[0], tuple(chain[1:]))
+    return out
+
+
+def _chain(config: QuotaConfig, kind: QuotaKind, identity: ClientIdentity,
+           callback: QuotaCallback | None = None) -> list[QuotaSource]:
+    if callback is None:
+        callback = DefaultQuotaCallback(sticky_levels=False)
+    assert isinstance(callback, EntityMatcher)
     shadows: dict[QuotaEntity, bool] = {}
     for entry in config:
         value = entry.values.get(kind)

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable, Iterator, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from types import MappingProxyType
 
 from quotas.config import QuotaConfig, QuotaEntry
@@ -38,10 +38,14 @@ TOKEN_BUCKET_KEY = "sluice.token_bucket"
 BURST_MS_KEY = "sluice.burst_ms"
 """The token bucket's burst in ms of quota (at most samples x size_ms; needs the token bucket)."""
 
+EACH_CLIENT_ID_KEY = "sluice.each_client_id"
+"""1 = every client id of a client-id-prefix entity gets its own sensor (default: one shared)."""
+
 KNOWN_KEYS: frozenset[str] = frozenset({*(k.value for k in QuotaKind), SHADOW_KEY, TOKEN_BUCKET_KEY,
-                                        BURST_MS_KEY})
+                                        BURST_MS_KEY, EACH_CLIENT_ID_KEY})
 
 _KINDS_BY_KEY = {k.value: k for k in QuotaKind}
+_STORE_KEYS = {"burst_ms": BURST_MS_KEY, "each_client_id": EACH_CLIENT_ID_KEY}
 _LONG_LIMIT = float(2**63)  # a double >= this is not a Java long
 
 
@@ -84,8 +88,9 @@ def validate_key_value(key: str, value: float) -> str | None:
             return f"Proposed value for {key} is too large for a LONG."
         if abs(value % 1.0) > 1e-6:
             return f"{key} cannot be a fractional value."
-    if key == SHADOW_KEY and value != 1.0:
-        return f"Quota {key} must be 1 (remove the key to turn shadow mode off)"
+    if key in (SHADOW_KEY, EACH_CLIENT_ID_KEY) and value != 1.0:
+        return f"Quota {key} must be 1 (remove the key to turn it off)" if key != SHADOW_KEY else \
+            f"Quota {key} must be 1 (remove the key to turn shadow mode off)"
     if key == BURST_MS_KEY and (abs(value % 1.0) > 1e-6 or value >= _LONG_LIMIT):
         return f"{key} must be a whole number of milliseconds"
     return None
@@ -168,6 +173,8 @@ class QuotaTable(Mapping[QuotaEntity, Mapping[str, float]]):
             model = values.get(TOKEN_BUCKET_KEY)
             burst = values.get(BURST_MS_KEY)
             try:
+                if values.get(EACH_CLIENT_ID_KEY) == 1.0:
+                    entity = replace(entity, each_client_id=True)
                 entry = QuotaEntry(entity, kinds, shadow=values.get(SHADOW_KEY) == 1.0,
                                    rate_model=None if model is None else
                                    (RateModel.TOKEN_BUCKET if model == 1.0 else RateModel.WINDOWED),
@@ -176,8 +183,7 @@ class QuotaTable(Mapping[QuotaEntity, Mapping[str, float]]):
                     check_burst_ms(window, entry.burst_ms)
             except QuotaConfigError as e:
                 raise QuotaConfigError.of(
-                    (f"{entity.describe()}: " + (BURST_MS_KEY if k == "burst_ms" else k), r)
-                    for k, r in e.problems) from None
+                    (f"{entity.describe()}: " + _STORE_KEYS.get(k, k), r) for k, r in e.problems) from None
             entries.append(entry)
         return QuotaConfig(tuple(entries), shadow_all, window, rate_model, burst_ms)
 
@@ -193,12 +199,15 @@ class QuotaTable(Mapping[QuotaEntity, Mapping[str, float]]):
                 values[TOKEN_BUCKET_KEY] = 1.0 if entry.rate_model is RateModel.TOKEN_BUCKET else 0.0
             if entry.burst_ms is not None:
                 values[BURST_MS_KEY] = float(entry.burst_ms)
+            if entry.entity.each_client_id:
+                values[EACH_CLIENT_ID_KEY] = 1.0
             items[entry.entity] = values
         return cls(items)
 
 
-def entity_sort_key(entity: QuotaEntity) -> tuple[tuple[int, str], tuple[int, str]]:
-    return (_name_key(entity.user), _name_key(entity.client_id))
+def entity_sort_key(entity: QuotaEntity) -> tuple[tuple[int, str], ...]:
+    return (_name_key(entity.user), _name_key(entity.client_id), _name_key(entity.client_id_prefix),
+            _name_key(entity.topic), _name_key(entity.topic_prefix))
 
 
 def _name_key(name: Name | None) -> tuple[int, str]:

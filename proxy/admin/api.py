@@ -44,14 +44,16 @@ from protocol.apis import ApiKey, api_name, response_header_version
 from protocol.encode import decode_request_body, encode_response, response_schema
 from protocol.errors import ProtocolError
 from protocol.headers import RequestHeader
-from proxy.flow.pipeline import ConnectionContext, RequestVerdict, StageBase
-from quotas.entity import CLIENT_ID, USER, QuotaEntity
+from proxy.flow.inflight import InFlight
+from proxy.flow.pipeline import AnswerHere, AnswerLater, ConnectionContext, RequestOutcome, StageBase
+from quotas.entity import CLIENT_ID, CLIENT_ID_PREFIX, TOPIC, TOPIC_PREFIX, USER, QuotaEntity
+from quotas.errors import QuotaConfigError
 from quotas.table import QuotaChange, QuotaTable, format_value, validate_key_value
 
 log = logging.getLogger("sluice.quota_admin")
 
 IP = "ip"
-ENTITY_TYPES = (USER, CLIENT_ID, IP)
+ENTITY_TYPES = (USER, CLIENT_ID, IP, CLIENT_ID_PREFIX, TOPIC, TOPIC_PREFIX)  # the last three: Sluice's
 MATCH_EXACT, MATCH_DEFAULT, MATCH_ANY = 0, 1, 2
 
 NONE = 0
@@ -176,7 +178,10 @@ def validate_entity(components: Components) -> QuotaEntity:
                              "ClientId")
         raise AdminError(INVALID_REQUEST, "Sluice does not enforce ip (connection rate) quotas: set them on "
                                           "the brokers")
-    return QuotaEntity.from_kafka(seen.items())
+    try:
+        return QuotaEntity.from_kafka(seen.items())
+    except QuotaConfigError as exc:  # Sluice's entity types: a default name or a refused shape
+        raise AdminError(INVALID_REQUEST, f"Invalid client quota entity: {exc.reason}") from None
 
 
 def validate_ops(entity: QuotaEntity, ops: Sequence[tuple[str, float, bool]]) -> list[QuotaChange]:
@@ -244,22 +249,22 @@ class QuotaAdminStage(StageBase):
         self._backend = backend
         self._admins = frozenset(admins)
 
-    def on_request(self, ctx: ConnectionContext, header: RequestHeader, payload: bytes,
-                   expects_response: bool) -> RequestVerdict | None:
+    def on_request(self, ctx: ConnectionContext, entry: InFlight, header: RequestHeader,
+                   payload: bytes) -> RequestOutcome | None:
         api_key = header.api_key
         if api_key != ApiKey.DESCRIBE_CLIENT_QUOTAS and api_key != ApiKey.ALTER_CLIENT_QUOTAS:
             return None
         try:
             request = decode_request_body(payload, header)
             if api_key == ApiKey.DESCRIBE_CLIENT_QUOTAS:
-                return RequestVerdict(local_response=self._describe(header, request))
+                return AnswerHere(self._describe(header, request))
             return self._alter(ctx, header, request)
         except ProtocolError as exc:
             log.warning("connection %d: cannot answer %s v%d: %s", ctx.connection_id, api_name(api_key),
                         header.api_version, exc)
             failed: asyncio.Future[bytes] = asyncio.get_running_loop().create_future()
             failed.set_exception(exc)  # the connection closes, as a broker closes on a bad request
-            return RequestVerdict(pending_response=failed)
+            return AnswerLater(failed)
 
     # -- describe ------------------------------------------------------------------------------
 
@@ -283,7 +288,7 @@ class QuotaAdminStage(StageBase):
 
     # -- alter ---------------------------------------------------------------------------------
 
-    def _alter(self, ctx: ConnectionContext, header: RequestHeader, request: Any) -> RequestVerdict:
+    def _alter(self, ctx: ConnectionContext, header: RequestHeader, request: Any) -> AnswerHere | AnswerLater:
         entries = [(tuple((e.entity_type, e.entity_name) for e in entry.entity),
                     [(op.key, float(op.value), bool(op.remove)) for op in entry.ops])
                    for entry in request.entries]
@@ -292,7 +297,7 @@ class QuotaAdminStage(StageBase):
                         ctx.client_address, ctx.principal)
             denied = [AlterResult(components, CLUSTER_AUTHORIZATION_FAILED, "Cluster authorization failed.")
                       for components, _ops in entries]
-            return RequestVerdict(local_response=self._alter_response(header, denied))
+            return AnswerHere(self._alter_response(header, denied))
         results = plan_alter(entries)
         for result in results:  # keys valid one by one may still not fit together or the window
             problem = self._backend.check_table(self._backend.table.apply(result.changes)) \
@@ -301,7 +306,7 @@ class QuotaAdminStage(StageBase):
                 result.error_code, result.error_message, result.changes = INVALID_REQUEST, problem, []
         changes = [c for r in results for c in r.changes]
         if request.validate_only or not changes:
-            return RequestVerdict(local_response=self._alter_response(header, results))
+            return AnswerHere(self._alter_response(header, results))
         loop = asyncio.get_running_loop()
         answer: asyncio.Future[bytes] = loop.create_future()
         written = self._backend.submit(changes)
@@ -324,7 +329,7 @@ class QuotaAdminStage(StageBase):
                     answer.set_exception(exc)
 
         written.add_done_callback(done)
-        return RequestVerdict(pending_response=answer)
+        return AnswerLater(answer)
 
     @staticmethod
     def _alter_response(header: RequestHeader, results: Sequence[AlterResult]) -> bytes:

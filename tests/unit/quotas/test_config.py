@@ -153,9 +153,10 @@ def _with_entry(entry: dict[str, Any]) -> dict[str, Any]:
     ({"user": "", "producer_byte_rate": 5},
      'quotas.entries[2].user: must not be empty (write "<default>" for the default entity)'),
     ({"user": 5, "producer_byte_rate": 5}, "quotas.entries[2].user: must be a string, got 5"),
-    ({"producer_byte_rate": 5}, "quotas.entries[2]: an entity needs a user, a client_id or both"),
+    ({"producer_byte_rate": 5}, "quotas.entries[2]: an entity needs a user, a client_id, a client_id_prefix, "
+                                "a topic or a topic_prefix"),
     ({"user": "bob"}, "quotas.entries[2]: needs at least one of producer_byte_rate, consumer_byte_rate, "
-                      "request_percentage, request_rate"),
+                      "request_percentage, request_rate, producer_record_rate, consumer_record_rate"),
     ({"user": "<default>", "producer_byte_rate": 5},
      "quotas.entries[2]: duplicate entity user <default> (already at entries[1])"),
     ({"user": "bob", "producer_byte_rate": 5, "shadow": "yes"},
