@@ -275,6 +275,25 @@ def cap_api_versions_response(payload: bytes, api_version: int, caps: Mapping[in
     return result
 
 
+def read_api_versions_entries(payload: bytes, api_version: int) -> list[tuple[int, int, int]]:
+    """(api_key, min_version, max_version) of each entry of an ApiVersions response (v0-v4);
+    [] for a response with a non-zero error_code."""
+    if read_i16(payload, 4, "api_versions error_code") != 0:
+        return []
+    if not 0 <= api_version <= _API_VERSIONS_MAX:
+        raise UnsupportedVersion(ApiKey.API_VERSIONS, api_version, "layout not verified")
+    flexible = api_version >= 3
+    count, pos = read_array_len(payload, 6, flexible, "api_versions api_keys", 7 if flexible else 6)
+    entries = []
+    for _ in range(count):
+        start = pos
+        pos = skip(payload, pos, 6, "api_versions entry")
+        entries.append(_API_ENTRY.unpack_from(payload, start))
+        if flexible:
+            pos = skip_tagged_fields(payload, pos, "api_versions entry tags")
+    return entries
+
+
 def read_api_versions_request_client_software(
     payload: bytes, header: RequestHeader
 ) -> tuple[str | None, str | None]:

@@ -1,21 +1,23 @@
 """Control-plane response rewrites: broker addresses and ApiVersions caps.
 
-Only these responses are walked (by `protocol.rewrite`, which re-encodes just the host and port
-of each broker entry and copies every other byte, unknown tagged fields included); everything
-else passes through as bytes. A response Sluice cannot decode is forwarded unchanged with a
-warning: never dropped, never fatal to the connection.
+Only these responses are walked (by `protocol.rewrite`, `protocol.share` and `protocol.fetch_tail`,
+which re-encode just the host and port of each broker entry and copy every other byte, unknown
+tagged fields included); everything else passes through as bytes. A response Sluice cannot decode
+is forwarded unchanged with a warning: never dropped, never fatal to the connection.
 
-Where brokers tell clients of other brokers:
+Where brokers tell clients of other brokers, all rewritten:
 
-- Metadata, FindCoordinator (v4+ batched), DescribeCluster: rewritten;
-- Produce v10+: the new leader's endpoint after NOT_LEADER_OR_FOLLOWER (KIP-951): rewritten;
-- Fetch v16+ carries the same; Sluice advertises Fetch up to v15 instead, so Fetch responses
-  (the bulk of the bytes) never need walking and can be streamed;
-- ShareFetch / ShareAcknowledge (KIP-932) carry endpoints Sluice does not rewrite: they are
-  removed from ApiVersions, so clients do not use share groups through Sluice.
+- Metadata, FindCoordinator (v4+ batched), DescribeCluster;
+- Produce v10+ and Fetch v16+: the new leader's endpoint after NOT_LEADER_OR_FOLLOWER (KIP-951).
+  A Fetch response small enough to be buffered is rewritten here; a large one streams and its
+  tag section is rewritten at the end, to its own length (`proxy.pumps.connection`,
+  `protocol.fetch_tail`);
+- ShareFetch and ShareAcknowledge (KIP-932): their node_endpoints.
 
-ApiVersions is also capped at the versions Sluice can parse, so a newer broker never sends it a
-version it cannot read.
+ApiVersions advertises, per API, what `protocol.versions.API_POLICIES` says (and why): APIs whose
+responses Sluice must rewrite, read, answer or patch are capped at the versions whose layout it
+knows; the rest pass in every version the broker offers. An API or version Sluice has never seen
+is logged once and passed through, never removed.
 """
 
 from __future__ import annotations
@@ -25,16 +27,22 @@ from collections.abc import Callable
 
 from protocol.apis import ApiKey, api_name
 from protocol.errors import ProtocolError
+from protocol.fetch_tail import FetchTailFinder, fit_tail
 from protocol.rewrite import (
-    PARSEABLE_MAX_VERSIONS,
     AddressMapper,
     BrokerAddress,
     cap_api_versions_response,
+    read_api_versions_entries,
     rewrite_describe_cluster_response,
+    rewrite_fetch_response_node_endpoints,
     rewrite_find_coordinator_response,
     rewrite_metadata_response,
     rewrite_produce_response_node_endpoints,
 )
+from protocol.share import rewrite_share_acknowledge_response, rewrite_share_fetch_response
+from protocol.versions import VERSION_CAPS, unverified_versions
+from proxy.flow.inflight import InFlight
+from proxy.flow.pipeline import ResponseOutcome
 from proxy.pumps.upstreams import BrokerRegistry
 
 log = logging.getLogger("sluice.rewrite")
@@ -46,19 +54,15 @@ _ADDRESS_REWRITES: dict[int, AddressRewrite] = {
     ApiKey.FIND_COORDINATOR: rewrite_find_coordinator_response,
     ApiKey.DESCRIBE_CLUSTER: rewrite_describe_cluster_response,
     ApiKey.PRODUCE: rewrite_produce_response_node_endpoints,
+    ApiKey.FETCH: rewrite_fetch_response_node_endpoints,
+    ApiKey.SHARE_FETCH: rewrite_share_fetch_response,
+    ApiKey.SHARE_ACKNOWLEDGE: rewrite_share_acknowledge_response,
 }
 
 REWRITTEN_APIS = frozenset({*_ADDRESS_REWRITES, ApiKey.API_VERSIONS})
 
-FETCH_MAX_ADVERTISED = 15           # v16+ may carry leader endpoints inside the records response
-REMOVED = -1                        # a cap below every min_version drops the API from the list
-
-DEFAULT_VERSION_CAPS: dict[int, int] = {
-    **PARSEABLE_MAX_VERSIONS,
-    ApiKey.FETCH: FETCH_MAX_ADVERTISED,
-    ApiKey.SHARE_FETCH: REMOVED,
-    ApiKey.SHARE_ACKNOWLEDGE: REMOVED,
-}
+DEFAULT_VERSION_CAPS: dict[int, int] = dict(VERSION_CAPS)
+_FETCH_NODE_ENDPOINTS_SINCE = 16
 
 
 class ResponseRewriter:
@@ -69,13 +73,24 @@ class ResponseRewriter:
         self._on_failure = on_failure
         # ApiVersions answers from one cluster are all alike but for the correlation id: cap once
         self._api_versions_cache: dict[tuple[int, bytes], bytes] = {}
+        self._noted: set[tuple[int, int]] = set()
 
-    def rewrite(self, api_key: int, api_version: int, payload: bytes) -> bytes:
+    def outcome(self, entry: InFlight, payload: bytes) -> ResponseOutcome:
+        """The rewritten response; for the head of a streamed Fetch v16+, the head as it is and the
+        `tail` that rewrites its end."""
+        if len(payload) < entry.upstream_response_bytes:  # the head of a streamed response
+            tail = self.streamed_fetch(entry.api_version) if entry.api_key == ApiKey.FETCH else None
+            return ResponseOutcome(payload, tail=tail)
+        return ResponseOutcome(self.rewrite(entry.api_key, entry.api_version, payload))
+
+    def rewrite(self, api_key: int, api_version: int, payload: bytes, whole: bool = True) -> bytes:
+        """The response to send; `whole` is False for the head of a streamed Fetch response, whose
+        tag section is rewritten when it arrives (`StreamedFetchTail`)."""
         try:
             if api_key == ApiKey.API_VERSIONS:
                 return self._cap_api_versions(payload, api_version)
             rewrite = _ADDRESS_REWRITES.get(api_key)
-            if rewrite is None:
+            if rewrite is None or not whole:
                 return payload
             new_payload, _original = rewrite(payload, api_version, self._registry.advertise)
             return new_payload
@@ -89,8 +104,64 @@ class ResponseRewriter:
         key = (api_version, payload[4:])
         capped = self._api_versions_cache.get(key)
         if capped is None:
+            self._note_unverified(payload, api_version)
             capped = cap_api_versions_response(payload, api_version, self._caps)[4:]
             if len(self._api_versions_cache) >= 64:
                 self._api_versions_cache.clear()
             self._api_versions_cache[key] = capped
         return payload[:4] + capped
+
+    def _note_unverified(self, payload: bytes, api_version: int) -> None:
+        """Log once per (API, version range) what passes through without Sluice knowing it."""
+        try:
+            entries = read_api_versions_entries(payload, api_version)
+        except ProtocolError:
+            return  # cap_api_versions_response reports it
+        for api_key, _min_version, max_version in entries:
+            note = unverified_versions(api_key, max_version)
+            if note is not None and (api_key, max_version) not in self._noted:
+                self._noted.add((api_key, max_version))
+                log.info("ApiVersions: %s: %s", api_name(api_key), note)
+
+    def streamed_fetch(self, api_version: int) -> StreamedFetchTail | None:
+        """The tail rewrite of a Fetch response that streams, or None if its version has no
+        leader endpoints (before v16)."""
+        if api_version < _FETCH_NODE_ENDPOINTS_SINCE:
+            return None
+        return StreamedFetchTail(self, api_version)
+
+    def fit_fetch_tail(self, tail: bytes) -> bytes:
+        try:
+            fitted, original, kept = fit_tail(tail, self._registry.advertise)
+        except ProtocolError as exc:
+            if self._on_failure is not None:
+                self._on_failure()
+            log.warning("forwarding the tags of a streamed Fetch response unchanged: %s", exc)
+            return tail
+        if not kept:
+            log.info("streamed Fetch response: the leader endpoints of %s do not fit in place; left out "
+                     "(the client asks for Metadata instead)", ", ".join(str(a.node_id) for a in original))
+        return fitted
+
+
+class StreamedFetchTail:
+    """One Fetch v16+ response on its way through: everything but the top-level tag section goes
+    out as it arrives; the tag section is held, then rewritten to its own length, so the size
+    prefix already sent stays right (`protocol.fetch_tail` says how)."""
+
+    __slots__ = ("_finder", "_rewriter")
+
+    def __init__(self, rewriter: ResponseRewriter, api_version: int) -> None:
+        self._rewriter = rewriter
+        self._finder = FetchTailFinder(api_version)
+
+    def feed(self, chunk: bytes | memoryview) -> int:
+        """How many leading bytes of `chunk` may go to the client now (the rest is held)."""
+        return self._finder.feed(chunk)
+
+    def finish(self) -> bytes:
+        """The held bytes, rewritten: to be sent after the last chunk."""
+        tail = bytes(self._finder.tail)
+        if not self._finder.found:
+            return tail  # malformed: what was held (nothing) goes as it is
+        return self._rewriter.fit_fetch_tail(tail)
