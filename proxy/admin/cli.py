@@ -43,13 +43,20 @@ from protocol.quota_client import (
     Stream,
 )
 from protocol.sasl_client import MECHANISMS, SaslCredentials
-from quotas.effective import EffectiveQuota, QuotaSource, effective_quotas
-from quotas.entity import CLIENT_ID, USER, ClientIdentity, QuotaEntity
+from quotas.config import QuotaConfig
+from quotas.effective import EffectiveQuota, QuotaSource, effective_quotas, effective_topic_quotas
+from quotas.entity import CLIENT_ID, CLIENT_ID_PREFIX, TOPIC, TOPIC_PREFIX, USER, ClientIdentity, QuotaEntity
 from quotas.errors import QuotaConfigError
-from quotas.table import QuotaTable, format_value
+from quotas.stats import RateModel
+from quotas.table import TOKEN_BUCKET_KEY, QuotaTable, format_value
 
-ENTITY_TYPES = (USER, CLIENT_ID)
-_ALIASES = {"user": USER, "users": USER, "client-id": CLIENT_ID, "client_id": CLIENT_ID, "clients": CLIENT_ID}
+ENTITY_TYPES = (USER, CLIENT_ID, CLIENT_ID_PREFIX, TOPIC, TOPIC_PREFIX)
+_ALIASES = {"user": USER, "users": USER, "client-id": CLIENT_ID, "client_id": CLIENT_ID, "clients": CLIENT_ID,
+            "client-id-prefix": CLIENT_ID_PREFIX, "client_id_prefix": CLIENT_ID_PREFIX, "topic": TOPIC,
+            "topics": TOPIC, "topic-prefix": TOPIC_PREFIX, "topic_prefix": TOPIC_PREFIX}
+_DEFAULTABLE = (USER, CLIENT_ID)
+#: ``rate_model=token_bucket`` on the command line is the store key sluice.token_bucket
+_RATE_MODELS = {"token_bucket": 1.0, "windowed": 0.0}
 _ERROR_NAMES = {-1: "UNKNOWN_SERVER_ERROR", 31: "CLUSTER_AUTHORIZATION_FAILED", 35: "UNSUPPORTED_VERSION",
                 42: "INVALID_REQUEST", 58: "SASL_AUTHENTICATION_FAILED"}
 
@@ -127,7 +134,8 @@ def _split(text: str | None) -> list[str]:
 def _entity_type(text: str, option: str) -> str:
     entity_type = _ALIASES.get(text.strip())
     if entity_type is None:
-        raise Usage(f"{option}: unknown entity type {text!r}: use user or client-id")
+        raise Usage(f"{option}: unknown entity type {text!r}: use user, client-id, client-id-prefix, topic "
+                    f"or topic-prefix")
     return entity_type
 
 
@@ -149,6 +157,8 @@ def parse_defaults(text: str | None) -> list[str]:
     out = []
     for item in _split(text):
         key = _entity_type(item, "--defaults")
+        if key not in _DEFAULTABLE:
+            raise Usage(f"--defaults: {key} has no default entity (only user and client-id)")
         if key in out:
             raise Usage(f"--defaults: {key} given twice")
         out.append(key)
@@ -169,6 +179,11 @@ def parse_add(text: str | None) -> list[tuple[str, float]]:
         key, sep, value = item.partition("=")
         if not sep or not key.strip():
             raise Usage(f"--add: {item!r} is not KEY=VALUE (e.g. producer_byte_rate=1048576)")
+        if key.strip() == "rate_model":
+            if value.strip() not in _RATE_MODELS:
+                raise Usage(f"--add: rate_model: {value!r} is not token_bucket or windowed")
+            out.append((TOKEN_BUCKET_KEY, _RATE_MODELS[value.strip()]))
+            continue
         try:
             out.append((key.strip(), float(value)))
         except ValueError:
@@ -273,35 +288,53 @@ def _sort_key(components: Sequence[Component]) -> tuple[object, ...]:
 
 
 @quotas.command("describe")
-@click.option("--names", metavar="user=NAME[,client-id=NAME]", required=True,
+@click.option("--names", metavar="user=NAME[,client-id=NAME][,topic=NAME]", required=True,
               help="the caller: its principal and client id (a missing user is ANONYMOUS, a missing "
-                   "client id is empty, as Kafka sees unauthenticated callers and null client ids)")
+                   "client id is empty, as Kafka sees unauthenticated callers and null client ids); "
+                   "with topic=NAME also the topic quotas of that topic, which apply beside the caller's")
 @click.option("--include-overrides", is_flag=True, help="also show the less specific entries overridden "
                                                         "(marked *)")
 @connection_options
 def describe_command(names: str, include_overrides: bool, **conn_args: Any) -> None:
-    """The effective quotas of a caller: each quota's value and the entry it comes from."""
+    """The effective quotas of a caller: each quota's value and the entry it comes from (with its
+    rate model when it is the token bucket); with topic=NAME, the topic's quotas too."""
     conn = _connection(**conn_args)
     who = parse_pairs(names, "--names")
     if not who:
-        raise Usage("--names: give user=NAME and/or client-id=NAME")
+        raise Usage("--names: give user=NAME, client-id=NAME and/or topic=NAME")
+    bad = sorted(set(who) - {USER, CLIENT_ID, TOPIC})
+    if bad:
+        raise Usage(f"--names: {', '.join(bad)}: a caller is a user, a client-id and a topic it writes "
+                    f"or reads")
     identity = ClientIdentity.of(who.get(USER), who.get(CLIENT_ID))
     try:
         with conn.client() as client:
             found = client.describe([], strict=False)
     except QuotaAdminError as exc:
         _fail(conn, str(exc), exc.error_code)
-    table = _table(found)
-    effective = effective_quotas(table.to_config(), identity)
+    config = _table(found).to_config()
+    effective = effective_quotas(config, identity) if USER in who or CLIENT_ID in who else {}
+    topic = who.get(TOPIC)
+    per_topic = effective_topic_quotas(config, topic) if topic is not None else {}
     if conn.output == "json":
-        _emit({"caller": {USER: identity.principal, CLIENT_ID: identity.client_id},
-               "quotas": [_effective_json(q, include_overrides) for q in effective.values()]})
+        out: dict[str, Any] = {"caller": {USER: identity.principal, CLIENT_ID: identity.client_id},
+                               "quotas": [_effective_json(q, include_overrides, config)
+                                          for q in effective.values()]}
+        if topic is not None:
+            out["topic"] = topic
+            out["topic_quotas"] = [_effective_json(q, include_overrides, config) for q in per_topic.values()]
+        _emit(out)
         return
     lines = []
     for quota in effective.values():
-        lines.append(_source_line(quota.kind.value, quota.source))
+        lines.append(_source_line(quota.kind.value, quota.source, config))
         if include_overrides:
-            lines += ["*" + _source_line(quota.kind.value, s) for s in quota.overridden]
+            lines += ["*" + _source_line(quota.kind.value, s, config) for s in quota.overridden]
+    for quota in per_topic.values():
+        lines.append(_source_line(quota.kind.value, quota.source, config) + " (topic: applies beside the "
+                     "caller's own; the larger throttle wins)")
+        if include_overrides:
+            lines += ["*" + _source_line(quota.kind.value, s, config) for s in quota.overridden]
     if lines:
         click.echo("\n".join(lines))
 
@@ -316,20 +349,30 @@ def _table(found: Sequence[DescribedEntity]) -> QuotaTable:
     return QuotaTable(items)
 
 
-def _source_line(key: str, source: QuotaSource) -> str:
+def _bucket_text(source: QuotaSource, config: QuotaConfig) -> str:
+    """`` token_bucket(burst_ms=N)`` when the entry uses the token bucket, else empty."""
+    shape = config.bucket_of(config.get(source.entity))
+    return "" if shape is None else f" {RateModel.TOKEN_BUCKET.value}(burst_ms={shape.burst_ms})"
+
+
+def _source_line(key: str, source: QuotaSource, config: QuotaConfig) -> str:
     shadow = " (shadow)" if source.shadow else ""
-    return f"{key}={format_value(source.value)} {format_entity(source_components(source.entity))}{shadow}"
+    return (f"{key}={format_value(source.value)} {format_entity(source_components(source.entity))}"
+            f"{_bucket_text(source, config)}{shadow}")
 
 
-def _source_json(source: QuotaSource) -> dict[str, Any]:
+def _source_json(source: QuotaSource, config: QuotaConfig) -> dict[str, Any]:
+    shape = config.bucket_of(config.get(source.entity))
     return {"value": source.value, "entity": entity_json(source_components(source.entity)),
-            "shadow": source.shadow}
+            "shadow": source.shadow,
+            "rate_model": (RateModel.WINDOWED if shape is None else RateModel.TOKEN_BUCKET).value,
+            **({} if shape is None else {"burst_ms": shape.burst_ms})}
 
 
-def _effective_json(quota: EffectiveQuota, include_overrides: bool) -> dict[str, Any]:
-    out: dict[str, Any] = {"key": quota.kind.value, **_source_json(quota.source)}
+def _effective_json(quota: EffectiveQuota, include_overrides: bool, config: QuotaConfig) -> dict[str, Any]:
+    out: dict[str, Any] = {"key": quota.kind.value, **_source_json(quota.source, config)}
     if include_overrides:
-        out["overridden"] = [_source_json(s) for s in quota.overridden]
+        out["overridden"] = [_source_json(s, config) for s in quota.overridden]
     return out
 
 
@@ -343,7 +386,9 @@ def _effective_json(quota: EffectiveQuota, include_overrides: bool) -> dict[str,
 def alter_command(names: str | None, defaults: str | None, add: str | None, delete: str | None,
                   validate_only: bool, **conn_args: Any) -> None:
     """Set (--add) and remove (--delete) quota keys of one entity. Keys: producer_byte_rate,
-    consumer_byte_rate, request_percentage, request_rate, sluice.shadow (=1)."""
+    consumer_byte_rate, request_percentage, request_rate, producer_record_rate, consumer_record_rate,
+    sluice.shadow (=1), rate_model (=token_bucket or windowed; the key sluice.token_bucket),
+    sluice.burst_ms, sluice.each_client_id (=1, client-id-prefix entities)."""
     conn = _connection(**conn_args)
     components = entity_components(parse_pairs(names, "--names"), parse_defaults(defaults))
     if not components:

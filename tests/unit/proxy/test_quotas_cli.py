@@ -180,3 +180,43 @@ def test_sasl_password_is_asked_for_and_never_printed(monkeypatch: pytest.Monkey
                                              ("<default>", '"<default>"'), ("x y", '"x y"')])
 def test_names_print_unambiguously(name: str | None, shown: str) -> None:
     assert quotas_cli.format_name(name) == shown
+
+
+BEYOND = [
+    DescribedEntity((("client-id-prefix", "etl-"),),
+                    {"producer_byte_rate": 4096.0, "sluice.token_bucket": 1.0, "sluice.burst_ms": 2000.0}),
+    DescribedEntity((("client-id", None),), {"producer_byte_rate": 1048576.0}),
+    DescribedEntity((("topic", "orders"),), {"producer_byte_rate": 2048.0}),
+    DescribedEntity((("topic-prefix", "ord"),), {"producer_byte_rate": 8192.0, "producer_record_rate": 50.0}),
+]
+
+
+def test_describe_shows_prefixes_rate_models_and_topic_quotas(monkeypatch: pytest.MonkeyPatch) -> None:
+    client = FakeClient()
+    monkeypatch.setattr(quotas_cli.Connection, "client", lambda self: client)
+    monkeypatch.setattr(FakeClient, "describe", lambda self, components=(), strict=False: list(BEYOND))
+    result = run("describe", "--names", "client-id=etl-7,topic=orders", "--include-overrides")
+    assert result.exit_code == 0, result.output
+    beside = " (topic: applies beside the caller's own; the larger throttle wins)"
+    assert result.output.splitlines() == [
+        "producer_byte_rate=4096 {client-id-prefix=etl-} token_bucket(burst_ms=2000)",
+        "*producer_byte_rate=1048576 {client-id=<default>}",
+        "producer_byte_rate=2048 {topic=orders}" + beside,
+        "*producer_byte_rate=8192 {topic-prefix=ord}",
+        "producer_record_rate=50 {topic-prefix=ord}" + beside,
+    ]
+    doc = json.loads(run("describe", "--names", "client-id=etl-7", "--output", "json").output)
+    assert doc["quotas"][0]["rate_model"] == "token_bucket" and doc["quotas"][0]["burst_ms"] == 2000
+
+
+def test_alter_new_entity_types_and_rate_model(fake: FakeClient) -> None:
+    result = run("alter", "--names", "user=alice,client-id-prefix=etl-",
+                 "--add", "producer_record_rate=100,rate_model=token_bucket,sluice.each_client_id=1")
+    assert result.exit_code == 0, result.output
+    assert fake.altered[-1] == ([AlterEntry((("user", "alice"), ("client-id-prefix", "etl-")),
+                                            [("producer_record_rate", 100.0), ("sluice.token_bucket", 1.0),
+                                             ("sluice.each_client_id", 1.0)])], False)
+    run("alter", "--names", "topic=orders", "--add", "rate_model=windowed")
+    assert fake.altered[-1][0][0].ops == [("sluice.token_bucket", 0.0)]
+    assert run("alter", "--defaults", "topic", "--add", "producer_byte_rate=1").exit_code == 2
+    assert run("alter", "--names", "topic=t", "--add", "rate_model=leaky").exit_code == 2
