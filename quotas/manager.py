@@ -34,6 +34,8 @@ from quotas.throttle import bucket_throttle_time_ms, throttle_time_ms
 DEFAULT_SENSOR_IDLE_EXPIRY_MS = 3_600_000
 #: How often (in clock time) the manager sweeps idle sensors; Kafka's `ExpireSensorTask` period.
 SENSOR_SWEEP_INTERVAL_MS = 30_000
+#: Under the token bucket a fetch asks for at most this much quota (`max_value_in_quota_window`).
+BUCKET_REQUEST_CAP_MS = 100
 
 _CAPPED_KINDS = frozenset(k for k in QuotaKind if k.caps_throttle)
 
@@ -229,13 +231,20 @@ class QuotaManager:
 
     def max_value_in_quota_window(self, kind: QuotaKind, identity: ClientIdentity) -> float:
         """``bound * (samples - 1) * window_s``: the most one request can carry without being
-        certain to be throttled (KAFKA-9677 caps fetch max_bytes with it). `math.inf` if unlimited."""
+        certain to be throttled (KAFKA-9677 caps fetch max_bytes with it). `math.inf` if unlimited.
+
+        Under the token bucket it is `BUCKET_REQUEST_CAP_MS` of quota instead: a response is spent
+        at once, so its size is the most a client can get in any one second above the refill; a
+        tenth of a second keeps the per-second rate within 10 % of the quota."""
         if not self._enabled[kind]:
             return math.inf
         now = self._clock.now_ms()
-        bound = self._sensor(kind, identity, now).bound
+        sensor = self._sensor(kind, identity, now)
+        bound = sensor.bound
         if bound is None:
             return math.inf
+        if sensor.bucket is not None:
+            return bound * (BUCKET_REQUEST_CAP_MS / 1000.0)
         return bound * (self._rate_config.samples - 1) * (self._window_ms / 1000.0)
 
     # -- configuration -----------------------------------------------------------------------

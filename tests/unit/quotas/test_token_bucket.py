@@ -214,3 +214,12 @@ def test_switching_models_live_keeps_the_sampled_history() -> None:
     assert decision.observed == pytest.approx(8000 / 10.0)   # the rate kept the 5000 from before
     manager.update_config(windowed)
     assert manager.check(P, WHO).throttle_time_ms == 0        # back to the windowed decision
+
+
+def test_fetch_cap_is_a_tenth_of_a_second_of_quota_under_the_bucket() -> None:
+    clock = FakeClock(START_MS)
+    entries = [{"client_id": "c", "consumer_byte_rate": 10_000},
+               {"client_id": "w", "consumer_byte_rate": 10_000, "rate_model": "windowed"}]
+    manager = QuotaManager(QuotaConfig.from_dict({"rate_model": "token_bucket", "entries": entries}), clock)
+    assert manager.max_value_in_quota_window(F, WHO) == 1000.0                          # 100 ms of quota
+    assert manager.max_value_in_quota_window(F, ClientIdentity("ANONYMOUS", "w")) == 100_000.0  # KAFKA-9677
