@@ -3,7 +3,7 @@
 One run starts one real Kafka broker and, for one quota value Q (default 2 MiB/s) and Kafka's
 default quota window (11 samples of 1 s), runs every case of
 
-    {broker-enforced, sluice-enforced} x {Java, librdkafka} x {produce, fetch}
+    {broker-enforced, sluice-enforced, bucket-enforced} x {Java, librdkafka} x {produce, fetch}
 
 for S seconds each (60 by default). Clients always connect through Sluice, so the only thing that
 differs between the two modes is who enforces:
@@ -13,7 +13,10 @@ differs between the two modes is who enforces:
   (``--entity-type clients --entity-default``) before the case and removed after it, each time
   waiting until ``--describe`` shows the change.
 * ``sluice``: the broker has no quota; the clients go through a second Sluice whose config holds
-  the same default client-id quota (same window).
+  the same default client-id quota (same window), with Kafka's windowed rate (the default).
+* ``bucket``: as ``sluice``, through a third Sluice with ``rate_model: token_bucket`` (issue 13:
+  Kafka's TokenBucket semantics, burst = samples x window x quota). Its goals: long-run rate within
+  ±2 % of the quota, and no second after the first above 1.1 x the quota.
 
 Both Sluice processes run for the whole benchmark. The two modes of each client x workload run
 back to back, the first mode alternating from pair to pair, so that drift over the run (load from
@@ -51,13 +54,18 @@ The consumers all read one topic, pre-filled directly on the broker before any q
 16 KiB batches (a broker returns a whole first batch whatever the fetch size; small batches keep
 each fetch response at the consumer's own limit, 1 MiB per partition by default).
 
+Per case also: the first second's bytes / Q (the first burst), the largest second after the
+first / Q (the peak: the windowed rate's sawtooth sends ~(N-1) x Q in one second every N x W; the
+token bucket should not), and the long-run rate (over whole sawtooth periods when there are two
+troughs, else after the first N x W).
+
 Printed: a table of achieved / quota (wire and payload), |error|, whether it is within ±3 %, and
 whether Sluice is at least as close to the quota as the broker for the same client and
 workload. Written: ``bench/results/fidelity.json`` (every case, per-second series, wire bytes
 every 100 ms, the targets) and ``bench/results/fidelity.png``. ``--replot FILE.json`` prints the
 table and redraws the chart of an earlier run.
 
-Run:  ``.venv/bin/python -m bench.bench_fidelity`` (8 x 60 s, ~10 min), ``--quick`` (8 x 15 s,
+Run:  ``.venv/bin/python -m bench.bench_fidelity`` (12 x 60 s, ~15 min), ``--quick`` (12 x 15 s,
 ~4 min); ``--seconds N`` sets the window, ``--quota BYTES`` the quota.
 """
 
@@ -89,7 +97,7 @@ from tests.harness.load import Timeline, WatermarkSampler, confluent_flood
 from tests.harness.sluice import SluiceProcess
 from tests.harness.tools import KafkaTools
 
-MODES: tuple[str, ...] = ("broker", "sluice")
+MODES: tuple[str, ...] = ("broker", "sluice", "bucket")
 CLIENTS: tuple[str, ...] = ("java", "librdkafka")
 WORKLOADS: tuple[str, ...] = ("produce", "fetch")
 DEFAULT_OUT = REPO / "bench" / "results" / "fidelity.json"
@@ -97,6 +105,8 @@ MiB = 1024 * 1024
 
 TARGET_ERROR = 0.03      # issue 4: within ±3 % of the quota over 60 s ...
                          # ... and at least as close as the broker
+BUCKET_LONG_RUN_ERROR = 0.02   # issue 13: the token bucket's long-run rate within ±2 % ...
+BUCKET_PEAK = 1.1              # ... and no second after the first above 1.1 x the quota
 
 
 @dataclass(frozen=True)
@@ -628,17 +638,24 @@ def summarize_series(series: Series | None, params: Params, quota: float,
     bytes since the first byte every 100 ms (for re-analysis)."""
     if series is None:
         return {"rate": None, "ratio": None, "tail_rate": None, "tail_ratio": None, "bytes": None,
-                "covered_s": 0.0, "periods": None, "per_second": []}
+                "covered_s": 0.0, "periods": None, "long_run_ratio": None, "first_second": None,
+                "peak_after_first": None, "per_second": []}
     s = params.seconds
     rate = series.rate(0, s)
     tail = series.rate(params.burst_s, s) if s > params.burst_s else None
+    per_second = [round(v / quota, 4) for v in series.per_second(s)]
+    periods = whole_periods(series, params, quota)
     out = {
         "bytes": series.bytes_between(0, s) if rate is not None else None,
         "rate": rate, "ratio": rate / quota if rate is not None else None,
         "tail_rate": tail, "tail_ratio": tail / quota if tail is not None else None,
-        "periods": whole_periods(series, params, quota),
+        "periods": periods,
+        # the long-run rate: whole sawtooth periods if there are any, else after the first N x W
+        "long_run_ratio": periods["ratio"] if periods else (tail / quota if tail is not None else None),
+        "first_second": per_second[0] if per_second else None,
+        "peak_after_first": max(per_second[1:]) if len(per_second) > 1 else None,
         "covered_s": round(series.covered_s(), 2),
-        "per_second": [round(v / quota, 4) for v in series.per_second(s)],
+        "per_second": per_second,
     }
     if cumulative:
         out["cumulative_100ms"] = [round(series.bytes_between(0, i / 10)) if i else 0
@@ -676,8 +693,41 @@ def compare(cases: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
     return out
 
 
-def targets(comparisons: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
+def bucket_comparisons(cases: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """For each client x workload: the three enforcements' long-run rate, peak second after the
+    first and first second, each / Q (wire bytes), and whether the token bucket met its goals."""
+    by = {(c["mode"], c["client"], c["workload"]): c for c in cases}
     out = []
+    for client in CLIENTS:
+        for workload in WORKLOADS:
+            bucket = by.get(("bucket", client, workload))
+            if bucket is None:
+                continue
+            row: dict[str, Any] = {"client": client, "workload": workload}
+            for mode in MODES:
+                case = by.get((mode, client, workload))
+                wire = case["wire"] if case is not None else {}
+                for key in ("long_run_ratio", "peak_after_first", "first_second"):
+                    row[f"{mode}_{key}"] = wire.get(key)
+            long_run, peak = row["bucket_long_run_ratio"], row["bucket_peak_after_first"]
+            row["bucket_long_run_met"] = long_run is not None and abs(long_run - 1) <= BUCKET_LONG_RUN_ERROR
+            row["bucket_peak_met"] = peak is not None and peak <= BUCKET_PEAK
+            out.append(row)
+    return out
+
+
+def targets(comparisons: Sequence[Mapping[str, Any]],
+            buckets: Sequence[Mapping[str, Any]] = ()) -> list[dict[str, Any]]:
+    out = []
+    for b in buckets:
+        name = f"{b['client']} {b['workload']}"
+        long_run = b["bucket_long_run_ratio"]
+        out.append({"name": f"{name}: token bucket long-run within ±2% of the quota",
+                    "value": abs(long_run - 1) if long_run is not None else None, "op": "<=",
+                    "threshold": BUCKET_LONG_RUN_ERROR, "met": b["bucket_long_run_met"]})
+        out.append({"name": f"{name}: token bucket peak second after the first <= 1.1 x quota",
+                    "value": b["bucket_peak_after_first"], "op": "<=", "threshold": BUCKET_PEAK,
+                    "met": b["bucket_peak_met"]})
     for c in comparisons:
         name = f"{c['client']} {c['workload']}"
         out.append({"name": f"{name}: Sluice within ±3% of the quota", "value": c["sluice_error"],
@@ -723,16 +773,18 @@ def run_benchmark(params: Params, modes: Sequence[str], clients: Sequence[str], 
             for mode in modes:  # both proxies run all along; each mode's cases use its own
                 port = free_port()
                 config: dict[str, Any] = {"metrics": {"port": port}}
-                if mode == "sluice":
+                if mode in ("sluice", "bucket"):
                     config["quotas"] = {"window": window, "entries": [
                         {"client_id": "<default>", "producer_byte_rate": params.quota,
                          "consumer_byte_rate": params.quota}]}
+                if mode == "bucket":
+                    config["quotas"]["rate_model"] = "token_bucket"
                 sluice = SluiceProcess(cluster.bootstrap, workdir / f"sluice-{mode}", config=config).start()
                 stack.callback(sluice.stop)
                 sluices[mode] = sluice
                 samplers[mode] = stack.enter_context(MetricsSampler(port, params.metrics_interval_s))
                 log(f"Sluice for {mode}-enforced cases: {sluice.bootstrap} "
-                    f"({'the quotas' if mode == 'sluice' else 'no quotas'}), metrics :{port}")
+                    f"({'no quotas' if mode == 'broker' else 'the quotas'}), metrics :{port}")
             time.sleep(0.5)
             for case in iter_cases(modes, clients, workloads):
                 sluice, metrics = sluices[case.mode], samplers[case.mode]
@@ -756,6 +808,7 @@ def run_benchmark(params: Params, modes: Sequence[str], clients: Sequence[str], 
     finally:
         cluster.stop()
     comparisons = compare(results)
+    buckets = bucket_comparisons(results)
     return {
         "benchmark": "fidelity",
         "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
@@ -776,7 +829,8 @@ def run_benchmark(params: Params, modes: Sequence[str], clients: Sequence[str], 
         },
         "cases": results,
         "comparisons": comparisons,
-        "targets": targets(comparisons),
+        "bucket_comparisons": buckets,
+        "targets": targets(comparisons, buckets),
     }
 
 
@@ -785,7 +839,8 @@ def describe_case(r: Mapping[str, Any], burst_s: float) -> str:
         return f"{v:.3f}" if v is not None else "-"
 
     wire, payload = r["wire"], r["payload"]
-    return (f"{r['name']:<28} wire {f(wire['ratio'])} (after {burst_s:g}s {f(wire['tail_ratio'])}), "
+    return (f"{r['name']:<28} wire {f(wire['ratio'])} (after {burst_s:g}s {f(wire['tail_ratio'])}, "
+            f"peak second {f(wire.get('peak_after_first'))}), "
             f"payload {f(payload['ratio'])}; {r.get('ended')}, {r.get('requests', 0):.0f} requests, "
             f"Sluice throttled {r.get('sluice_throttled_requests', 0):.0f}")
 
@@ -802,7 +857,8 @@ def format_table(report: Mapping[str, Any]) -> str:
     def f(v: float | None, fmt: str = ".3f") -> str:
         return format(v, fmt) if v is not None else "-"
 
-    head = (f"{'case':<28}{'wire/Q':>8}{f'>{burst:g}s':>8}{'periods':>9}{'payload/Q':>11}{f'>{burst:g}s':>8}"
+    head = (f"{'case':<28}{'wire/Q':>8}{f'>{burst:g}s':>8}{'periods':>9}{'1st s':>7}{'peak':>7}"
+            f"{'payload/Q':>11}{f'>{burst:g}s':>8}"
             f"{'wire/pay':>9}{'|error|':>9}{'±3%':>6}{'≤broker':>9}")
     lines += [head, "-" * len(head)]
     comp = {(c["client"], c["workload"]): c for c in report["comparisons"]}
@@ -817,6 +873,7 @@ def format_table(report: Mapping[str, Any]) -> str:
             closer = "yes" if c["sluice_at_least_as_close"] else "NO"
         periods = w["periods"]["ratio"] if w.get("periods") else None
         lines.append(f"{r['name']:<28}{f(w['ratio']):>8}{f(w['tail_ratio']):>8}{f(periods):>9}"
+                     f"{f(w.get('first_second'), '.2f'):>7}{f(w.get('peak_after_first'), '.2f'):>7}"
                      f"{f(pl['ratio']):>11}"
                      f"{f(pl['tail_ratio']):>8}{f(r['wire_over_payload']):>9}"
                      f"{f(r['error'] * 100 if r['error'] is not None else None, '.1f') + '%':>9}"
@@ -826,9 +883,19 @@ def format_table(report: Mapping[str, Any]) -> str:
               f"'>{burst:g}s' excludes the first N x W = {burst:g} s (a fresh sensor's burst); 'periods' is "
               "wire bytes over whole periods of the windowed rate's sawtooth",
               "(trough to trough of bytes above the quota; see whole_periods). |error| = |wire/Q - 1|, "
-              f"the issue's measure ({p['seconds']:g} s from the first byte)."]
+              f"the issue's measure ({p['seconds']:g} s from the first byte).",
+              "'1st s' = the first second's wire bytes / Q (the first burst); 'peak' = the largest later "
+              "second / Q. bucket = Sluice with rate_model token_bucket."]
+    if report.get("bucket_comparisons"):
+        lines += ["", f"{'windowed vs token bucket (wire / Q)':<28}{'long-run':>30}"
+                      f"{'peak second after the 1st':>33}",
+                  f"{'':<28}" + "".join(f"{m:>10}" for m in MODES) + "".join(f"{m:>11}" for m in MODES)]
+        for b in report["bucket_comparisons"]:
+            lines.append(f"{b['client'] + ' ' + b['workload']:<28}"
+                         + "".join(f"{f(b.get(f'{m}_long_run_ratio')):>10}" for m in MODES)
+                         + "".join(f"{f(b.get(f'{m}_peak_after_first'), '.2f'):>11}" for m in MODES))
     if report["targets"]:
-        lines += ["", "targets (issue 4):"]
+        lines += ["", "targets (issues 4 and 13):"]
         lines += [f"  {'MET ' if t['met'] else 'MISS'} {t['name']}: {f(t['value'], '.4f')} {t['op']} "
                   f"{f(t['threshold'], '.4f')}" for t in report["targets"]]
     return "\n".join(lines)
@@ -847,7 +914,7 @@ def write_chart(report: Mapping[str, Any], path: Path) -> bool:
               if any(r["client"] == c and r["workload"] == w for r in cases)]
     if not groups:
         return False
-    colors = {"broker": "#4c72b0", "sluice": "#dd8452"}
+    colors = {"broker": "#4c72b0", "sluice": "#dd8452", "bucket": "#55a868"}
     by = {(r["mode"], r["client"], r["workload"]): r for r in cases}
     fig = plt.figure(figsize=(4 * max(2, len(groups)), 7.2))
     grid = fig.add_gridspec(2, len(groups), height_ratios=[1.1, 1])
@@ -933,7 +1000,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--quota", type=int, default=2 * MiB, help="bytes/s, produce and fetch [2 MiB/s]")
     parser.add_argument("--out", type=Path, help=f"results JSON [{DEFAULT_OUT.relative_to(REPO)}]")
     parser.add_argument("--no-chart", action="store_true", help="skip the PNG next to the JSON")
-    parser.add_argument("--modes", default=",".join(MODES), help="subset of broker,sluice")
+    parser.add_argument("--modes", default=",".join(MODES), help="subset of broker,sluice,bucket")
     parser.add_argument("--clients", default=",".join(CLIENTS), help="subset of java,librdkafka")
     parser.add_argument("--workloads", default=",".join(WORKLOADS), help="subset of produce,fetch")
     parser.add_argument("--replot", type=Path, metavar="FILE.json",

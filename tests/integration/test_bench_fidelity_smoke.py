@@ -1,4 +1,5 @@
-"""The fidelity benchmark runs end to end (`--quick`, 10 s per case) and writes a complete results file.
+"""The fidelity benchmark runs end to end (`--quick`, 10 s per case, three enforcements) and writes a
+complete results file.
 
 No thresholds: on a shared 2-core machine the numbers are noise-prone, and 10 s runs sit inside
 a fresh sensor's burst anyway; the benchmark itself reports them against the targets.
@@ -17,19 +18,20 @@ from tests.harness.kafka import REPO
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
-MODES = ("broker", "sluice")
+MODES = ("broker", "sluice", "bucket")
 CLIENTS = ("java", "librdkafka")
 WORKLOADS = ("produce", "fetch")
 
 
 @pytest.mark.timeout(900)
-def test_quick_fidelity_benchmark_writes_all_eight_cases(tmp_path: Path) -> None:
+def test_quick_fidelity_benchmark_writes_all_twelve_cases(tmp_path: Path) -> None:
     out = tmp_path / "fidelity.json"
     done = subprocess.run([sys.executable, "-m", "bench.bench_fidelity", "--quick", "--seconds", "10",
                            "--out", str(out), "--workdir", str(tmp_path / "work")],
                           cwd=REPO, capture_output=True, text=True, timeout=840, check=False)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-5000:]
-    assert "wire/Q" in done.stdout and "targets (issue 4)" in done.stdout  # the table
+    assert "wire/Q" in done.stdout and "targets (issues 4 and 13)" in done.stdout  # the table
+    assert "windowed vs token bucket" in done.stdout
     assert out.with_suffix(".png").stat().st_size > 0
 
     report = json.loads(out.read_text())
@@ -59,10 +61,17 @@ def test_quick_fidelity_benchmark_writes_all_eight_cases(tmp_path: Path) -> None
     # only Sluice throttles in sluice mode; in broker mode it passes the broker's throttling through
     assert all(cases[("broker", c, w)]["sluice_throttled_requests"] == 0 for c in CLIENTS for w in WORKLOADS)
     assert any(cases[("sluice", c, w)]["sluice_throttled_requests"] > 0 for c in CLIENTS for w in WORKLOADS)
+    assert any(cases[("bucket", c, w)]["sluice_throttled_requests"] > 0 for c in CLIENTS for w in WORKLOADS)
+    for case in cases.values():
+        wire = case["wire"]
+        assert wire["first_second"] == wire["per_second"][0]
+        assert wire["peak_after_first"] == max(wire["per_second"][1:])
 
     assert {(c["client"], c["workload"]) for c in report["comparisons"]} == {
         (c, w) for c in CLIENTS for w in WORKLOADS}
     for c in report["comparisons"]:
         assert c["broker_error"] >= 0 and c["sluice_error"] >= 0
         assert isinstance(c["sluice_at_least_as_close"], bool)
-    assert len(report["targets"]) == 8 and all(isinstance(t["met"], bool) for t in report["targets"])
+    assert {(b["client"], b["workload"]) for b in report["bucket_comparisons"]} == {
+        (c, w) for c in CLIENTS for w in WORKLOADS}
+    assert len(report["targets"]) == 16 and all(isinstance(t["met"], bool) for t in report["targets"])
