@@ -104,7 +104,9 @@ LOG_FORMATS: dict[str, str] = {"json": "jsonl", "parquet": "parquet"}
 # ---------------------------------------------------------------------------------- quota entities
 
 DEFAULT_NAME = "<default>"
-ENTITY_TYPES: tuple[str, ...] = ("user", "client-id", "ip")
+ENTITY_TYPES: tuple[str, ...] = ("user", "client-id", "ip", "client-id-prefix", "topic", "topic-prefix")
+"""Kafka's entity types, then Sluice's own (issue 13): a client-id-prefix entity, shared by every
+client id of the prefix, and the topic entities, which limit all clients of a topic together."""
 _ESCAPES = {"%": "%25", ",": "%2C", "=": "%3D", "<": "%3C", ">": "%3E"}
 _UNESCAPE = re.compile(r"%(25|2C|3D|3C|3E)", re.IGNORECASE)
 

@@ -117,6 +117,9 @@ def test_partition_path_rejects(args: tuple[str, int, str], message: str) -> Non
     ([("user", "<default>")], "user=%3Cdefault%3E"),
     ([("user", "100%")], "user=100%25"),
     ([("ip", "10.0.0.1")], "ip=10.0.0.1"),
+    ([("client-id-prefix", "etl-"), ("user", "alice")], "user=alice,client-id-prefix=etl-"),
+    ([("topic", "orders")], "topic=orders"),
+    ([("topic-prefix", "logs-")], "topic-prefix=logs-"),
 ])
 def test_quota_entity_strings(components: list[tuple[str, str | None]], text: str) -> None:
     assert format_quota_entity(components) == text
