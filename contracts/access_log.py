@@ -84,7 +84,8 @@ FIELDS: tuple[Field, ...] = (
           "The configured quota entity that matched (`user=alice,client-id=<default>`); null if none."),
     Field("quota_kind", "string", True,
           "Quota key that entity was matched for (`producer_byte_rate`, `consumer_byte_rate`, "
-          "`request_percentage`, `controller_mutation_rate`); null if none."),
+          "`request_percentage`, `controller_mutation_rate`, and Sluice's `request_rate`, "
+          "`producer_record_rate`, `consumer_record_rate`); null if none."),
     Field("quota_limit", "double", True, "That quota's value when the request was served; null if none."),
     Field("shadow", "boolean", False, "True when quota decisions were computed but not enforced."),
     Field("would_throttle_ms", "int32", True,
@@ -96,7 +97,8 @@ FIELDS: tuple[Field, ...] = (
 FIELD_NAMES: tuple[str, ...] = tuple(f.name for f in FIELDS)
 
 QUOTA_KEYS: tuple[str, ...] = (
-    "producer_byte_rate", "consumer_byte_rate", "request_percentage", "controller_mutation_rate")
+    "producer_byte_rate", "consumer_byte_rate", "request_percentage", "controller_mutation_rate",
+    "request_rate", "producer_record_rate", "consumer_record_rate")  # the last three: Sluice's own
 PRODUCE_API_KEY = 0
 FETCH_API_KEY = 1
 LOG_FORMATS: dict[str, str] = {"json": "jsonl", "parquet": "parquet"}

@@ -53,14 +53,15 @@ def test_every_field_has_a_description_and_a_unique_name() -> None:
     ({"quota_limit": None}, "quota_entity, quota_kind and quota_limit: set all three or none"),
     ({"quota_entity": "user=alice,user=bob"},
      "quota_entity: bad quota entity 'user=alice,user=bob': types must be distinct, in the order "
-     "('user', 'client-id', 'ip')"),
+     "('user', 'client-id', 'ip', 'client-id-prefix', 'topic', 'topic-prefix')"),
     ({"quota_entity": "client-id=a,user=b"},
      "quota_entity: bad quota entity 'client-id=a,user=b': types must be distinct, in the order "
-     "('user', 'client-id', 'ip')"),
+     "('user', 'client-id', 'ip', 'client-id-prefix', 'topic', 'topic-prefix')"),
     ({"quota_entity": "group=x"}, "quota_entity: bad quota entity 'group=x': expected type=name[,type=name]"),
     ({"quota_kind": "bytes"},
      "quota_kind: 'bytes' is not one of ('producer_byte_rate', 'consumer_byte_rate', "
-     "'request_percentage', 'controller_mutation_rate')"),
+     "'request_percentage', 'controller_mutation_rate', 'request_rate', 'producer_record_rate', "
+     "'consumer_record_rate')"),
     ({"quota_limit": 0.0}, "quota_limit: must be positive, got 0.0"),
     ({"shadow": True}, "would_throttle_ms: required when shadow is true"),
     ({"would_throttle_ms": 5}, "would_throttle_ms: must be null when shadow is false"),
