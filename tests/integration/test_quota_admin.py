@@ -97,6 +97,11 @@ def eventually(probe: Callable[[], T], ok: Callable[[T], bool], timeout_s: float
         time.sleep(0.1)
 
 
+def wait_until(monotonic_s: float) -> None:
+    """Let the load run until a point in time (a duration of load, not a wait for a condition)."""
+    time.sleep(max(0.0, monotonic_s - time.monotonic()))
+
+
 def metric(port: int, name: str, **labels: str) -> float | None:
     with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as r:
         text = r.read().decode()
@@ -118,37 +123,47 @@ def test_kafka_configs_and_the_cli_change_a_live_producers_rate(kafka: KafkaClus
         topic = create_topic(kafka.bootstrap, unique_name("live"))
         stats: list[dict[str, Any]] = []
         stop = threading.Event()
-        box: dict[str, load.Timeline] = {}
+        timeline = load.Timeline()
         config = {"statistics.interval.ms": 1000, "stats_cb": lambda s: stats.append(json.loads(s))}
-        worker = threading.Thread(target=lambda: box.update(t=load.confluent_flood(
-            sluice.bootstrap, topic, 60, client_id=cid, stop=stop, batch_bytes=32 * KiB, config=config)))
+        worker = threading.Thread(target=lambda: load.confluent_flood(
+            sluice.bootstrap, topic, 120, client_id=cid, stop=stop, batch_bytes=32 * KiB, config=config,
+            timeline=timeline))
         worker.start()
-        time.sleep(2 * 5.5)  # two whole periods of the windowed rate's sawtooth (11 samples x 500 ms)
+        # On a loaded machine the first delivery (metadata, a leader for the new topic) can take seconds:
+        # the periods are counted from it, not from the start.
+        first = eventually(lambda: timeline.count, lambda n: n > 0, timeout_s=60)
+        assert first > 0, "the producer delivered nothing through Sluice"
+        first_s = min(t for t, _ in timeline.events) - timeline.started
+        wait_until(timeline.started + first_s + 2 * 5.5)  # two whole periods of the sawtooth (11 x 500 ms)
         connections = metric(port, "sluice_open_connections", listener="broker 1")
 
-        # kafka-configs raises it to 1 MiB/s for this client id
+        # kafka-configs raises it to 1 MiB/s for this client id. The change applies somewhere between
+        # the tool's start and its exit (a JVM that can take seconds to exit under load): each rate
+        # below is judged only over time that is wholly before the start or wholly after the exit.
         tools = KafkaTools(sluice.bootstrap, workdir=tmp_path)
+        raising_at = time.monotonic()
         tools.configs("--alter", "--add-config", f"producer_byte_rate={MiB}", "--entity-type", "clients",
                       "--entity-name", cid).check()
         raised_at = time.monotonic()
-        time.sleep(9)
+        wait_until(raised_at + 9)
 
         # `sluice quotas alter` brings it down to 512 KiB/s: a (1 MiB - 512 KiB) / 512 KiB x 5.5 s = 5.5 s
         # mute first (the window still holds 1 MiB/s), then 512 KiB/s
+        lowering_at = time.monotonic()
         done = cli(sluice.bootstrap, "alter", "--names", f"client-id={cid}",
                    "--add", f"producer_byte_rate={512 * KiB}")
         assert done.returncode == 0, done.stderr
         lowered_at = time.monotonic()
-        time.sleep(12)
+        wait_until(lowered_at + 12)
         connections_after = metric(port, "sluice_open_connections", listener="broker 1")
         stop.set()
         worker.join(60)
         described = tools.configs("--describe", "--entity-type", "clients", "--entity-name", cid).check()
         assert f"Quota configs for client-id '{cid}' are producer_byte_rate=524288.0" in described.stdout
-        timeline = box["t"]
-        start_s, raised_s, lowered_s = 0.0, raised_at - timeline.started, lowered_at - timeline.started
-        before = timeline.rate(start_s, raised_s)   # whole periods from the first burst
-        raised = timeline.rate(raised_s + 1.5, lowered_s)
+        raising_s, raised_s = raising_at - timeline.started, raised_at - timeline.started
+        lowering_s, lowered_s = lowering_at - timeline.started, lowered_at - timeline.started
+        before = timeline.rate(first_s, raising_s)   # whole periods from the first burst
+        raised = timeline.rate(raised_s + 1.5, lowering_s)
         lowered = timeline.rate(lowered_s + 6, lowered_s + 12)
         assert before <= 1.3 * 256 * KiB, before / KiB
         assert 2.2 * 256 * KiB <= raised <= 1.3 * MiB, raised / KiB
