@@ -14,10 +14,25 @@ from collections import deque
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
+from quotas.entity import ClientIdentity
+from quotas.manager import ThrottleDecision
+
+
+@dataclass(slots=True)
+class QuotaNote:
+    """What the quota stage decided at request time, for the response and the access log."""
+
+    identity: ClientIdentity
+    decisions: list[ThrottleDecision]
+    enforced_ms: int                  # the largest throttle Sluice enforced on this request so far
+
 
 @dataclass(slots=True)
 class InFlight:
-    """One request awaiting its response."""
+    """One request awaiting its response, with typed slots for what stages learn about it.
+
+    A stage writes only its own slots; a slot's writer and readers are named beside it.
+    """
 
     correlation_id: int
     api_key: int
@@ -26,13 +41,21 @@ class InFlight:
     request_bytes: int
     received_ms: int
     forwarded: bool = True            # False when Sluice answers it itself
-    notes: dict[str, object] = field(default_factory=dict)  # what stages stored at request time
+    expects_response: bool = True     # False for Produce acks=0
     response: bytes | None = field(default=None, repr=False)
     upstream_response_bytes: int = 0  # the broker's response payload size
     response_bytes: int = 0           # what Sluice sent to the client
     streamed: bool = False            # its response already went out piece by piece
     response_received_ms: int = 0
     mutes_channel: bool = False       # its response being sent is a RESPONSE_SENT mute event
+    # read once by the pipeline before any response stage runs (None: no such field or unreadable)
+    broker_throttle_ms: int | None = None
+    quota: QuotaNote | None = None                               # QuotaStage -> QuotaStage, access log
+    whole_response: bool = False      # QuotaStage -> connection: never stream it (topics, records read)
+    request_payload: bytes | None = field(default=None, repr=False)   # access log (Produce only)
+    response_payload: bytes | None = field(default=None, repr=False)  # access log (small responses)
+    sasl_exchange: object | None = None   # principals.SaslInspector: the exchange this request is part of
+    sasl_round: int = 0                   # ... and its client message number (0: the handshake)
 
 
 class CorrelationMismatch(Exception):

@@ -3,9 +3,22 @@
 The connection (`proxy.pumps.connection`) frames bytes and keeps order; the pipeline decides. It is a
 short list of stages, each with one job, called in order:
 
-    on_request(ctx, header, payload)   -> RequestVerdict: forward it, or answer it here; throttle?
-    on_response(ctx, entry, payload)   -> the payload to send (rewritten/patched) and a throttle
-    on_complete(ctx, entry)            -> after the response left (access log, metrics)
+    on_request(ctx, entry, header, payload) -> a RequestOutcome or None (no say)
+    on_response(ctx, entry, payload)        -> a ResponseOutcome or None (no say)
+    on_complete(ctx, entry, sent_ms)        -> after the response left (access log, metrics)
+
+Outcomes are frozen values; the pipeline combines them by fixed rules, so stage order decides
+nothing but which stage sees which payload first:
+
+- requests: `Close` beats an answer (`AnswerHere`, `AnswerLater`; the first stage to answer wins),
+  which beats `Forward`. A `Forward` with a payload replaces the client's bytes for the stages after
+  it and for the broker. The throttle is the largest any stage asked for.
+- responses: each stage sees the payload the previous ones produced; the throttle is the largest;
+  `replaced` (the broker's response is not what the client gets) sticks once set.
+
+Data one stage leaves for a later one travels in typed slots of the in-flight entry
+(`proxy.flow.inflight.InFlight`). The broker's throttle_time_ms is read once, before any response
+stage runs, into `entry.broker_throttle_ms` (when a stage asks for it).
 
 A stage never sees a socket; it gets a `ConnectionContext` and the frame's bytes.
 """
@@ -14,10 +27,12 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, replace
 from typing import Protocol
 
+from protocol.errors import ProtocolError
 from protocol.headers import RequestHeader
+from protocol.throttle import read_throttle_time_ms
 from proxy.flow.inflight import InFlight
 
 
@@ -34,41 +49,115 @@ class ConnectionContext:
     client_software_version: str | None = None
 
 
-@dataclass(slots=True)
-class RequestVerdict:
-    """A stage's say on a request. `throttle_time_ms` > 0 mutes the channel from now on."""
+# ---------------------------------------------------------------------- request outcomes
 
-    local_response: bytes | None = None       # answer it here instead of forwarding
-    pending_response: asyncio.Future[bytes] | None = None  # answer it here, later (e.g. after a write)
+
+@dataclass(frozen=True, slots=True)
+class Forward:
+    """Send the request on to the broker: the client's bytes, or `payload` instead."""
+
+    payload: bytes | None = None
     throttle_time_ms: int = 0
-    forward_payload: bytes | None = None      # forward this instead of the client's bytes
-    notes: dict[str, object] = field(default_factory=dict)
-
-    def merge(self, other: RequestVerdict) -> None:
-        if other.local_response is not None:
-            self.local_response = other.local_response
-        if other.pending_response is not None:
-            self.pending_response = other.pending_response
-        if other.forward_payload is not None:
-            self.forward_payload = other.forward_payload
-        self.throttle_time_ms = max(self.throttle_time_ms, other.throttle_time_ms)
-        self.notes.update(other.notes)
 
 
-@dataclass(slots=True)
+@dataclass(frozen=True, slots=True)
+class AnswerHere:
+    """Sluice answers the request itself with `response` (a response payload, no size prefix)."""
+
+    response: bytes
+    throttle_time_ms: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class AnswerLater:
+    """Sluice answers the request itself once `pending` is done (e.g. after a write); the requests
+    after it wait their turn. A failed or cancelled future closes the connection."""
+
+    pending: asyncio.Future[bytes]
+    throttle_time_ms: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class Close:
+    """Close the client connection, with `reason` logged."""
+
+    reason: str
+    throttle_time_ms: int = 0
+
+
+RequestOutcome = Forward | AnswerHere | AnswerLater | Close
+
+FORWARD = Forward()
+"""Forward the client's bytes, no throttle: what the pipeline says when no stage says anything."""
+
+
+def _request_rank(outcome: RequestOutcome) -> int:
+    if isinstance(outcome, Forward):
+        return 0
+    if isinstance(outcome, Close):
+        return 2
+    return 1
+
+
+def combine_request(first: RequestOutcome, then: RequestOutcome) -> RequestOutcome:
+    """`first` (the stages so far) combined with a later stage's `then`, by the rules above."""
+    throttle_ms = max(first.throttle_time_ms, then.throttle_time_ms)
+    if isinstance(first, Forward) and isinstance(then, Forward):
+        payload = then.payload if then.payload is not None else first.payload
+        if payload is then.payload and throttle_ms == then.throttle_time_ms:
+            return then
+        return Forward(payload, throttle_ms)
+    winner = then if _request_rank(then) > _request_rank(first) else first
+    if winner.throttle_time_ms == throttle_ms:
+        return winner
+    return replace(winner, throttle_time_ms=throttle_ms)
+
+
+# ---------------------------------------------------------------------- response outcomes
+
+
+class StreamTail(Protocol):
+    """Holds back and rewrites the end of a streamed response, its length unchanged (the size
+    prefix has gone out): the leader endpoints of a Fetch v16+ (`proxy.stages.addresses`)."""
+
+    def feed(self, chunk: bytes | memoryview) -> int:
+        """Sees the next bytes (the head first); returns how many leading ones may go out now."""
+        ...
+
+    def finish(self) -> bytes:
+        """After the last chunk: the held bytes, rewritten, to send last."""
+        ...
+
+
+@dataclass(frozen=True, slots=True)
 class ResponseOutcome:
     """`payload` is what goes to the client. A stage given only the head of a streamed response
-    patches bytes in place (same length) or sets `replaced` to send `payload` instead of the
-    broker's response (the rest of which is then discarded)."""
+    patches bytes in place (same length), sets `replaced` to send `payload` instead of the
+    broker's response (the rest of which is then discarded), or sets `tail` to rewrite the end of
+    the response as it streams. `throttle_time_ms` > 0 mutes the channel (a throttle decided now,
+    at response time)."""
 
     payload: bytes
     throttle_time_ms: int = 0
     replaced: bool = False
+    tail: StreamTail | None = None
+
+
+def combine_response(first: ResponseOutcome, then: ResponseOutcome) -> ResponseOutcome:
+    throttle_ms = max(first.throttle_time_ms, then.throttle_time_ms)
+    replaced = first.replaced or then.replaced
+    tail = then.tail or first.tail
+    if then.throttle_time_ms == throttle_ms and then.replaced == replaced and then.tail is tail:
+        return then
+    return ResponseOutcome(then.payload, throttle_ms, replaced, tail)
+
+
+# ---------------------------------------------------------------------- stages
 
 
 class Stage(Protocol):
-    def on_request(self, ctx: ConnectionContext, header: RequestHeader, payload: bytes,
-                   expects_response: bool) -> RequestVerdict | None: ...
+    def on_request(self, ctx: ConnectionContext, entry: InFlight, header: RequestHeader,
+                   payload: bytes) -> RequestOutcome | None: ...
 
     def on_response(self, ctx: ConnectionContext, entry: InFlight, payload: bytes) -> ResponseOutcome | None:
         ...
@@ -77,10 +166,13 @@ class Stage(Protocol):
 
 
 class StageBase:
-    """No-op defaults, so a stage implements only the hooks it needs."""
+    """No-op defaults, so a stage implements only the hooks it needs. A stage that reads
+    `entry.broker_throttle_ms` sets `wants_broker_throttle`."""
 
-    def on_request(self, ctx: ConnectionContext, header: RequestHeader, payload: bytes,
-                   expects_response: bool) -> RequestVerdict | None:
+    wants_broker_throttle = False
+
+    def on_request(self, ctx: ConnectionContext, entry: InFlight, header: RequestHeader,
+                   payload: bytes) -> RequestOutcome | None:
         return None
 
     def on_response(self, ctx: ConnectionContext, entry: InFlight, payload: bytes) -> ResponseOutcome | None:
@@ -95,10 +187,6 @@ def _implements(stage: Stage, hook: str) -> bool:
     return method is not None and method is not getattr(StageBase, hook)
 
 
-NO_VERDICT = RequestVerdict()
-"""Shared answer when no stage has anything to say: its `notes` must never be written to."""
-
-
 class Pipeline:
     """Calls, per hook, only the stages that implement it (this runs for every request)."""
 
@@ -107,28 +195,33 @@ class Pipeline:
         self._on_request = [s for s in self.stages if _implements(s, "on_request")]
         self._on_response = [s for s in self.stages if _implements(s, "on_response")]
         self._on_complete = [s for s in self.stages if _implements(s, "on_complete")]
+        self._wants_broker_throttle = any(getattr(s, "wants_broker_throttle", False) for s in self.stages)
 
-    def on_request(self, ctx: ConnectionContext, header: RequestHeader, payload: bytes,
-                   expects_response: bool) -> RequestVerdict:
-        verdict: RequestVerdict | None = None
+    def on_request(self, ctx: ConnectionContext, entry: InFlight, header: RequestHeader,
+                   payload: bytes) -> RequestOutcome:
+        outcome: RequestOutcome | None = None
         for stage in self._on_request:
-            said = stage.on_request(ctx, header, payload, expects_response)
-            if said is not None:
-                if verdict is None:
-                    verdict = said
-                else:
-                    verdict.merge(said)
-        return NO_VERDICT if verdict is None else verdict
+            said = stage.on_request(ctx, entry, header, payload)
+            if said is None:
+                continue
+            outcome = said if outcome is None else combine_request(outcome, said)
+            if isinstance(outcome, Forward) and outcome.payload is not None:
+                payload = outcome.payload  # later stages see what will be forwarded
+        return FORWARD if outcome is None else outcome
 
     def on_response(self, ctx: ConnectionContext, entry: InFlight, payload: bytes) -> ResponseOutcome:
+        if self._wants_broker_throttle:
+            try:
+                entry.broker_throttle_ms = read_throttle_time_ms(payload, entry.api_key, entry.api_version)
+            except ProtocolError:
+                entry.broker_throttle_ms = None
         outcome: ResponseOutcome | None = None
         for stage in self._on_response:
-            said = stage.on_response(ctx, entry, payload if outcome is None else outcome.payload)
-            if said is not None:
-                if outcome is not None:
-                    said.throttle_time_ms = max(outcome.throttle_time_ms, said.throttle_time_ms)
-                    said.replaced = said.replaced or outcome.replaced
-                outcome = said
+            said = stage.on_response(ctx, entry, payload)
+            if said is None:
+                continue
+            outcome = said if outcome is None else combine_response(outcome, said)
+            payload = said.payload
         return ResponseOutcome(payload) if outcome is None else outcome
 
     def on_complete(self, ctx: ConnectionContext, entry: InFlight, sent_ms: int) -> None:

@@ -19,7 +19,7 @@ import logging
 import queue
 import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any, Protocol
 
@@ -32,18 +32,13 @@ from contracts.access_log import (
 from protocol.apis import ApiKey, api_name
 from protocol.errors import ProtocolError
 from protocol.headers import RequestHeader, read_request_header
-from protocol.throttle import read_throttle_time_ms
 from proxy.flow.inflight import InFlight
-from proxy.flow.pipeline import ConnectionContext, RequestVerdict, ResponseOutcome, StageBase
-from proxy.stages.quota import DECISIONS, ENFORCED_MS
+from proxy.flow.pipeline import ConnectionContext, RequestOutcome, ResponseOutcome, StageBase
 from quotas.clock import Clock
 from quotas.manager import ThrottleDecision
 
 log = logging.getLogger("sluice.access_log")
 
-_REQUEST_PAYLOAD = "access_log.request"
-_RESPONSE_PAYLOAD = "access_log.response"
-_BROKER_THROTTLE = "access_log.broker_throttle_ms"
 _SMALL_RESPONSE_BYTES = 64 * 1024   # larger responses are streamed: only their head is seen
 
 
@@ -63,7 +58,6 @@ class _Item:
     entry: InFlight
     ts_ms: int
     payload_bytes: int = 0
-    extra: dict[str, object] = field(default_factory=dict)
 
 
 class AccessLogWriter:
@@ -212,13 +206,12 @@ def build_record(item: _Item, instance: str, topic_names: dict[bytes, str]) -> d
     from protocol import records  # the walkers are only needed here
 
     entry = item.entry
-    extra = item.extra
-    decisions: list[ThrottleDecision] = entry.notes.get(DECISIONS, [])  # type: ignore[assignment]
-    matched = _matched_decision(decisions)
+    note = entry.quota
+    matched = _matched_decision(note.decisions) if note is not None else None
     topics: list[dict[str, object]] | None = None
     error_codes: set[int] = set()
-    request = extra.get(_REQUEST_PAYLOAD)
-    response = extra.get(_RESPONSE_PAYLOAD)
+    request = entry.request_payload
+    response = entry.response_payload
     try:
         if entry.api_key == ApiKey.PRODUCE and isinstance(request, bytes):
             header = read_request_header(request)
@@ -237,7 +230,7 @@ def build_record(item: _Item, instance: str, topic_names: dict[bytes, str]) -> d
     except ProtocolError:
         pass  # the record is still written, without what could not be read
     error_codes.discard(0)
-    enforced = int(entry.notes.get(ENFORCED_MS, 0))  # type: ignore[call-overload]
+    enforced = note.enforced_ms if note is not None else 0
     shadow = matched is not None and matched.shadow
     answered = entry.response_bytes if entry.response_received_ms else None
     return {
@@ -260,7 +253,7 @@ def build_record(item: _Item, instance: str, topic_names: dict[bytes, str]) -> d
         "upstream_latency_ms": (float(entry.response_received_ms - entry.received_ms)
                                 if entry.forwarded and entry.response_received_ms else None),
         "throttle_time_ms": enforced,
-        "broker_throttle_time_ms": extra.get(_BROKER_THROTTLE),
+        "broker_throttle_time_ms": entry.broker_throttle_ms,
         "quota_entity": (format_quota_entity(matched.entity.to_kafka())
                          if matched is not None and matched.entity is not None else None),
         "quota_kind": matched.kind.value if matched is not None and matched.entity is not None else None,
@@ -296,32 +289,25 @@ class AccessLogStage(StageBase):
         self._clock = clock
         self._epoch_offset_ms = int(time.time() * 1000) - clock.now_ms()
 
-    def on_request(self, ctx: ConnectionContext, header: RequestHeader, payload: bytes,
-                   expects_response: bool) -> RequestVerdict | None:
+    wants_broker_throttle = True  # the pipeline reads it into entry.broker_throttle_ms
+
+    def on_request(self, ctx: ConnectionContext, entry: InFlight, header: RequestHeader,
+                   payload: bytes) -> RequestOutcome | None:
         if header.api_key == ApiKey.PRODUCE and self._writer.reserve_payload(len(payload)):
-            return RequestVerdict(notes={_REQUEST_PAYLOAD: payload})
+            entry.request_payload = payload
         return None
 
     def on_response(self, ctx: ConnectionContext, entry: InFlight, payload: bytes) -> ResponseOutcome | None:
-        try:
-            broker_ms = read_throttle_time_ms(payload, entry.api_key, entry.api_version)
-        except ProtocolError:
-            broker_ms = None
-        entry.notes[_BROKER_THROTTLE] = broker_ms
         complete = len(payload) == entry.upstream_response_bytes
         if complete and len(payload) <= _SMALL_RESPONSE_BYTES and self._writer.reserve_payload(len(payload)):
-            entry.notes[_RESPONSE_PAYLOAD] = payload
+            entry.response_payload = payload
         return None
 
     def on_complete(self, ctx: ConnectionContext, entry: InFlight, sent_ms: int) -> None:
-        notes = entry.notes
         pending = 0
-        extra: dict[str, object] = {}
-        for key in (_REQUEST_PAYLOAD, _RESPONSE_PAYLOAD, _BROKER_THROTTLE):
-            if key in notes:
-                value = notes[key]
-                extra[key] = value
-                if isinstance(value, bytes):
-                    pending += len(value)
+        if entry.request_payload is not None:
+            pending += len(entry.request_payload)
+        if entry.response_payload is not None:
+            pending += len(entry.response_payload)
         self._writer.submit(_Item(ctx, ctx.principal, (ctx.client_software_name, ctx.client_software_version),
-                                  entry, entry.received_ms + self._epoch_offset_ms, pending, extra))
+                                  entry, entry.received_ms + self._epoch_offset_ms, pending))

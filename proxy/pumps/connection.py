@@ -36,7 +36,15 @@ from protocol.headers import RequestHeader, read_request_header, read_response_c
 from protocol.produce import read_produce_acks
 from protocol.sasl import SASL_API_KEYS
 from proxy.flow.inflight import CorrelationMismatch, InFlight, InFlightRequests
-from proxy.flow.pipeline import NO_VERDICT, ConnectionContext, Pipeline
+from proxy.flow.pipeline import (
+    AnswerHere,
+    AnswerLater,
+    Close,
+    ConnectionContext,
+    Forward,
+    Pipeline,
+    StreamTail,
+)
 from proxy.pumps.listeners import ListenerSettings
 from proxy.pumps.muting import ChannelMute
 from proxy.pumps.principals import RAW_TOKENS, AuthSettings, SaslInspector
@@ -100,6 +108,7 @@ class ClientConnection(asyncio.Protocol):
         self._sasl: SaslInspector | None = None
         self._held: list[bytes] = []
         self._held_bytes = 0
+        self._stream_tail: StreamTail | None = None  # the end of the response streaming now
 
     # ------------------------------------------------------------------ client side
 
@@ -256,27 +265,30 @@ class ClientConnection(asyncio.Protocol):
             except ProtocolError as exc:
                 log.warning("connection %d: cannot read Produce acks (%s); expecting a response",
                             self.ctx.connection_id, exc)
-        verdict = self._pipeline.on_request(self.ctx, header, payload, expects_response)
         entry = InFlight(header.correlation_id, header.api_key, header.api_version, header.client_id,
-                         len(payload), now_ms, notes={} if verdict is NO_VERDICT else verdict.notes)
-        if verdict.local_response is not None:
-            entry.forwarded = False
-            entry.response = verdict.local_response
-            entry.response_bytes = len(verdict.local_response)
-            entry.response_received_ms = now_ms
-        elif verdict.pending_response is not None:
-            entry.forwarded = False
-            self._answer_later(entry, verdict.pending_response)
-        else:
+                         len(payload), now_ms, expects_response=expects_response)
+        outcome = self._pipeline.on_request(self.ctx, entry, header, payload)
+        if type(outcome) is Forward:
             upstream = self._upstream
             assert upstream is not None
-            upstream.write(payload if verdict.forward_payload is None else verdict.forward_payload)
+            upstream.write(payload if outcome.payload is None else outcome.payload)
+        elif isinstance(outcome, AnswerHere):
+            entry.forwarded = False
+            entry.response = outcome.response
+            entry.response_bytes = len(outcome.response)
+            entry.response_received_ms = now_ms
+        elif isinstance(outcome, AnswerLater):
+            entry.forwarded = False
+            self._answer_later(entry, outcome.pending)
+        elif isinstance(outcome, Close):
+            self.close(outcome.reason)
+            return
         if expects_response:
             self._inflight.add(entry)
         if header.api_key in SASL_API_KEYS:  # SaslHandshake, SaslAuthenticate: see "SASL" below
             self._sasl_request(header, payload, entry)
-        if verdict.throttle_time_ms > 0:
-            self._start_throttle(now_ms, verdict.throttle_time_ms)
+        if outcome.throttle_time_ms > 0:
+            self._start_throttle(now_ms, outcome.throttle_time_ms)
             if expects_response:
                 entry.mutes_channel = True
             else:
@@ -333,13 +345,15 @@ class ClientConnection(asyncio.Protocol):
     # would add the whole receive time to every fetch round trip). The quota decision needs only
     # the size and the first bytes, so it is taken at the start: either the head is patched with
     # the throttle time and the rest streams through, or the client gets the broker-style empty
-    # response and the rest of the broker's bytes are dropped.
+    # response and the rest of the broker's bytes are dropped. A Fetch v16+ may end with leader
+    # endpoints (KIP-951): the outcome's `tail` then holds back only that tag section and sends it
+    # rewritten to the same length at the end (`proxy.stages.addresses.StreamedFetchTail`).
 
     def streamable(self, head: bytes) -> InFlight | None:
         """The in-flight Fetch this response head belongs to, if it can be streamed now."""
         entry = self._inflight.first()
         if (entry is None or self._closed or entry.api_key != ApiKey.FETCH or not entry.forwarded
-                or entry.response is not None or len(head) < 4
+                or entry.response is not None or entry.whole_response or len(head) < 4
                 or int.from_bytes(head[:4], "big", signed=True) != entry.correlation_id):
             return None
         return entry
@@ -361,16 +375,29 @@ class ClientConnection(asyncio.Protocol):
             return False
         entry.response_bytes = size
         transport = self._transport
-        if transport is not None and not transport.is_closing():
+        self._stream_tail = outcome.tail  # e.g. Fetch v16+: its tag section is held and rewritten
+        if self._stream_tail is not None:
+            if transport is not None and not transport.is_closing():
+                transport.write(size_prefix(size))
+            self.stream_chunk(outcome.payload)
+            self.stream_chunk(part[len(head):])
+        elif transport is not None and not transport.is_closing():
             transport.writelines((size_prefix(size), outcome.payload, part[len(head):]))
         return True
 
     def stream_chunk(self, chunk: bytes | memoryview) -> None:
         transport = self._transport
-        if transport is not None and not transport.is_closing():
+        if self._stream_tail is not None:
+            ready = self._stream_tail.feed(chunk)
+            chunk = chunk if ready == len(chunk) else chunk[:ready]
+        if chunk and transport is not None and not transport.is_closing():
             transport.write(chunk)
 
     def stream_end(self, entry: InFlight) -> None:
+        tail, self._stream_tail = self._stream_tail, None
+        transport = self._transport
+        if tail is not None and transport is not None and not transport.is_closing():
+            transport.write(tail.finish())
         entry.streamed = True
         entry.response = b""
         self._flush()
@@ -465,7 +492,7 @@ class ClientConnection(asyncio.Protocol):
     def _sasl_request(self, header: RequestHeader, payload: bytes, entry: InFlight) -> None:
         if self._sasl is None:
             self._sasl = SaslInspector(self.ctx, self._services.auth)
-        self._sasl.on_request(header, payload, entry.notes)
+        self._sasl.on_request(header, payload, entry)
         if header.api_key == ApiKey.SASL_HANDSHAKE and header.api_version == 0:
             self._read_frames_with(self._hold)  # raw tokens may follow: wait for the broker's answer
 

@@ -52,7 +52,6 @@ from quotas.entity import UNAUTHENTICATED_PRINCIPAL
 
 log = logging.getLogger("sluice.auth")
 
-_NOTE: Final = "sasl"                         # InFlight.notes key: (exchange, round number)
 _KNOWN: Final = frozenset({PLAIN, OAUTHBEARER, "GSSAPI", *SCRAM_MECHANISMS})
 RAW_TOKENS: Final = "raw"                     # SaslInspector.on_response: raw tokens follow
 
@@ -110,7 +109,7 @@ class SaslInspector:
 
     # ------------------------------------------------------------------ Kafka-framed requests
 
-    def on_request(self, header: RequestHeader, payload: bytes, notes: dict[str, object]) -> None:
+    def on_request(self, header: RequestHeader, payload: bytes, entry: InFlight) -> None:
         """A SaslHandshake or SaslAuthenticate request on its way to the broker."""
         if header.api_key == ApiKey.SASL_HANDSHAKE:
             try:
@@ -119,7 +118,7 @@ class SaslInspector:
                 log.info("connection %d: unreadable SaslHandshake request: %s", self._ctx.connection_id, exc)
                 mechanism = ""
             started = self._exchange = _Exchange(mechanism, header.api_version)
-            notes[_NOTE] = (started, 0)
+            entry.sasl_exchange, entry.sasl_round = started, 0
             return
         exchange = self._exchange
         if exchange is None:
@@ -132,17 +131,16 @@ class SaslInspector:
                 exchange.candidate = Candidate(None, f"unreadable SaslAuthenticate request: {exc}")
             else:
                 exchange.candidate = self._candidate(exchange, token)
-        notes[_NOTE] = (exchange, exchange.rounds)
+        entry.sasl_exchange, entry.sasl_round = exchange, exchange.rounds
 
     def on_response(self, entry: InFlight, payload: bytes) -> str | None:
         """The broker's answer to one of them. Returns RAW_TOKENS when a SaslHandshake v0 was
         accepted (raw SASL tokens follow in both directions), or a reason to close the connection
         when they would follow for a mechanism whose end Sluice cannot tell."""
-        note = entry.notes.get(_NOTE)
-        if not isinstance(note, tuple):
+        exchange = entry.sasl_exchange
+        if not isinstance(exchange, _Exchange):
             return None
-        exchange: _Exchange = note[0]
-        round_no: int = note[1]
+        round_no = entry.sasl_round
         if entry.api_key == ApiKey.SASL_HANDSHAKE:
             return self._handshake_answered(exchange, payload)
         try:

@@ -12,14 +12,15 @@ from protocol.apis import ApiKey
 from protocol.errors import ProtocolError
 from protocol.headers import RequestHeader
 from protocol.rewrite import read_api_versions_request_client_software
-from proxy.flow.pipeline import ConnectionContext, RequestVerdict, StageBase
+from proxy.flow.inflight import InFlight
+from proxy.flow.pipeline import ConnectionContext, RequestOutcome, StageBase
 
 log = logging.getLogger("sluice.client_info")
 
 
 class ClientSoftwareStage(StageBase):
-    def on_request(self, ctx: ConnectionContext, header: RequestHeader, payload: bytes,
-                   expects_response: bool) -> RequestVerdict | None:
+    def on_request(self, ctx: ConnectionContext, entry: InFlight, header: RequestHeader,
+                   payload: bytes) -> RequestOutcome | None:
         if header.api_key == ApiKey.API_VERSIONS and header.api_version >= 3:
             try:
                 name, version = read_api_versions_request_client_software(payload, header)

@@ -10,12 +10,21 @@ What is recorded, and when:
   client is throttled (by bytes or requests) the bytes are un-recorded and the client gets an
   empty response instead (error 0, no records, the broker's fetch session id kept) and fetches the
   same offsets again after the delay: nothing is lost.
+- `consumer_byte_rate` for ShareFetch (KIP-932), as the broker charges it
+  (`KafkaApis.processShareFetchResponse`): the response's size, recorded when it comes back, and
+  max_bytes capped at the quota's window like a Fetch. Unlike Fetch it is never emptied: by the
+  time the response exists the broker has *acquired* its records for this consumer (a throttled
+  broker sends an empty response and leaves them locked until the acquisition lock times out,
+  with their delivery count raised). Sluice delivers them, keeps the bytes recorded, writes the
+  throttle time and mutes the channel: the next share fetch waits for the delay, so the rate
+  holds, and no record is lost, redelivered or acknowledged twice because Sluice throttled.
+  ShareAcknowledge carries no data: it counts for `request_rate` and `request_percentage`.
 - `request_rate` (Sluice's own, requests per second): every request but ApiVersions and SASL, when
   it arrives.
 - `request_percentage`: what a proxy can measure of broker time. Kafka meters request-handler
   thread time; Sluice meters the upstream round trip of each request (from forwarding to the
-  response), as percent of one thread, recorded when the response arrives. Fetch is left out:
-  its round trip is mostly a long-poll wait that costs the broker nothing. The round trip also
+  response), as percent of one thread, recorded when the response arrives. Fetch and ShareFetch
+  are left out: their round trip is mostly a long-poll wait that costs the broker nothing. The round trip also
   includes network time and queueing in the broker, so it overstates thread time under load;
   treat the values as relative, and set them from observed usage.
 
@@ -37,15 +46,17 @@ import struct
 from collections.abc import Iterator
 from dataclasses import dataclass
 
-from protocol.apis import ApiKey, response_header_version
+from protocol.apis import ApiKey, api_name, response_header_version
 from protocol.errors import ProtocolError
 from protocol.fetch import cap_fetch_max_bytes, empty_fetch_response
 from protocol.headers import RequestHeader, response_body_offset
+from protocol.share import cap_share_fetch_max_bytes
 from protocol.throttle import patch_throttle_time
-from proxy.flow.inflight import InFlight
-from proxy.flow.pipeline import ConnectionContext, RequestVerdict, ResponseOutcome, StageBase
+from proxy.flow.inflight import InFlight, QuotaNote
+from proxy.flow.pipeline import ConnectionContext, Forward, RequestOutcome, ResponseOutcome, StageBase
 from proxy.stages.callbacks import QuotaPlugins
-from quotas.callback import DefaultQuotaCallback
+from proxy.stages.topic_usage import TopicNames, TopicUsage, fetch_usage, produce_usage
+from quotas.callback import DefaultQuotaCallback, TopicQuotaCallback, topic_identity
 from quotas.clock import Clock
 from quotas.cluster import ClusterView
 from quotas.config import QuotaConfig
@@ -56,12 +67,8 @@ from quotas.storage import with_base_rate
 log = logging.getLogger("sluice.quotas")
 
 _NOT_REQUEST_RATED = frozenset({ApiKey.API_VERSIONS, ApiKey.SASL_HANDSHAKE, ApiKey.SASL_AUTHENTICATE})
-
-# notes keys stored on an in-flight request
-DECISIONS = "decisions"
-ENFORCED_MS = "sluice_throttle_ms"
-IDENTITY = "identity"
-
+_FETCH_METERED = frozenset({ApiKey.FETCH, ApiKey.SHARE_FETCH})  # charged to consumer_byte_rate
+_TOPIC_FETCH_KINDS = frozenset({QuotaKind.FETCH, QuotaKind.CONSUMER_RECORD_RATE, QuotaKind.REQUEST_RATE})
 
 @dataclass(frozen=True, slots=True)
 class Scope:
@@ -86,6 +93,11 @@ class QuotaManagers:
         self.cluster_wide: QuotaManager | None = None
         self._cluster_wide_kinds: frozenset[QuotaKind] = frozenset()
         self._set_cluster_entries(self.plugins.cluster_entries)
+        # topic and topic-prefix entries (issue 13): one more manager per broker (or one for all
+        # with scope: cluster), asked per topic of a request, beside the client's own
+        self._topic_managers: dict[int | None, QuotaManager] = {}
+        self.topic_names = TopicNames()
+        self.topic_kinds: frozenset[QuotaKind] = frozenset()
         self.active_kinds = self._kinds()  # nothing is recorded for a kind with no quota
 
     @property
@@ -105,6 +117,37 @@ class QuotaManagers:
                 manager.set_limit_scale(kind, factor)
             self._managers[broker_id] = manager
         return manager
+
+    def for_topics(self, broker_id: int | None) -> QuotaManager | None:
+        """The topic quotas' manager for `broker_id`, or None when no topic entry is configured."""
+        if not self.topic_kinds:
+            return None
+        if self.plugins.scope == "cluster":
+            broker_id = None
+        manager = self._topic_managers.get(broker_id)
+        if manager is None:
+            manager = QuotaManager(self._config, self._clock,
+                                   callback=TopicQuotaCallback(broker_id=broker_id))
+            for kind, factor in self._scales.items():
+                manager.set_limit_scale(kind, factor)
+            self._topic_managers[broker_id] = manager
+        return manager
+
+    @property
+    def needs_produce_usage(self) -> bool:
+        """A Produce request must be read per topic: records/s or topic quotas are configured."""
+        return QuotaKind.PRODUCER_RECORD_RATE in self.active_kinds or bool(self.topic_kinds)
+
+    @property
+    def needs_fetch_usage(self) -> bool:
+        """A Fetch response must be read whole, per topic: records/s or topic quotas are configured."""
+        return (QuotaKind.CONSUMER_RECORD_RATE in self.active_kinds
+                or bool(self.topic_kinds & _TOPIC_FETCH_KINDS))
+
+    def topic_labelled(self) -> list[tuple[str, QuotaManager]]:
+        """The topic managers with their `broker` metrics label (as `labelled`)."""
+        bootstrap = "all" if self.plugins.scope == "cluster" else "bootstrap"
+        return [(bootstrap if b is None else str(b), m) for b, m in self._topic_managers.items()]
 
     def for_request(self, broker_id: int | None) -> tuple[tuple[QuotaManager, frozenset[QuotaKind]], ...]:
         """The managers a request through `broker_id` is counted in, each with the kinds to record:
@@ -131,7 +174,7 @@ class QuotaManagers:
         """Scale every limit of `kind` on every broker (`QuotaManager.set_limit_scale`)."""
         before = self._effective()
         self._scales[kind] = factor
-        for manager in self._managers.values():
+        for manager in (*self._managers.values(), *self._topic_managers.values()):
             manager.set_limit_scale(kind, factor)
         if self.cluster_wide is not None:
             self.cluster_wide.set_limit_scale(kind, factor)
@@ -169,6 +212,8 @@ class QuotaManagers:
         effective = self._effective(config)
         for manager in self._managers.values():
             manager.update_config(effective)
+        for manager in self._topic_managers.values():
+            manager.update_config(config)
         self._config = config
         self.active_kinds = self._kinds()
 
@@ -201,6 +246,7 @@ class QuotaManagers:
         self.active_kinds = self._kinds()
 
     def _kinds(self) -> frozenset[QuotaKind]:
+        self.topic_kinds = frozenset(k for e in self._config if e.entity.is_topic for k in e.values)
         if self.plugins.factory is None:
             self._wants_metadata = False
             return self._effective().kinds() | self._cluster_wide_kinds
@@ -232,26 +278,56 @@ class QuotaStage(StageBase):
 
     # ------------------------------------------------------------------ requests
 
-    def on_request(self, ctx: ConnectionContext, header: RequestHeader, payload: bytes,
-                   expects_response: bool) -> RequestVerdict | None:
+    def on_request(self, ctx: ConnectionContext, entry: InFlight, header: RequestHeader,
+                   payload: bytes) -> RequestOutcome | None:
         kinds = self._managers.active_kinds
         if not kinds:
             return None  # no quota configured: nothing to record, nothing to remember
         identity = ClientIdentity.of(ctx.principal, header.client_id)
         decisions: list[ThrottleDecision] = []
         forward: bytes | None = None
-        for manager, kinds in self._managers.for_request(ctx.broker_id):
-            if QuotaKind.REQUEST_RATE in kinds and header.api_key not in _NOT_REQUEST_RATED:
+        api_key = header.api_key
+        managers = self._managers
+        usage: TopicUsage | None = None
+        if api_key == ApiKey.PRODUCE and managers.needs_produce_usage:
+            usage = produce_usage(payload, header, managers.topic_names)
+        for manager, kinds in managers.for_request(ctx.broker_id):
+            if QuotaKind.REQUEST_RATE in kinds and api_key not in _NOT_REQUEST_RATED:
                 decisions.append(manager.record_and_check(QuotaKind.REQUEST_RATE, identity, 1.0))
-            if header.api_key == ApiKey.PRODUCE and QuotaKind.PRODUCE in kinds:
+            if api_key == ApiKey.PRODUCE and QuotaKind.PRODUCE in kinds:
                 decisions.append(manager.record_and_check(QuotaKind.PRODUCE, identity, len(payload)))
-            if header.api_key == ApiKey.FETCH and QuotaKind.FETCH in kinds:
+            if usage is not None and QuotaKind.PRODUCER_RECORD_RATE in kinds:
+                decisions.append(manager.record_and_check(QuotaKind.PRODUCER_RECORD_RATE, identity,
+                                                          usage.records))
+            if api_key in _FETCH_METERED and QuotaKind.FETCH in kinds:
                 # the tighter cap wins: each manager caps what the previous one forwarded
                 capped = self._cap_fetch(manager, identity, header, payload if forward is None else forward)
                 forward = capped if capped is not None else forward
+        if usage is not None and (topics := managers.for_topics(ctx.broker_id)) is not None:
+            # every topic of the request is charged; the largest delay any of them needs wins
+            self._charge_topics(topics, usage, QuotaKind.PRODUCE, QuotaKind.PRODUCER_RECORD_RATE, decisions)
+        if api_key == ApiKey.FETCH and managers.needs_fetch_usage:
+            entry.whole_response = True  # topics and records are read from the whole response
         enforced = self._observe(ctx, decisions)
-        return RequestVerdict(throttle_time_ms=enforced, forward_payload=forward,
-                              notes={DECISIONS: decisions, ENFORCED_MS: enforced, IDENTITY: identity})
+        entry.quota = QuotaNote(identity, decisions, enforced)
+        if forward is None and enforced == 0:
+            return None
+        return Forward(forward, enforced)
+
+    def _charge_topics(self, topics: QuotaManager, usage: TopicUsage, bytes_kind: QuotaKind,
+                       records_kind: QuotaKind, decisions: list[ThrottleDecision]) -> None:
+        """Record a request's bytes, records and the request itself on each of its topics, for the
+        kinds some topic entry limits."""
+        kinds = self._managers.topic_kinds
+        for topic, size in usage.bytes_by_topic.items():
+            who = topic_identity(topic)
+            if bytes_kind in kinds:
+                decisions.append(topics.record_and_check(bytes_kind, who, size))
+            if records_kind in kinds:
+                records = usage.records_by_topic.get(topic, 0)
+                decisions.append(topics.record_and_check(records_kind, who, records))
+            if QuotaKind.REQUEST_RATE in kinds:
+                decisions.append(topics.record_and_check(QuotaKind.REQUEST_RATE, who, 1.0))
 
     @staticmethod
     def _cap_fetch(manager: QuotaManager, identity: ClientIdentity, header: RequestHeader,
@@ -261,38 +337,74 @@ class QuotaStage(StageBase):
         if math.isinf(cap):
             return None
         try:
-            capped = cap_fetch_max_bytes(payload, header, int(cap))
+            if header.api_key == ApiKey.SHARE_FETCH:  # as the broker caps a share fetch
+                capped = cap_share_fetch_max_bytes(payload, header, int(cap))
+            else:
+                capped = cap_fetch_max_bytes(payload, header, int(cap))
         except ProtocolError as exc:
-            log.warning("cannot cap Fetch v%d max_bytes: %s", header.api_version, exc)
+            log.warning("cannot cap %s v%d max_bytes: %s", api_name(header.api_key), header.api_version, exc)
             return None
         return None if capped is payload else capped
 
     # ------------------------------------------------------------------ responses
 
     def on_response(self, ctx: ConnectionContext, entry: InFlight, payload: bytes) -> ResponseOutcome | None:
-        notes = entry.notes
-        identity = notes.get(IDENTITY)
-        if not isinstance(identity, ClientIdentity):
+        note = entry.quota
+        if note is None:
             return None
+        identity = note.identity
         managers = self._managers.for_request(ctx.broker_id)
-        decisions: list[ThrottleDecision] = notes[DECISIONS]  # type: ignore[assignment]
-        earlier_ms = int(notes[ENFORCED_MS])  # type: ignore[call-overload]
+        decisions = note.decisions
+        earlier_ms = note.enforced_ms
         new_ms = 0
         if entry.api_key == ApiKey.FETCH:
             size = entry.upstream_response_bytes  # payload may be only the head of a streamed response
+            usage = None
+            if self._managers.needs_fetch_usage and len(payload) == size:
+                usage = fetch_usage(payload, entry.api_version, self._managers.topic_names)
             for manager, kinds in managers:
                 if QuotaKind.FETCH in kinds:
                     fetch = manager.record_and_check(QuotaKind.FETCH, identity, size)
                     decisions.append(fetch)
                     new_ms = max(new_ms, self._observe(ctx, [fetch]))
-            if max(new_ms, earlier_ms) > 0:  # throttled by bytes or by requests: Kafka empties it
+                if usage is not None and QuotaKind.CONSUMER_RECORD_RATE in kinds:
+                    by_records = manager.record_and_check(QuotaKind.CONSUMER_RECORD_RATE, identity,
+                                                          usage.records)
+                    decisions.append(by_records)
+                    new_ms = max(new_ms, self._observe(ctx, [by_records]))
+            topics = self._managers.for_topics(ctx.broker_id) if usage is not None else None
+            if topics is not None and usage is not None:
+                charged: list[ThrottleDecision] = []
+                self._charge_topics(topics, usage, QuotaKind.FETCH, QuotaKind.CONSUMER_RECORD_RATE, charged)
+                decisions.extend(charged)
+                new_ms = max(new_ms, self._observe(ctx, charged))
+            if max(new_ms, earlier_ms) > 0:  # throttled by bytes, records or requests: Kafka empties it
                 for manager, kinds in managers:
                     if QuotaKind.FETCH in kinds:
                         manager.unrecord(QuotaKind.FETCH, identity, size)
+                    if usage is not None and QuotaKind.CONSUMER_RECORD_RATE in kinds:
+                        manager.unrecord(QuotaKind.CONSUMER_RECORD_RATE, identity, usage.records)
+                if topics is not None and usage is not None:  # nothing was delivered from any topic
+                    for topic, topic_bytes in usage.bytes_by_topic.items():
+                        topics.unrecord(QuotaKind.FETCH, topic_identity(topic), topic_bytes)
+                        topics.unrecord(QuotaKind.CONSUMER_RECORD_RATE, topic_identity(topic),
+                                        usage.records_by_topic.get(topic, 0))
                 emptied = self._empty_fetch(entry, payload, max(new_ms, earlier_ms))
                 if emptied is not None:
                     return ResponseOutcome(emptied, new_ms, replaced=True)
+        elif entry.api_key == ApiKey.SHARE_FETCH:
+            # charged to the fetch quota by its size, as the broker does; never emptied: the broker
+            # acquired these records for this consumer, so they are delivered and the client throttled
+            size = entry.upstream_response_bytes
+            for manager, kinds in managers:
+                if QuotaKind.FETCH in kinds:
+                    fetch = manager.record_and_check(QuotaKind.FETCH, identity, size)
+                    decisions.append(fetch)
+                    new_ms = max(new_ms, self._observe(ctx, [fetch]))
         elif entry.forwarded and entry.api_key not in _NOT_REQUEST_RATED:
+            if entry.api_key == ApiKey.METADATA and self._managers.topic_kinds:
+                # the topic ids of Produce v13 and Fetch v13+
+                self._managers.topic_names.learn(payload, entry.api_version)
             elapsed_ms = entry.response_received_ms - entry.received_ms
             for manager, kinds in managers:
                 if QuotaKind.REQUEST_PERCENTAGE in kinds:
@@ -300,7 +412,9 @@ class QuotaStage(StageBase):
                     decisions.append(rp)
                     new_ms = max(new_ms, self._observe(ctx, [rp]))
         total_ms = max(new_ms, earlier_ms)
-        notes[ENFORCED_MS] = total_ms
+        note.enforced_ms = total_ms
+        if total_ms == 0:
+            return None  # nothing to patch, nothing to mute
         if total_ms > 0:
             try:
                 payload = patch_throttle_time(payload, entry.api_key, entry.api_version, total_ms)

@@ -13,7 +13,7 @@ from protocol.encode import decode_response_body, encode_response
 from protocol.headers import RequestHeader
 from protocol.throttle import read_throttle_time_ms
 from proxy.flow.inflight import InFlight
-from proxy.flow.pipeline import ConnectionContext
+from proxy.flow.pipeline import FORWARD, ConnectionContext, Forward, RequestOutcome
 from proxy.stages.quota import QuotaManagers, QuotaStage
 from quotas.clock import FakeClock
 from quotas.config import QuotaConfig
@@ -26,6 +26,15 @@ def stage_with(clock: FakeClock, **entry: object) -> tuple[QuotaStage, QuotaMana
     config = QuotaConfig.from_dict({"entries": [{"client_id": "<default>", **entry}]})
     managers = QuotaManagers(config, clock)
     return QuotaStage(managers), managers
+
+
+def on_request(stage: QuotaStage, header: RequestHeader, payload: bytes,
+               received_ms: int = 0) -> tuple[RequestOutcome, InFlight]:
+    """The stage's outcome (no say: forward as it is) and the in-flight entry it wrote its note on."""
+    entry = InFlight(header.correlation_id, header.api_key, header.api_version, header.client_id,
+                     len(payload), received_ms)
+    outcome = stage.on_request(CTX, entry, header, payload)
+    return (FORWARD if outcome is None else outcome), entry
 
 
 def produce_request(size: int, client_id: str = "app") -> tuple[RequestHeader, bytes]:
@@ -56,14 +65,13 @@ def test_produce_over_quota_is_throttled_at_request_time_and_patched_into_the_re
     for second in range(10):
         clock.set(second * 1000)
         header, payload = produce_request(400)
-        verdict = stage.on_request(CTX, header, payload, True)
-        assert verdict is not None and verdict.throttle_time_ms == 0
+        verdict, _ = on_request(stage, header, payload)
+        assert verdict.throttle_time_ms == 0
     # 2300 B at t = 10.5 s: 6300 B / 10.5 s = 600 B/s; throttle = (600-500)/500 * 10500 = 2100 ms
     clock.set(10_500)
     header, payload = produce_request(2300)
-    verdict = stage.on_request(CTX, header, payload, True)
-    assert verdict is not None and verdict.throttle_time_ms == 2100
-    entry = InFlight(7, ApiKey.PRODUCE, 8, "app", len(payload), 10_500, notes=verdict.notes)
+    verdict, entry = on_request(stage, header, payload, 10_500)
+    assert verdict.throttle_time_ms == 2100
     entry.response_received_ms = 10_510
     outcome = stage.on_response(CTX, entry, produce_response_v8(7, broker_throttle_ms=30))
     assert outcome is not None
@@ -75,21 +83,20 @@ def test_broker_throttle_larger_than_ours_is_kept() -> None:
     clock = FakeClock(0)
     stage, _ = stage_with(clock, producer_byte_rate=10**9)
     header, payload = produce_request(100)
-    verdict = stage.on_request(CTX, header, payload, True)
-    assert verdict is not None
-    entry = InFlight(7, ApiKey.PRODUCE, 8, "app", len(payload), 0, notes=verdict.notes)
-    outcome = stage.on_response(CTX, entry, produce_response_v8(7, broker_throttle_ms=450))
-    assert outcome is not None
-    assert read_throttle_time_ms(outcome.payload, ApiKey.PRODUCE, 8) == 450
+    _, entry = on_request(stage, header, payload)
+    assert entry.quota is not None
+    response = produce_response_v8(7, broker_throttle_ms=450)
+    outcome = stage.on_response(CTX, entry, response)
+    sent = response if outcome is None else outcome.payload   # no say: the broker's bytes go as they are
+    assert read_throttle_time_ms(sent, ApiKey.PRODUCE, 8) == 450
 
 
 def test_throttled_fetch_is_emptied_unrecorded_and_keeps_the_session() -> None:
     clock = FakeClock(0)
     stage, managers = stage_with(clock, consumer_byte_rate=1000)
     header = RequestHeader(ApiKey.FETCH, 12, 3, "app", 2, 0)
-    verdict = stage.on_request(CTX, header, b"\x00" * 40, True)
-    assert verdict is not None
-    entry = InFlight(3, ApiKey.FETCH, 12, "app", 40, 0, notes=verdict.notes)
+    _, entry = on_request(stage, header, b"\x00" * 40)
+    assert entry.quota is not None
     response = fetch_response_v12(3, 20_000)
     entry.upstream_response_bytes = len(response)
     outcome = stage.on_response(CTX, entry, response[:32])   # only the head, as when streaming
@@ -111,9 +118,9 @@ def test_shadow_mode_computes_but_does_not_throttle() -> None:
     clock = FakeClock(0)
     stage, _ = stage_with(clock, producer_byte_rate=100, shadow=True)
     header, payload = produce_request(50_000)
-    verdict = stage.on_request(CTX, header, payload, True)
-    assert verdict is not None and verdict.throttle_time_ms == 0
-    (decision,) = [d for d in verdict.notes["decisions"] if d.kind is QuotaKind.PRODUCE]  # type: ignore[attr-defined]
+    verdict, entry = on_request(stage, header, payload)
+    assert verdict.throttle_time_ms == 0 and entry.quota is not None
+    (decision,) = [d for d in entry.quota.decisions if d.kind is QuotaKind.PRODUCE]
     assert decision.shadow and decision.would_throttle_ms > 0
 
 
@@ -121,12 +128,12 @@ def test_request_rate_counts_requests_but_not_api_versions() -> None:
     clock = FakeClock(0)
     stage, _ = stage_with(clock, request_rate=1)
     header = RequestHeader(ApiKey.METADATA, 12, 1, "app", 2, 0)
-    throttles = [stage.on_request(CTX, header, b"", True).throttle_time_ms for _ in range(11)]  # type: ignore[union-attr]
+    throttles = [on_request(stage, header, b"")[0].throttle_time_ms for _ in range(11)]
     # 10 requests in a padded 10 s window = 1/s, not over; the 11th makes 1.1/s:
     # (1.1 - 1) / 1 * 10 000 = 1000 ms, which is also the cap for request quotas (one window)
     assert throttles[:10] == [0] * 10 and throttles[10] == 1000
     api_versions = RequestHeader(ApiKey.API_VERSIONS, 3, 2, "app", 2, 0)
-    assert stage.on_request(CTX, api_versions, b"", True).throttle_time_ms == 0  # type: ignore[union-attr]
+    assert on_request(stage, api_versions, b"")[0].throttle_time_ms == 0
 
 
 def test_fetch_requests_are_capped_to_what_the_quota_allows_in_one_window() -> None:
@@ -135,7 +142,7 @@ def test_fetch_requests_are_capped_to_what_the_quota_allows_in_one_window() -> N
     head = struct.pack(">hhih", ApiKey.FETCH, 11, 9, 3) + b"app"          # Fetch v11, header v1
     body = struct.pack(">iiiii", -1, 500, 1, 52_428_800, 0)                # replica, wait, min, max, ...
     header = RequestHeader(ApiKey.FETCH, 11, 9, "app", 1, len(head))
-    verdict = stage.on_request(CTX, header, head + body, True)
-    assert verdict is not None and verdict.forward_payload is not None
+    verdict, _ = on_request(stage, header, head + body)
+    assert isinstance(verdict, Forward) and verdict.payload is not None
     # KAFKA-9677: quota x (samples - 1) x window = 1000 B/s x 10 x 1 s = 10 000 bytes
-    assert struct.unpack_from(">i", verdict.forward_payload, len(head) + 12)[0] == 10_000
+    assert struct.unpack_from(">i", verdict.payload, len(head) + 12)[0] == 10_000

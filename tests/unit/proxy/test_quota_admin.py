@@ -19,7 +19,8 @@ from protocol.encode import decode_response_body, encode_request, request_schema
 from protocol.headers import RequestHeader, read_request_header
 from proxy.admin.api import QuotaAdminStage, kafka_entity_string
 from proxy.admin.store import StoreError
-from proxy.flow.pipeline import ConnectionContext, RequestVerdict
+from proxy.flow.inflight import InFlight
+from proxy.flow.pipeline import AnswerHere, AnswerLater, ConnectionContext
 from quotas import DEFAULT, QuotaConfigError, QuotaEntity
 from quotas.table import SHADOW_KEY, QuotaChange, QuotaTable
 
@@ -73,13 +74,14 @@ def request(api_key: int, version: int, body: Any) -> tuple[RequestHeader, bytes
 async def answer(stage: QuotaAdminStage, api_key: int, version: int, body: Any,
                  principal: str = "admin") -> Any:
     header, payload = request(api_key, version, body)
-    verdict = stage.on_request(ctx(principal), header, payload, True)
-    assert isinstance(verdict, RequestVerdict)
-    if verdict.local_response is not None:
-        response = verdict.local_response
+    entry = InFlight(header.correlation_id, header.api_key, header.api_version, header.client_id,
+                     len(payload), 0)
+    verdict = stage.on_request(ctx(principal), entry, header, payload)
+    if isinstance(verdict, AnswerHere):
+        response = verdict.response
     else:
-        assert verdict.pending_response is not None
-        response = await verdict.pending_response
+        assert isinstance(verdict, AnswerLater)
+        response = await verdict.pending
     assert int.from_bytes(response[:4], "big") == 42
     return decode_response_body(response, api_key, version)
 
@@ -295,16 +297,18 @@ async def test_a_store_failure_is_reported_for_the_entities_that_were_to_change(
 async def test_an_undecodable_request_closes_the_connection() -> None:
     stage = QuotaAdminStage(FakeBackend(), ["admin"])
     header, payload = request(ApiKey.ALTER_CLIENT_QUOTAS, 1, alter_body([([("user", "a")], [("x", 1.0)])]))
-    verdict = stage.on_request(ctx(), header, payload[:-3], True)
-    assert verdict is not None and verdict.pending_response is not None
+    entry = InFlight(header.correlation_id, header.api_key, header.api_version, header.client_id,
+                     len(payload), 0)
+    verdict = stage.on_request(ctx(), entry, header, payload[:-3])
+    assert isinstance(verdict, AnswerLater)
     with pytest.raises(Exception, match="could not decode"):
-        await verdict.pending_response
+        await verdict.pending
 
 
 async def test_other_apis_pass_through() -> None:
     stage = QuotaAdminStage(FakeBackend(), ["admin"])
     header = RequestHeader(ApiKey.METADATA, 12, 1, "c", 2, 0)
-    assert stage.on_request(ctx(), header, b"", True) is None
+    assert stage.on_request(ctx(), InFlight(1, ApiKey.METADATA, 12, "c", 0, 0), header, b"") is None
 
 
 def test_entities_print_as_java_does() -> None:

@@ -1,0 +1,138 @@
+"""The typed stage contract: frozen outcomes combined by fixed rules, the broker's throttle read once."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import struct
+
+import pytest
+
+from protocol.apis import ApiKey
+from protocol.headers import RequestHeader
+from proxy.flow.inflight import InFlight
+from proxy.flow.pipeline import (
+    FORWARD,
+    AnswerHere,
+    AnswerLater,
+    Close,
+    ConnectionContext,
+    Forward,
+    Pipeline,
+    RequestOutcome,
+    ResponseOutcome,
+    StageBase,
+)
+
+CTX = ConnectionContext(1, "127.0.0.1:5000", "broker 1", 1)
+HEADER = RequestHeader(ApiKey.PRODUCE, 8, 7, "app", 1, 10)
+
+
+class Says(StageBase):
+    def __init__(self, request: RequestOutcome | None = None,
+                 response: ResponseOutcome | None = None) -> None:
+        self.request, self.response = request, response
+        self.seen: list[bytes] = []
+
+    def on_request(self, ctx: ConnectionContext, entry: InFlight, header: RequestHeader,
+                   payload: bytes) -> RequestOutcome | None:
+        self.seen.append(payload)
+        return self.request
+
+    def on_response(self, ctx: ConnectionContext, entry: InFlight, payload: bytes) -> ResponseOutcome | None:
+        self.seen.append(payload)
+        return self.response
+
+
+class ReadsBrokerThrottle(StageBase):
+    wants_broker_throttle = True
+
+    def __init__(self) -> None:
+        self.seen: list[int | None] = []
+
+    def on_response(self, ctx: ConnectionContext, entry: InFlight, payload: bytes) -> ResponseOutcome | None:
+        self.seen.append(entry.broker_throttle_ms)
+        return None
+
+
+def entry() -> InFlight:
+    return InFlight(7, ApiKey.PRODUCE, 8, "app", 20, 0)
+
+
+def request(*stages: StageBase, payload: bytes = b"client") -> RequestOutcome:
+    return Pipeline(stages).on_request(CTX, entry(), HEADER, payload)
+
+
+def test_outcomes_are_frozen() -> None:
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        Forward(b"x").throttle_time_ms = 5  # type: ignore[misc]
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        ResponseOutcome(b"x").replaced = True  # type: ignore[misc]
+
+
+def test_no_stage_says_anything_forward_as_is() -> None:
+    assert request(Says(), Says()) is FORWARD
+
+
+def test_throttle_is_the_largest_whatever_the_order() -> None:
+    for order in ((Forward(None, 300), Forward(None, 100)), (Forward(None, 100), Forward(None, 300))):
+        assert request(*(Says(o) for o in order)).throttle_time_ms == 300
+
+
+def test_a_forwarded_payload_is_what_later_stages_and_the_broker_see() -> None:
+    later = Says()
+    outcome = request(Says(Forward(b"capped")), later, Says(Forward(None, 50)))
+    assert later.seen == [b"capped"]
+    assert outcome == Forward(b"capped", 50)
+
+
+def test_an_answer_beats_forward_and_keeps_the_largest_throttle() -> None:
+    first = request(Says(Forward(None, 200)), Says(AnswerHere(b"local")))
+    assert first == AnswerHere(b"local", 200)
+    second = request(Says(AnswerHere(b"local")), Says(Forward(b"other", 70)))
+    assert second == AnswerHere(b"local", 70)
+
+
+def test_the_first_answer_wins() -> None:
+    loop = asyncio.new_event_loop()
+    try:
+        pending: asyncio.Future[bytes] = loop.create_future()
+        outcome = request(Says(AnswerLater(pending)), Says(AnswerHere(b"second")))
+        assert isinstance(outcome, AnswerLater) and outcome.pending is pending
+    finally:
+        loop.close()
+
+
+def test_close_beats_everything() -> None:
+    outcome = request(Says(AnswerHere(b"a", 10)), Says(Close("bad request")), Says(Forward(b"x", 20)))
+    assert outcome == Close("bad request", 20)
+
+
+def test_responses_chain_payloads_and_replaced_sticks() -> None:
+    second = Says(response=ResponseOutcome(b"patched", 40))
+    pipeline = Pipeline([Says(response=ResponseOutcome(b"empty", 10, replaced=True)), second])
+    outcome = pipeline.on_response(CTX, entry(), b"broker")
+    assert second.seen == [b"empty"]
+    assert outcome == ResponseOutcome(b"patched", 40, replaced=True)
+
+
+def test_response_with_no_say_is_the_brokers() -> None:
+    assert Pipeline([Says()]).on_response(CTX, entry(), b"broker") == ResponseOutcome(b"broker")
+
+
+def test_broker_throttle_is_read_once_before_any_stage_whatever_the_order() -> None:
+    # Produce v8 response: correlation id, no topics, throttle_time_ms = 450
+    response = struct.pack(">iii", 7, 0, 450)
+    patcher = Says(response=ResponseOutcome(struct.pack(">iii", 7, 0, 9000)))
+    reader = ReadsBrokerThrottle()
+    for stages in ((patcher, reader), (reader, patcher)):
+        reader.seen.clear()
+        e = entry()
+        Pipeline(list(stages)).on_response(CTX, e, response)
+        assert reader.seen == [450] and e.broker_throttle_ms == 450
+
+
+def test_broker_throttle_is_not_read_when_no_stage_wants_it() -> None:
+    e = entry()
+    Pipeline([Says()]).on_response(CTX, e, struct.pack(">iii", 7, 0, 450))
+    assert e.broker_throttle_ms is None
