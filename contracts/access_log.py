@@ -7,6 +7,7 @@ A record is a JSON object with exactly the keys of `FIELDS` (nullable fields pre
 one per line, in files laid out by `partition_path`:
 
     <root>/date=YYYY-MM-DD/hour=HH/<instance>-<seq>.jsonl        (UTC; `.parquet` for Parquet)
+    <root>/date=YYYY-MM-DD/hour=HH/<instance>-w<worker>-<seq>.jsonl   (one of `--workers N`)
 
 Quota entities are written as strings such as `user=alice,client-id=<default>`: components in the
 order user, client-id, ip; `<default>` is the default entity (a null name on the wire); in names,
@@ -92,6 +93,9 @@ FIELDS: tuple[Field, ...] = (
           "In shadow mode, the throttle time Sluice would have applied (ms); null when not in shadow mode."),
     Field("error_codes", "array<int16>", False,
           "Distinct non-zero error codes in the response (top level and per partition); empty if none."),
+    Field("worker", "int32", True,
+          "Index of the worker process of the instance that served the request (`--workers N`: 0 to "
+          "N-1); null for an instance that runs as one process."),
 )
 
 FIELD_NAMES: tuple[str, ...] = tuple(f.name for f in FIELDS)
@@ -156,7 +160,7 @@ def parse_quota_entity(text: str) -> tuple[EntityComponent, ...]:
 # ---------------------------------------------------------------------------------- validation
 
 _INT_RANGES = {"int16": 2**15, "int32": 2**31, "int64": 2**63}
-_NON_NEGATIVE = {"request_bytes", "response_bytes", "throttle_time_ms", "broker_throttle_time_ms",
+_NON_NEGATIVE = {"request_bytes", "response_bytes", "throttle_time_ms", "broker_throttle_time_ms", "worker",
                  "would_throttle_ms", "upstream_latency_ms", "records", "bytes", "partition"}
 
 
@@ -272,11 +276,12 @@ _INSTANCE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
 
 
 def partition_path(root: str | Path, ts_ms: int, instance: str, seq: int, *,
-                   log_format: str = "json") -> Path:
+                   log_format: str = "json", worker: int | None = None) -> Path:
     """Where a file opened at `ts_ms` goes: `<root>/date=YYYY-MM-DD/hour=HH/<instance>-<seq>.jsonl`.
 
     Date and hour are UTC. `seq` (a counter per instance, 6 digits or more) keeps files apart when
-    an instance rolls more than one file in an hour.
+    an instance rolls more than one file in an hour. A worker of an instance (`worker` set) writes
+    `<instance>-w<worker>-<seq>.jsonl`, so that several workers never write one file.
     """
     if log_format not in LOG_FORMATS:
         raise ValueError(f"log_format must be one of {sorted(LOG_FORMATS)}, got {log_format!r}")
@@ -284,9 +289,12 @@ def partition_path(root: str | Path, ts_ms: int, instance: str, seq: int, *,
         raise ValueError(f"instance {instance!r} must match {_INSTANCE.pattern}")
     if seq < 0:
         raise ValueError(f"seq must not be negative, got {seq}")
+    if worker is not None and worker < 0:
+        raise ValueError(f"worker must not be negative, got {worker}")
+    who = instance if worker is None else f"{instance}-w{worker}"
     t = dt.datetime.fromtimestamp(ts_ms / 1000, tz=dt.UTC)
     return (Path(root) / f"date={t:%Y-%m-%d}" / f"hour={t:%H}"
-            / f"{instance}-{seq:06d}.{LOG_FORMATS[log_format]}")
+            / f"{who}-{seq:06d}.{LOG_FORMATS[log_format]}")
 
 
 def example_record(**overrides: object) -> dict[str, object]:
@@ -317,6 +325,7 @@ def example_record(**overrides: object) -> dict[str, object]:
         "shadow": False,
         "would_throttle_ms": None,
         "error_codes": [],
+        "worker": None,
     }
     unknown = set(overrides) - set(FIELD_NAMES)
     if unknown:

@@ -26,9 +26,10 @@ def main() -> None:
 @click.option("--config", "config_file", type=click.Path(path_type=Path), help="YAML configuration file")
 @click.option("--log-level", type=click.Choice(["DEBUG", "INFO", "WARNING", "ERROR"]))
 @click.option("--reseed", is_flag=True, help="replace the quota store's contents with the YAML quotas")
+@click.option("--workers", metavar="N|auto", help="worker processes sharing every listener [1]")
 def proxy(upstream: str | None, listen: str | None, advertised_host: str | None,
           broker_port_base: int | None, metrics_port: int | None, config_file: Path | None,
-          log_level: str | None, reseed: bool = False) -> None:
+          log_level: str | None, reseed: bool = False, workers: str | None = None) -> None:
     """Run the proxy in front of the brokers."""
     overrides: dict[str, Any] = {}
     if upstream:
@@ -43,6 +44,8 @@ def proxy(upstream: str | None, listen: str | None, advertised_host: str | None,
         overrides["metrics"] = {"port": metrics_port}
     if log_level:
         overrides["log_level"] = log_level
+    if workers is not None:
+        overrides["workers"] = workers  # validated with the rest: `auto`, or an integer >= 1
     if reseed:
         overrides["store"] = {"reseed": True}  # at start only: a SIGHUP reload never reseeds
     try:

@@ -218,11 +218,27 @@ class ProxyConfig(BaseModel):
     fleet: FleetConfig | None = Field(
         default=None, description="one budget across every Sluice process naming the same fleet id "
                                   "(README: Running a fleet); needs store.type: kafka")
+    workers: int = Field(default=1, ge=1, le=256,
+                         description="worker processes sharing every listener (SO_REUSEPORT); auto = CPUs")
 
     @field_validator("listen", mode="before")
     @classmethod
     def _listen(cls, value: Any) -> Any:
         return _host_port(value)
+
+    @field_validator("workers", mode="before")
+    @classmethod
+    def _workers(cls, value: Any) -> Any:
+        if isinstance(value, str) and value.strip().lower() == "auto":
+            return os.cpu_count() or 1
+        return value
+
+    @model_validator(mode="after")
+    def _workers_need_shared_store(self) -> ProxyConfig:
+        if self.workers > 1 and self.store.type == "memory":
+            raise ValueError(f"workers: {self.workers} needs a store every worker shares (store.type: sqlite "
+                             f"or kafka); with store.type: memory each worker would have its own quotas")
+        return self
 
     @model_validator(mode="after")
     def _fleet_needs_shared_store(self) -> ProxyConfig:
@@ -282,6 +298,8 @@ def env_overrides(environ: Mapping[str, str]) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for name, value in environ.items():
         if not name.startswith(ENV_PREFIX) or name in {"SLUICE_KAFKA_LIBS", "SLUICE_KAFKA_BOOTSTRAP"}:
+            continue
+        if name.startswith("SLUICE_WORKER_"):  # a worker's role, set by its supervisor (proxy.fleet.local)
             continue
         path = name[len(ENV_PREFIX):].lower().split("__")
         node = out

@@ -44,8 +44,10 @@ class RewriteStage(StageBase):
 
 
 class ProxyServer:
-    def __init__(self, config: ProxyConfig, stages: Sequence[Stage] = (), clock: Clock | None = None) -> None:
+    def __init__(self, config: ProxyConfig, stages: Sequence[Stage] = (), clock: Clock | None = None,
+                 worker_index: int | None = None) -> None:
         self.config = config
+        self.worker_index = worker_index  # one of `--workers N`: listeners shared with SO_REUSEPORT
         self.clock = clock or SystemClock()
         self._extra_stages = list(stages)
         self.registry_metrics = CollectorRegistry()
@@ -62,7 +64,7 @@ class ProxyServer:
             self.registry_metrics.register(StorageCollector(self.storage))
         self.registry_metrics.register(QuotaSensorCollector(self.quotas, self.clock))
         self.metrics_endpoint: MetricsEndpoint | None = None
-        self.access_log = make_access_log(config)
+        self.access_log = make_access_log(config, worker_index)
         if self.access_log is not None:
             self.registry_metrics.register(AccessLogCollector(self.access_log))
         self._servers: list[asyncio.Server] = []
@@ -93,7 +95,7 @@ class ProxyServer:
         self.registry = BrokerRegistry(
             config.listen.host, config.advertised, config.broker_port,
             schedule_server(loop, self._servers, start_listener_factory,  # type: ignore[arg-type]
-                            tls=listener.server_ssl))
+                            tls=listener.server_ssl), reuse_port=self.worker_index is not None)
         self.rewriter = ResponseRewriter(self.registry, on_failure=self.metrics.rewrite_failures.inc)
         stages: list[Stage] = [ClientSoftwareStage(), RewriteStage(self.rewriter),
                                ClusterMetadataStage(self.cluster_feed,
@@ -115,14 +117,18 @@ class ProxyServer:
             auth=auth_settings(config, self.registry_metrics), listener=listener)
         self._bootstrap_server = await loop.create_server(
             connection_factory(self.services)(UpstreamTarget(None)), config.listen.host, config.listen.port,
-            reuse_address=True, ssl=listener.server_ssl)
+            reuse_address=True, reuse_port=True if self.worker_index is not None else None,
+            ssl=listener.server_ssl)
         sock = self._bootstrap_server.sockets[0].getsockname()
         self.bootstrap_address = (sock[0], sock[1])
         log.info("Sluice listening on %s:%d (%s) for %s", sock[0], sock[1], describe_listener(config),
                  ",".join(str(a) for a in config.upstream.bootstrap))
         if config.metrics.port is not None:
             self.metrics_endpoint = MetricsEndpoint(self.registry_metrics, lambda: not self._draining)
-            await self.metrics_endpoint.start(config.metrics.host, config.metrics.port)
+            if self.worker_index is None:
+                await self.metrics_endpoint.start(config.metrics.host, config.metrics.port)
+            else:  # the supervisor serves metrics.port and merges every worker's registry
+                await self.metrics_endpoint.start("127.0.0.1", 0)
 
     def reload(self, config: ProxyConfig) -> None:
         """SIGHUP: YAML quota edits go to the store and to live sensors (see `reconcile_seed`);
@@ -195,7 +201,7 @@ class ProxyServer:
         await self._stopped.wait()
 
 
-def make_access_log(config: ProxyConfig) -> AccessLogWriter | None:
+def make_access_log(config: ProxyConfig, worker: int | None = None) -> AccessLogWriter | None:
     cfg = config.access_log
     if cfg.dir is None:
         return None
@@ -204,7 +210,7 @@ def make_access_log(config: ProxyConfig) -> AccessLogWriter | None:
         sink = KafkaSink(cfg.kafka_bootstrap, cfg.kafka_topic)
     return AccessLogWriter(cfg.dir, config.instance, log_format=cfg.format,
                            rotate_bytes=cfg.rotate_mb * 1024 * 1024, queue_size=cfg.queue_size,
-                           kafka_sink=sink)
+                           kafka_sink=sink, worker=worker)
 
 
 class KafkaSink:

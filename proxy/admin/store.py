@@ -11,7 +11,9 @@ thread, never from the event loop:
                                            thread, including changes made by other instances
 
 `sqlite` (the default) is one local file, written in one transaction per batch: a batch applies
-whole or not at all. One Sluice instance per file.
+whole or not at all. One Sluice instance per file; its workers (`--workers N`) share it: each
+process polls SQLite's `PRAGMA data_version` (`watch_interval_ms`, 100 ms) and reloads the table
+when another process committed, so a change made through one worker applies in all within ~100 ms.
 
 `kafka` is a compacted topic shared by several instances. Record key = the entity (JSON of its
 components), value = JSON of all its keys and values, a tombstone when its last key goes. Every
@@ -217,7 +219,9 @@ class MemoryStore(_Subscribers):
 
 
 class SqliteStore(_Subscribers):
-    """One SQLite file; each `apply` is one transaction."""
+    """One SQLite file; each `apply` is one transaction. Commits by other processes (the other
+    workers of the instance, `sluice quotas` run against the file) are noticed by a thread that polls
+    `PRAGMA data_version` every `watch_interval_ms` (None: never); subscribers then get the new table."""
 
     _SCHEMA = """
         CREATE TABLE IF NOT EXISTS quotas (
@@ -229,10 +233,11 @@ class SqliteStore(_Subscribers):
         CREATE TABLE IF NOT EXISTS meta (name TEXT PRIMARY KEY, value TEXT NOT NULL);
     """
 
-    def __init__(self, path: Path) -> None:
+    def __init__(self, path: Path, watch_interval_ms: int | None = 100) -> None:
         super().__init__()
         self.path = path
         self._lock = threading.Lock()
+        self._closed = threading.Event()
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
             self._db = sqlite3.connect(str(path), check_same_thread=False, isolation_level=None)
@@ -243,6 +248,44 @@ class SqliteStore(_Subscribers):
         except (OSError, sqlite3.Error) as exc:
             raise StoreError(f"cannot open the quota store {path}: {exc}") from exc
         self._table = self._read()
+        self._data_version = self._version()
+        self._watcher: threading.Thread | None = None
+        if watch_interval_ms is not None:
+            self._watcher = threading.Thread(target=self._watch, args=(watch_interval_ms / 1000,),
+                                             name="quota-store-watch", daemon=True)
+            self._watcher.start()
+
+    def _version(self) -> int:
+        """SQLite's `data_version`: changes when another connection commits (never for our own)."""
+        return int(self._db.execute("PRAGMA data_version").fetchone()[0])
+
+    def _watch(self, interval_s: float) -> None:
+        while not self._closed.wait(interval_s):
+            try:
+                changed = self.poll_external_change()
+            except StoreError as exc:
+                log.warning("%s", exc)
+                continue
+            if changed is not None:
+                self.notify(changed)
+
+    def poll_external_change(self) -> QuotaTable | None:
+        """The table as another process left it, when one committed since the last poll; else None."""
+        with self._lock:
+            if self._closed.is_set():
+                return None
+            try:
+                version = self._version()
+            except sqlite3.Error as exc:
+                raise StoreError(f"cannot read the quota store {self.path}: {exc}") from exc
+            if version == self._data_version:
+                return None
+            self._data_version = version
+            table = self._read()
+            if table == self._table:
+                return None
+            self._table = table
+            return table
 
     def _read(self) -> QuotaTable:
         rows: dict[QuotaEntity, dict[str, object]] = {}
@@ -305,8 +348,11 @@ class SqliteStore(_Subscribers):
         return None if row is None else str(row[0])
 
     def close(self) -> None:
+        self._closed.set()
         with self._lock:
             self._db.close()
+        if self._watcher is not None and self._watcher is not threading.current_thread():
+            self._watcher.join(2)
 
     def describe(self) -> str:
         return f"sqlite {self.path}"

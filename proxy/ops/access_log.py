@@ -66,9 +66,10 @@ class AccessLogWriter:
     def __init__(self, root: Path, instance: str, *, log_format: str = "json",
                  rotate_bytes: int = 128 * 1024 * 1024, queue_size: int = 100_000,
                  max_pending_payload_bytes: int = 64 * 1024 * 1024,
-                 kafka_sink: RecordSink | None = None) -> None:
+                 kafka_sink: RecordSink | None = None, worker: int | None = None) -> None:
         self.root = root
         self.instance = instance
+        self.worker = worker  # `--workers N`: this process's index, in every record and file name
         self.log_format = log_format
         self.rotate_bytes = rotate_bytes
         self.max_pending_payload_bytes = max_pending_payload_bytes
@@ -137,7 +138,7 @@ class AccessLogWriter:
                 break
             if item:
                 try:
-                    self._write(build_record(item, self.instance, self._topic_names))
+                    self._write(build_record(item, self.instance, self._topic_names, self.worker))
                 except Exception:  # a bad record must not stop the log
                     self.failed += 1
                     log.exception("cannot write an access-log record")
@@ -174,7 +175,8 @@ class AccessLogWriter:
         self.written += 1
 
     def _open_file(self, ts_ms: int) -> None:
-        path = partition_path(self.root, ts_ms, self.instance, self._seq, log_format=self.log_format)
+        path = partition_path(self.root, ts_ms, self.instance, self._seq, log_format=self.log_format,
+                              worker=self.worker)
         self._seq += 1
         path.parent.mkdir(parents=True, exist_ok=True)
         self._path = path
@@ -201,7 +203,8 @@ class AccessLogWriter:
             self._parquet_rows = []
 
 
-def build_record(item: _Item, instance: str, topic_names: dict[bytes, str]) -> dict[str, object]:
+def build_record(item: _Item, instance: str, topic_names: dict[bytes, str],
+                 worker: int | None = None) -> dict[str, object]:
     """The schema's record for one served request (runs on the writer thread)."""
     from protocol import records  # the walkers are only needed here
 
@@ -261,6 +264,7 @@ def build_record(item: _Item, instance: str, topic_names: dict[bytes, str]) -> d
         "shadow": shadow,
         "would_throttle_ms": matched.would_throttle_ms if shadow and matched is not None else None,
         "error_codes": sorted(error_codes),
+        "worker": worker,
     }
 
 

@@ -36,8 +36,10 @@ class UpstreamTarget:
 
 class BrokerRegistry:
     def __init__(self, bind_host: str, advertised_host: str, port_for_node: Callable[[int], int],
-                 start_listener: Callable[[socket.socket, UpstreamTarget], None]) -> None:
+                 start_listener: Callable[[socket.socket, UpstreamTarget], None], *,
+                 reuse_port: bool = False) -> None:
         self._bind_host = bind_host
+        self._reuse_port = reuse_port  # `--workers N`: every worker listens on the same per-broker port
         self._advertised_host = advertised_host
         self._port_for_node = port_for_node
         self._start_listener = start_listener
@@ -67,6 +69,8 @@ class BrokerRegistry:
         wanted = self._port_for_node(node_id)
         sock = socket.socket(socket.AF_INET6 if ":" in self._bind_host else socket.AF_INET)
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        if self._reuse_port:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
         try:
             sock.bind((self._bind_host, wanted))
             sock.listen(1024)

@@ -24,7 +24,8 @@ EXPECTED_SCHEMA = (
     "api_key:smallint,api_name:string,api_version:smallint,correlation_id:int,request_bytes:bigint,"
     "response_bytes:bigint,topics:array<struct<topic:string,partition:int,records:int,bytes:bigint>>,"
     "upstream_latency_ms:double,throttle_time_ms:int,broker_throttle_time_ms:int,quota_entity:string,"
-    "quota_kind:string,quota_limit:double,shadow:boolean,would_throttle_ms:int,error_codes:array<smallint>>")
+    "quota_kind:string,quota_limit:double,shadow:boolean,would_throttle_ms:int,error_codes:array<smallint>,"
+    "worker:int>")
 NOT_NULLABLE = {"schema_version", "ts_ms", "instance", "client_address", "principal", "api_key", "api_name",
                 "api_version", "correlation_id", "request_bytes", "throttle_time_ms", "shadow", "error_codes"}
 
