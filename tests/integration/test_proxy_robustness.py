@@ -6,7 +6,7 @@ import signal
 import struct
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -23,6 +23,15 @@ pytestmark = pytest.mark.integration
 
 
 # ----------------------------------------------------------------------------- bad frames
+
+def until(condition: Callable[[], bool], timeout_s: float) -> bool:
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.05)
+    return True
+
 
 @pytest.mark.parametrize(("garbage", "reason"), [
     (struct.pack(">i", -7), "negative"),                              # size prefix below zero
@@ -47,15 +56,18 @@ def test_malformed_frame_closes_only_that_connection(sluice: SluiceProcess, topi
 
     worker = threading.Thread(target=steady_producer)
     worker.start()
-    time.sleep(1.0)
-    before = len(produced)
-    with RawKafkaSocket(sluice.bootstrap) as bad:
-        bad.send_raw(garbage)
-        assert bad.at_eof(5.0), "Sluice kept a connection with a malformed frame open"
-    time.sleep(1.0)
-    stop.set()
-    worker.join(30)
-    assert len(produced) > before, "the other client was disturbed"
+    try:
+        # the other client is connected and delivering before the bad frame (slow under load: poll)
+        assert until(lambda: len(produced) >= 10, 60.0), "the steady producer never delivered"
+        with RawKafkaSocket(sluice.bootstrap) as bad:
+            bad.send_raw(garbage)
+            assert bad.at_eof(5.0), "Sluice kept a connection with a malformed frame open"
+            before = len(produced)
+            # it keeps delivering after the bad connection was closed
+            assert until(lambda: len(produced) >= before + 10, 30.0), "the other client was disturbed"
+    finally:
+        stop.set()
+        worker.join(30)
     assert sluice.wait_for_log("malformed") and sluice.wait_for_log(reason), sluice.log()
 
 

@@ -9,7 +9,6 @@ from __future__ import annotations
 import dataclasses
 import datetime
 import struct
-import time
 import typing
 from collections.abc import Callable
 from typing import Any
@@ -144,23 +143,20 @@ def big_metadata(partitions: int) -> Any:
                                          cluster_id="c", controller_id=1, topics=(topic,))
 
 
-def test_metadata_10k_partitions_splice_is_exact_and_cheap() -> None:
+def test_metadata_10k_partitions_splice_is_exact_and_reads_only_the_brokers() -> None:
     body = big_metadata(10_000)
     payload = response_payload(body)
-    started = time.perf_counter()
     decoded = decode_response_body(payload, ApiKey.METADATA, 12)
     expected = response_payload(dataclasses.replace(
         decoded, brokers=tuple(kio_map(b, "node_id", to_proxy) for b in decoded.brokers)))
-    full_rewrite_s = time.perf_counter() - started
-    splice_s = min(_timed(lambda: rewrite_metadata_response(payload, 12, to_proxy)) for _ in range(5))
     assert rewrite_metadata_response(payload, 12, to_proxy)[0] == expected
-    assert splice_s * 20 < full_rewrite_s, (splice_s, full_rewrite_s)
-
-
-def _timed(fn: Callable[[], object]) -> float:
-    started = time.perf_counter()
-    fn()
-    return time.perf_counter() - started
+    # Cheap because the 10,000 partitions after the brokers are copied, never walked: garbage there
+    # (no longer decodable by kio) passes through unchanged. (Its speed is measured in bench_protocol.)
+    half = len(payload) // 2
+    garbled = payload[:half] + bytes(b ^ 0xA5 for b in payload[half:])
+    spliced, _ = rewrite_metadata_response(garbled, 12, to_proxy)
+    assert spliced[len(spliced) - (len(payload) - half):] == garbled[half:]
+    assert spliced[:len(spliced) - (len(payload) - half)] == expected[:len(expected) - (len(payload) - half)]
 
 
 # --- FindCoordinator ------------------------------------------------------------------------------

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import datetime
-import time
 from pathlib import Path
 from typing import Any
 
@@ -135,18 +134,16 @@ def test_metadata_feed_decodes_only_new_responses_and_merges_topics() -> None:
 def test_metadata_feed_cost_for_10k_partitions() -> None:
     feed = ClusterMetadataFeed(lambda v: None, lambda: True)
     payload = metadata(12, {"events": [p % 3 for p in range(10_000)]})
-    started = time.perf_counter()
     feed.feed(12, payload)
-    decode_s = time.perf_counter() - started
-    feed.seen(12, payload)
-    started = time.perf_counter()
-    for _ in range(100):
-        feed.seen(12, payload)
-    hash_s = (time.perf_counter() - started) / 100
+    assert feed.decoded == 1
     assert feed.view.leader_counts() == {0: 3334, 1: 3333, 2: 3333}
-    # an unchanged response costs a hash, far below a decode (measured on 2 shared cores, 400 kB:
-    # ~0.8 ms to hash vs ~14 ms to decode)
-    assert hash_s * 5 < decode_s, (hash_s, decode_s)
+    # an unchanged response costs a hash, never a decode (on 2 shared cores, 400 kB: ~0.8 ms to hash
+    # vs ~14 ms to decode; timings are not asserted here: they do not hold on a loaded machine)
+    assert feed.seen(12, payload)  # remembered now
+    for _ in range(100):  # the pump decodes only what `seen` calls new
+        if feed.seen(12, payload):
+            feed.feed(12, payload)
+    assert feed.decoded == 1
 
 
 def test_managers_pass_metadata_to_callbacks_that_want_it() -> None:
