@@ -1,9 +1,11 @@
-"""One client connection and its upstream connection: the two byte pumps.
+"""One client connection: frames in order between the client and its upstream connection.
 
-`ClientConnection` and `UpstreamConnection` are asyncio Protocols (a Protocol-based forwarder moves
-about twice the bytes of a streams-based one on this kind of machine). They only move frames:
-framing is `protocol.FrameSplitter`, order is `InFlightRequests`, muting is `ChannelMute`, and every
-decision about a request or response is the pipeline's. Reading from the client stops while:
+`ClientConnection` and `UpstreamConnection` (`proxy.pumps.upstream`) are asyncio Protocols (a
+Protocol-based forwarder moves about twice the bytes of a streams-based one on this kind of
+machine). They only move frames: framing is `protocol.FrameSplitter`, order is `InFlightRequests`,
+the throttle delay is `ThrottleTimer`, large Fetch responses are `FetchStream`, raw SASL tokens are
+`SaslMode`, and every decision about a request or response is the pipeline's. Reading from the
+client stops while:
 
 - the upstream connection is not up yet;
 - the channel is muted for a throttle (KIP-219), until the throttled response has been written
@@ -11,12 +13,8 @@ decision about a request or response is the pipeline's. Reading from the client 
 - the upstream socket's write buffer is full (back-pressure), or the proxy is draining.
 
 A malformed frame or a broken upstream closes this connection, with the reason logged, and
-nothing else.
-
-The connection's principal (`ctx.principal`) is set at the start from its TLS certificate or
-address (`proxy.pumps.principals.AuthSettings`) and by `proxy.pumps.principals.SaslInspector`,
-which is called for SaslHandshake/SaslAuthenticate only. After a SaslHandshake v0, frames in both
-directions are raw SASL tokens until the exchange ends: see "SASL" below.
+nothing else. The principal (`ctx.principal`) is set at the start from the TLS certificate or
+address (`proxy.pumps.principals.AuthSettings`) and by the SASL exchange (`proxy.pumps.sasl_mode`).
 """
 
 from __future__ import annotations
@@ -24,9 +22,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import logging
-import ssl
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from typing import Any, cast
 
 from protocol.apis import ApiKey, api_name
@@ -36,79 +32,52 @@ from protocol.headers import RequestHeader, read_request_header, read_response_c
 from protocol.produce import read_produce_acks
 from protocol.sasl import SASL_API_KEYS
 from proxy.flow.inflight import CorrelationMismatch, InFlight, InFlightRequests
-from proxy.flow.pipeline import (
-    AnswerHere,
-    AnswerLater,
-    Close,
-    ConnectionContext,
-    Forward,
-    Pipeline,
-    StreamTail,
-)
-from proxy.pumps.listeners import ListenerSettings
+from proxy.flow.pipeline import AnswerHere, AnswerLater, Close, ConnectionContext, Forward, Pipeline
+from proxy.pumps.fetch_stream import FetchStream
 from proxy.pumps.muting import ChannelMute
-from proxy.pumps.principals import RAW_TOKENS, AuthSettings, SaslInspector
-from proxy.pumps.upstreams import BrokerRegistry, UpstreamTarget
+from proxy.pumps.sasl_mode import FrameHandler, SaslMode
+from proxy.pumps.services import ConnectionServices, Upstream
+from proxy.pumps.throttle_timer import ThrottleTimer
+from proxy.pumps.upstreams import UpstreamTarget
 from quotas.clock import Clock
 
 log = logging.getLogger("sluice.connection")
 
 _ids = itertools.count(1)
 
-STREAM_MIN_BYTES = 64 * 1024   # smaller responses are simply buffered whole
-STREAM_HEAD_BYTES = 32         # header, throttle_time_ms, error_code and session_id of any Fetch
-
-
-@dataclass
-class ConnectionServices:
-    """What every connection shares: configuration-derived settings and the shared objects."""
-
-    pipeline: Pipeline
-    registry: BrokerRegistry
-    clock: Clock
-    bootstrap: list[tuple[str, int]]
-    upstream_ssl: ssl.SSLContext | None = None
-    connect_timeout_s: float = 10.0
-    max_frame_bytes: int = 100 * 1024 * 1024
-    connections: set[ClientConnection] = field(default_factory=set)
-    on_open: Callable[[ClientConnection], None] | None = None
-    on_close: Callable[[ClientConnection], None] | None = None
-    auth: AuthSettings = field(default_factory=AuthSettings)            # principals (proxy.pumps.principals)
-    listener: ListenerSettings = field(default_factory=ListenerSettings)  # TLS, PROXY protocol
-
-    def upstream_addresses(self, target: UpstreamTarget) -> list[tuple[str, int]]:
-        if target.node_id is None:
-            return list(self.bootstrap)
-        address = self.registry.upstream_address(target.node_id)
-        return [address] if address is not None else []
+__all__ = ["ClientConnection", "ConnectionServices", "connection_factory", "describe_api"]
 
 
 class ClientConnection(asyncio.Protocol):
     def __init__(self, services: ConnectionServices, target: UpstreamTarget,
                  real_address: tuple[str, int] | None = None) -> None:
-        self._services = services
+        self.services = self._services = services
         self._target = target
-        self._clock = services.clock
-        self._pipeline = services.pipeline
+        self._clock: Clock = services.clock
+        self._pipeline: Pipeline = services.pipeline
+        self.clock, self.pipeline = self._clock, self._pipeline   # for FetchStream
         self._splitter = FrameSplitter(services.max_frame_bytes)
         self._inflight = InFlightRequests()
-        self.mute = ChannelMute()
+        self.throttle = ThrottleTimer(services.clock, services.call_later, self._read_on)
+        self.fetch_stream: FetchStream = FetchStream(self)
+        self._sasl: SaslMode | None = None
         self._transport: asyncio.Transport | None = None
-        self._upstream: UpstreamConnection | None = None
-        self._reading_paused = False
-        self._upstream_backpressure = False
-        self._throttle_timer: asyncio.TimerHandle | None = None
-        self._timer_deadline_ms = 0
-        self._draining = False
-        self._processing = False
-        self._closed = False
+        self._upstream: Upstream | None = None
+        self._reading_paused = self._upstream_backpressure = self._draining = False
+        self._processing = self.closed = False
         self._close_reason: str | None = None
         self.ctx = ConnectionContext(next(_ids), "?", target.describe(), target.node_id)
         self._real_address = real_address           # the client behind a PROXY-protocol hop
-        self._sasl: SaslInspector | None = None
-        self._held: list[bytes] = []
-        self._held_bytes = 0
-        self._stream_tail: StreamTail | None = None  # the end of the response streaming now
+        self._client_frame: FrameHandler = self._on_request
+        self._broker_frame: FrameHandler = self._on_response
+
+    @property
+    def mute(self) -> ChannelMute:
+        return self.throttle.mute
+
+    @property
+    def in_flight(self) -> int:
+        return len(self._inflight)
 
     # ------------------------------------------------------------------ client side
 
@@ -126,8 +95,8 @@ class ClientConnection(asyncio.Protocol):
             self.close(f"no principal for the client certificate: {exc}")
             return
         self._update_reading()  # paused until the upstream is connected
-        task = asyncio.get_running_loop().create_task(self._connect_upstream())
-        task.add_done_callback(lambda t: t.cancelled() or t.exception())
+        task = asyncio.get_running_loop().create_task(self._services.connect_upstream(self, self._target))
+        task.add_done_callback(self._upstream_ready)
 
     def data_received(self, data: bytes) -> None:
         try:
@@ -135,24 +104,15 @@ class ClientConnection(asyncio.Protocol):
         except ProtocolError as exc:
             self.close(f"malformed frame from client: {exc}")
             return
-        self._process_requests()
+        self._read_on()
 
     def eof_received(self) -> bool:
         return False  # close our side too; connection_lost follows
 
     def connection_lost(self, exc: Exception | None) -> None:
-        self._closed = True
-        self._cancel_timer()
-        pending = self._inflight.pending_upstream()
-        if self._close_reason is not None:
-            log.warning("connection %d from %s (%s) closed: %s", self.ctx.connection_id,
-                        self.ctx.client_address, self.ctx.listener, self._close_reason)
-        elif exc is not None:
-            log.warning("connection %d from %s (%s) lost: %s", self.ctx.connection_id,
-                        self.ctx.client_address, self.ctx.listener, exc)
-        elif pending:
-            log.info("connection %d from %s closed by the client with %d request(s) in flight",
-                     self.ctx.connection_id, self.ctx.client_address, pending)
+        self.closed = True
+        self.throttle.cancel()
+        _log_closed(self.ctx, self._close_reason, exc, self._inflight.pending_upstream())
         if self._upstream is not None:
             self._upstream.close()
         self._services.connections.discard(self)
@@ -166,8 +126,6 @@ class ClientConnection(asyncio.Protocol):
     def resume_writing(self) -> None:
         if self._upstream is not None:
             self._upstream.resume_reading()
-
-    # ------------------------------------------------------------------ lifecycle
 
     def close(self, reason: str | None = None) -> None:
         if reason is not None and self._close_reason is None:
@@ -184,42 +142,23 @@ class ClientConnection(asyncio.Protocol):
         if len(self._inflight) == 0:
             self.close()
 
-    @property
-    def in_flight(self) -> int:
-        return len(self._inflight)
-
-    async def _connect_upstream(self) -> None:
-        loop = asyncio.get_running_loop()
-        services = self._services
-        addresses = services.upstream_addresses(self._target)
-        if not addresses:
-            self.close(f"no known address for {self._target.describe()}")
+    def _upstream_ready(self, task: asyncio.Task[Upstream | str]) -> None:
+        if task.cancelled():
             return
-        errors = []
-        for host, port in addresses:
-            try:
-                _, upstream = await asyncio.wait_for(
-                    loop.create_connection(lambda: UpstreamConnection(self), host, port,
-                                           ssl=services.upstream_ssl,
-                                           server_hostname=host if services.upstream_ssl else None),
-                    services.connect_timeout_s)
-            except (OSError, TimeoutError, ssl.SSLError) as exc:
-                errors.append(f"{host}:{port}: {exc or type(exc).__name__}")
-                continue
-            if self._closed:
-                upstream.close()
-                return
-            self._upstream = upstream
-            self._update_reading()
-            self._process_requests()
-            return
-        self.close(f"cannot connect upstream ({self._target.describe()}): {'; '.join(errors)}")
+        result = task.result()
+        if isinstance(result, str):
+            self.close(result)
+        elif self.closed:
+            result.close()
+        else:
+            self._upstream = result
+            self._read_on()
 
     # ------------------------------------------------------------------ requests
 
     def _reading_allowed(self) -> bool:
-        return (self._upstream is not None and self.mute.reading_allowed and not self._draining
-                and not self._upstream_backpressure and not self._closed)
+        return (self._upstream is not None and self.throttle.reading_allowed and not self._draining
+                and not self._upstream_backpressure and not self.closed)
 
     def _update_reading(self) -> None:
         transport = self._transport
@@ -233,8 +172,9 @@ class ClientConnection(asyncio.Protocol):
             transport.pause_reading()
             self._reading_paused = True
 
-    def _process_requests(self) -> None:
-        if self._processing:  # re-entered from a flush inside _on_request: the outer loop goes on
+    def _read_on(self) -> None:
+        """Handle the buffered client frames while reading is allowed."""
+        if self._processing:  # re-entered from a flush inside a frame handler: the outer loop goes on
             return
         self._processing = True
         try:
@@ -246,7 +186,7 @@ class ClientConnection(asyncio.Protocol):
                     return
                 if payload is None:
                     break
-                self._on_request(payload)
+                self._client_frame(payload)
         finally:
             self._processing = False
         self._update_reading()
@@ -258,41 +198,38 @@ class ClientConnection(asyncio.Protocol):
             self.close(f"malformed request header: {exc}")
             return
         now_ms = self._clock.now_ms()
-        expects_response = True
-        if header.api_key == ApiKey.PRODUCE:
-            try:
-                expects_response = read_produce_acks(payload, header) != 0
-            except ProtocolError as exc:
-                log.warning("connection %d: cannot read Produce acks (%s); expecting a response",
-                            self.ctx.connection_id, exc)
-        entry = InFlight(header.correlation_id, header.api_key, header.api_version, header.client_id,
+        api_key = header.api_key
+        expects_response = api_key != ApiKey.PRODUCE or _expects_response(self.ctx, header, payload)
+        entry = InFlight(header.correlation_id, api_key, header.api_version, header.client_id,
                          len(payload), now_ms, expects_response=expects_response)
         outcome = self._pipeline.on_request(self.ctx, entry, header, payload)
         if type(outcome) is Forward:
             upstream = self._upstream
             assert upstream is not None
             upstream.write(payload if outcome.payload is None else outcome.payload)
-        elif isinstance(outcome, AnswerHere):
+        elif type(outcome) is AnswerHere:
             entry.forwarded = False
             entry.response = outcome.response
             entry.response_bytes = len(outcome.response)
             entry.response_received_ms = now_ms
-        elif isinstance(outcome, AnswerLater):
+        elif type(outcome) is AnswerLater:
             entry.forwarded = False
             self._answer_later(entry, outcome.pending)
-        elif isinstance(outcome, Close):
+        elif type(outcome) is Close:
             self.close(outcome.reason)
             return
         if expects_response:
             self._inflight.add(entry)
-        if header.api_key in SASL_API_KEYS:  # SaslHandshake, SaslAuthenticate: see "SASL" below
-            self._sasl_request(header, payload, entry)
+        if api_key in SASL_API_KEYS:  # SaslHandshake, SaslAuthenticate
+            if self._sasl is None:
+                self._sasl = SaslMode(self, self._services.auth, self._services.max_frame_bytes)
+            self._sasl.on_request(header, payload, entry)
         if outcome.throttle_time_ms > 0:
-            self._start_throttle(now_ms, outcome.throttle_time_ms)
+            self.start_throttle(now_ms, outcome.throttle_time_ms)
             if expects_response:
                 entry.mutes_channel = True
             else:
-                self.mute.response_sent()  # acks=0: no response will come
+                self.throttle.response_sent()  # acks=0: no response will come
         if not expects_response:
             self._pipeline.on_complete(self.ctx, entry, now_ms)
         if entry.response is not None:
@@ -301,33 +238,37 @@ class ClientConnection(asyncio.Protocol):
     def _answer_later(self, entry: InFlight, pending: asyncio.Future[bytes]) -> None:
         """A stage answers this request itself once `pending` is done; later requests wait their turn."""
         def done(future: asyncio.Future[bytes]) -> None:
-            if self._closed:
+            if self.closed:
                 return
             if future.cancelled() or future.exception() is not None:
                 self.close(f"Sluice could not answer {api_name(entry.api_key)}: "
                            f"{'cancelled' if future.cancelled() else future.exception()!r}")
                 return
-            payload = future.result()
-            entry.response = payload
+            entry.response = payload = future.result()
             entry.response_bytes = len(payload)
             entry.response_received_ms = self._clock.now_ms()
             self._flush()
 
         pending.add_done_callback(done)
 
+    def start_throttle(self, now_ms: int, throttle_time_ms: int) -> None:
+        self.throttle.start(now_ms, throttle_time_ms)
+        self._update_reading()
+
     # ------------------------------------------------------------------ responses
 
     def on_upstream_frame(self, payload: bytes) -> None:
-        if self._closed:
-            return
+        if not self.closed:
+            self._broker_frame(payload)
+
+    def _on_response(self, payload: bytes) -> None:
         try:
-            correlation_id = read_response_correlation_id(payload)
-            entry = self._inflight.match_upstream(correlation_id)
+            entry = self._inflight.match_upstream(read_response_correlation_id(payload))
         except (ProtocolError, CorrelationMismatch) as exc:
             self.close(f"bad response from {self._target.describe()}: {exc}")
             return
-        if entry.api_key in SASL_API_KEYS:
-            self._sasl_response(entry, payload)
+        if self._sasl is not None and entry.api_key in SASL_API_KEYS:
+            self._sasl.on_response(entry, payload)
         now_ms = self._clock.now_ms()
         entry.response_received_ms = now_ms
         entry.upstream_response_bytes = len(payload)
@@ -335,71 +276,8 @@ class ClientConnection(asyncio.Protocol):
         entry.response = outcome.payload
         entry.response_bytes = len(outcome.payload)
         if outcome.throttle_time_ms > 0:
-            self._start_throttle(now_ms, outcome.throttle_time_ms)
+            self.start_throttle(now_ms, outcome.throttle_time_ms)
             entry.mutes_channel = True
-        self._flush()
-
-    # ------------------------------------------------------------------ streamed responses
-    #
-    # A large Fetch response goes to the client while it is still arriving (store-and-forward
-    # would add the whole receive time to every fetch round trip). The quota decision needs only
-    # the size and the first bytes, so it is taken at the start: either the head is patched with
-    # the throttle time and the rest streams through, or the client gets the broker-style empty
-    # response and the rest of the broker's bytes are dropped. A Fetch v16+ may end with leader
-    # endpoints (KIP-951): the outcome's `tail` then holds back only that tag section and sends it
-    # rewritten to the same length at the end (`proxy.stages.addresses.StreamedFetchTail`).
-
-    def streamable(self, head: bytes) -> InFlight | None:
-        """The in-flight Fetch this response head belongs to, if it can be streamed now."""
-        entry = self._inflight.first()
-        if (entry is None or self._closed or entry.api_key != ApiKey.FETCH or not entry.forwarded
-                or entry.response is not None or entry.whole_response or len(head) < 4
-                or int.from_bytes(head[:4], "big", signed=True) != entry.correlation_id):
-            return None
-        return entry
-
-    def stream_start(self, entry: InFlight, size: int, part: bytes) -> bool:
-        """The broker's response starts; returns False if the rest is to be discarded."""
-        now_ms = self._clock.now_ms()
-        entry.response_received_ms = now_ms
-        entry.upstream_response_bytes = size
-        head = part[:STREAM_HEAD_BYTES]
-        outcome = self._pipeline.on_response(self.ctx, entry, head)
-        if outcome.throttle_time_ms > 0:
-            self._start_throttle(now_ms, outcome.throttle_time_ms)
-            entry.mutes_channel = True
-        if outcome.replaced:
-            entry.response = outcome.payload
-            entry.response_bytes = len(outcome.payload)
-            self._flush()
-            return False
-        entry.response_bytes = size
-        transport = self._transport
-        self._stream_tail = outcome.tail  # e.g. Fetch v16+: its tag section is held and rewritten
-        if self._stream_tail is not None:
-            if transport is not None and not transport.is_closing():
-                transport.write(size_prefix(size))
-            self.stream_chunk(outcome.payload)
-            self.stream_chunk(part[len(head):])
-        elif transport is not None and not transport.is_closing():
-            transport.writelines((size_prefix(size), outcome.payload, part[len(head):]))
-        return True
-
-    def stream_chunk(self, chunk: bytes | memoryview) -> None:
-        transport = self._transport
-        if self._stream_tail is not None:
-            ready = self._stream_tail.feed(chunk)
-            chunk = chunk if ready == len(chunk) else chunk[:ready]
-        if chunk and transport is not None and not transport.is_closing():
-            transport.write(chunk)
-
-    def stream_end(self, entry: InFlight) -> None:
-        tail, self._stream_tail = self._stream_tail, None
-        transport = self._transport
-        if tail is not None and transport is not None and not transport.is_closing():
-            transport.write(tail.finish())
-        entry.streamed = True
-        entry.response = b""
         self._flush()
 
     def _flush(self) -> None:
@@ -414,16 +292,16 @@ class ClientConnection(asyncio.Protocol):
                 transport.writelines((size_prefix(len(response)), response))
             entry.response = None
             if entry.mutes_channel:
-                self.mute.response_sent()
+                self.throttle.response_sent()
             self._pipeline.on_complete(self.ctx, entry, self._clock.now_ms())
             sent_any = True
         if self._draining and len(self._inflight) == 0:
             self.close()
         elif sent_any:
-            self._process_requests()
+            self._read_on()
 
     def on_upstream_lost(self, exc: Exception | None) -> None:
-        if self._closed:
+        if self.closed:
             return
         pending = self._inflight.pending_upstream()
         what = f"upstream {self._target.describe()} closed" + (f": {exc}" if exc else "")
@@ -438,191 +316,61 @@ class ClientConnection(asyncio.Protocol):
         if paused:
             self._update_reading()
         else:
-            self._process_requests()
+            self._read_on()
 
-    # ------------------------------------------------------------------ throttling
+    # ------------------------------------------------------------------ for FetchStream and SaslMode
 
-    def _start_throttle(self, now_ms: int, throttle_time_ms: int) -> None:
-        deadline_ms = now_ms + throttle_time_ms
-        self.mute.throttle_started(deadline_ms)
-        self._update_reading()
-        if deadline_ms > self._timer_deadline_ms:
-            self._cancel_timer()
-            self._schedule_timer(now_ms)
+    def first_in_flight(self) -> InFlight | None:
+        return self._inflight.first()
 
-    def _schedule_timer(self, now_ms: int) -> None:
-        self._timer_deadline_ms = self.mute.deadline_ms
-        delay_s = max(0, self.mute.deadline_ms - now_ms) / 1000.0
-        self._throttle_timer = asyncio.get_running_loop().call_later(delay_s, self._on_throttle_timer)
-
-    def _cancel_timer(self) -> None:
-        if self._throttle_timer is not None:
-            self._throttle_timer.cancel()
-            self._throttle_timer = None
-
-    def _on_throttle_timer(self) -> None:
-        self._throttle_timer = None
-        now_ms = self._clock.now_ms()
-        if self.mute.throttle_ended(now_ms):
-            self._timer_deadline_ms = 0
-            self._process_requests()
-        else:  # woke a little early, or the deadline moved
-            self._schedule_timer(now_ms)
-
-
-    # ------------------------------------------------------------------ SASL
-    #
-    # `proxy.pumps.principals.SaslInspector` follows SaslHandshake/SaslAuthenticate and sets the principal
-    # once the broker accepts. After a SaslHandshake v0 the SASL tokens travel raw (a size prefix and the
-    # token, no Kafka header) in both directions until the exchange ends. Each client frame must be read the
-    # way the broker reads it, so after the v0 handshake and after each raw client token the next client
-    # frames are held until the broker has answered, then handed back to the splitter. The frame handlers are
-    # swapped by shadowing `_on_request` and `on_upstream_frame` with instance attributes, so that connections
-    # that never see raw tokens pay nothing for them.
-
-    def _read_frames_with(self, client: Callable[[bytes], None] | None,
-                          upstream: Callable[[bytes], None] | None = None) -> None:
-        """Handlers for the next client and broker frames; None: Kafka requests and responses."""
-        for name, handler in (("_on_request", client), ("on_upstream_frame", upstream)):
-            if handler is None:
-                self.__dict__.pop(name, None)
-            else:
-                self.__dict__[name] = handler
-
-    def _sasl_request(self, header: RequestHeader, payload: bytes, entry: InFlight) -> None:
-        if self._sasl is None:
-            self._sasl = SaslInspector(self.ctx, self._services.auth)
-        self._sasl.on_request(header, payload, entry)
-        if header.api_key == ApiKey.SASL_HANDSHAKE and header.api_version == 0:
-            self._read_frames_with(self._hold)  # raw tokens may follow: wait for the broker's answer
-
-    def _sasl_response(self, entry: InFlight, payload: bytes) -> None:
-        if self._sasl is None:
-            return
-        said = self._sasl.on_response(entry, payload)
-        if entry.api_key != ApiKey.SASL_HANDSHAKE or entry.api_version != 0:
-            return
-        if said == RAW_TOKENS:
-            self._read_frames_with(self._raw_client_token, self._raw_server_token)
-        elif said is not None:
-            self.close(said)
-            return
-        else:
-            self._read_frames_with(None)
-        self._release_held()  # read on after this response has been flushed
-
-    def _hold(self, payload: bytes) -> None:
-        self._held.append(payload)
-        self._held_bytes += len(payload)
-        if self._held_bytes > self._services.max_frame_bytes:
-            self.close("client sent more than max_frame_bytes while a SASL answer was awaited")
-
-    def _release_held(self) -> None:
-        if self._held:
-            self._splitter.unread(self._held)
-            self._held = []
-            self._held_bytes = 0
-
-    def _raw_client_token(self, payload: bytes) -> None:
-        assert self._sasl is not None and self._upstream is not None
-        self._sasl.raw_client_token(payload)
-        self._upstream.write(payload)
-        self._read_frames_with(self._hold, self._raw_server_token)
-
-    def _raw_server_token(self, payload: bytes) -> None:
-        assert self._sasl is not None
-        if self._closed:
-            return
+    def write_client(self, data: bytes | memoryview) -> None:
         transport = self._transport
         if transport is not None and not transport.is_closing():
-            transport.writelines((size_prefix(len(payload)), payload))
-        if self._sasl.raw_server_token(payload):  # authenticated: Kafka requests from now on
-            self._read_frames_with(None, None)
-        else:
-            self._read_frames_with(self._raw_client_token, self._raw_server_token)
-        self._release_held()
-        self._process_requests()
+            transport.write(data)
+
+    def write_client_lines(self, parts: tuple[bytes | memoryview, ...]) -> None:
+        transport = self._transport
+        if transport is not None and not transport.is_closing():
+            transport.writelines(parts)
+
+    def response_done(self, entry: InFlight) -> None:
+        self._flush()
+
+    def set_frame_handlers(self, client: FrameHandler | None, broker: FrameHandler | None) -> None:
+        self._client_frame = self._on_request if client is None else client
+        self._broker_frame = self._on_response if broker is None else broker
+
+    def unread(self, frames: list[bytes]) -> None:
+        self._splitter.unread(frames)
+
+    def send_upstream(self, payload: bytes) -> None:
+        assert self._upstream is not None
+        self._upstream.write(payload)
+
+    def send_client(self, payload: bytes) -> None:
+        self.write_client_lines((size_prefix(len(payload)), payload))
+
+    read_on = _read_on
 
 
-class UpstreamConnection(asyncio.Protocol):
-    def __init__(self, client: ClientConnection) -> None:
-        self._client = client
-        self._splitter = FrameSplitter(client._services.max_frame_bytes)
-        self._transport: asyncio.Transport | None = None
-        self._stream_entry: InFlight | None = None  # the response now being streamed through
-        self._stream_left = 0                       # its bytes still to come
-        self._stream_forward = True                 # False: the client got a replacement
+def _expects_response(ctx: ConnectionContext, header: RequestHeader, payload: bytes) -> bool:
+    """False for a Produce with acks=0 (no response will come)."""
+    try:
+        return read_produce_acks(payload, header) != 0
+    except ProtocolError as exc:
+        log.warning("connection %d: cannot read Produce acks (%s); expecting a response",
+                    ctx.connection_id, exc)
+        return True
 
-    def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        self._transport = cast(asyncio.Transport, transport)
 
-    def write(self, payload: bytes) -> None:
-        assert self._transport is not None
-        self._transport.writelines((size_prefix(len(payload)), payload))
-
-    def data_received(self, data: bytes) -> None:
-        if self._stream_left:
-            n = min(self._stream_left, len(data))
-            if self._stream_forward:
-                self._client.stream_chunk(data if n == len(data) else memoryview(data)[:n])
-            self._stream_left -= n
-            if self._stream_left:
-                return
-            self._end_stream()
-            if n == len(data):
-                return
-            data = data[n:]
-        splitter = self._splitter
-        client = self._client
-        try:
-            splitter.feed(data)
-            while True:
-                pending = splitter.pending_frame(STREAM_HEAD_BYTES)
-                if pending is None:
-                    return
-                size, head = pending
-                if size >= STREAM_MIN_BYTES and (entry := client.streamable(head)) is not None:
-                    part, left = splitter.take_partial()
-                    self._stream_entry = entry
-                    self._stream_forward = client.stream_start(entry, size, part)
-                    self._stream_left = left
-                    if left:
-                        return  # the splitter is empty; the rest comes straight off the socket
-                    self._end_stream()
-                    continue
-                payload = splitter.next_frame()
-                if payload is None:
-                    return
-                client.on_upstream_frame(payload)
-        except ProtocolError as exc:
-            client.close(f"malformed frame from the broker: {exc}")
-
-    def _end_stream(self) -> None:
-        entry = self._stream_entry
-        self._stream_entry = None
-        if entry is not None and self._stream_forward:
-            self._client.stream_end(entry)
-
-    def connection_lost(self, exc: Exception | None) -> None:
-        self._client.on_upstream_lost(exc)
-
-    def pause_writing(self) -> None:
-        self._client.on_upstream_backpressure(True)
-
-    def resume_writing(self) -> None:
-        self._client.on_upstream_backpressure(False)
-
-    def pause_reading(self) -> None:
-        if self._transport is not None and not self._transport.is_closing():
-            self._transport.pause_reading()
-
-    def resume_reading(self) -> None:
-        if self._transport is not None and not self._transport.is_closing():
-            self._transport.resume_reading()
-
-    def close(self) -> None:
-        if self._transport is not None and not self._transport.is_closing():
-            self._transport.close()
+def _log_closed(ctx: ConnectionContext, reason: str | None, exc: Exception | None, pending: int) -> None:
+    where = f"connection {ctx.connection_id} from {ctx.client_address} ({ctx.listener})"
+    if reason is not None:
+        log.warning("%s closed: %s", where, reason)
+    elif exc is not None:
+        log.warning("%s lost: %s", where, exc)
+    elif pending:
+        log.info("%s closed by the client with %d request(s) in flight", where, pending)
 
 
 def describe_api(api_key: int, api_version: int) -> str:

@@ -1,0 +1,96 @@
+"""What every client connection shares, and how it reaches its broker.
+
+`ConnectionServices` holds the configuration-derived settings and the shared objects (pipeline,
+broker registry, clock, timers). `connect_upstream` and `call_later` are the two seams to the event
+loop and the network: the defaults use the running loop and TCP (or TLS); unit tests give fakes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import ssl
+from collections.abc import Callable, Coroutine
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Protocol
+
+from proxy.flow.pipeline import Pipeline
+from proxy.pumps.listeners import ListenerSettings
+from proxy.pumps.principals import AuthSettings
+from proxy.pumps.throttle_timer import TimerHandle
+from proxy.pumps.upstream import UpstreamConnection
+from proxy.pumps.upstreams import BrokerRegistry, UpstreamTarget
+from quotas.clock import Clock
+
+if TYPE_CHECKING:
+    from proxy.pumps.connection import ClientConnection
+
+
+class Upstream(Protocol):
+    """The broker side as the client connection drives it (`proxy.pumps.upstream`)."""
+
+    def write(self, payload: bytes) -> None: ...
+
+    def pause_reading(self) -> None: ...
+
+    def resume_reading(self) -> None: ...
+
+    def close(self) -> None: ...
+
+
+ConnectUpstream = Callable[["ClientConnection", UpstreamTarget], Coroutine[Any, Any, "Upstream | str"]]
+"""Connects a client connection's upstream: the upstream, or why it could not be reached."""
+
+
+def _loop_call_later(delay_s: float, callback: Callable[[], None]) -> TimerHandle:
+    return asyncio.get_running_loop().call_later(delay_s, callback)
+
+
+async def tcp_upstream(client: ClientConnection, target: UpstreamTarget) -> Upstream | str:
+    """The default `ConnectUpstream`: each known address of `target` in turn, TLS if configured."""
+    services = client.services
+    loop = asyncio.get_running_loop()
+    addresses = services.upstream_addresses(target)
+    if not addresses:
+        return f"no known address for {target.describe()}"
+    errors = []
+    def protocol() -> UpstreamConnection:
+        return UpstreamConnection(client, services.max_frame_bytes)
+
+    for host, port in addresses:
+        try:
+            _, upstream = await asyncio.wait_for(
+                loop.create_connection(protocol, host, port,
+                                       ssl=services.upstream_ssl,
+                                       server_hostname=host if services.upstream_ssl else None),
+                services.connect_timeout_s)
+        except (OSError, TimeoutError, ssl.SSLError) as exc:
+            errors.append(f"{host}:{port}: {exc or type(exc).__name__}")
+            continue
+        return upstream
+    return f"cannot connect upstream ({target.describe()}): {'; '.join(errors)}"
+
+
+@dataclass
+class ConnectionServices:
+    """What every connection shares: configuration-derived settings and the shared objects."""
+
+    pipeline: Pipeline
+    registry: BrokerRegistry
+    clock: Clock
+    bootstrap: list[tuple[str, int]]
+    upstream_ssl: ssl.SSLContext | None = None
+    connect_timeout_s: float = 10.0
+    max_frame_bytes: int = 100 * 1024 * 1024
+    connections: set[ClientConnection] = field(default_factory=set)
+    on_open: Callable[[ClientConnection], None] | None = None
+    on_close: Callable[[ClientConnection], None] | None = None
+    auth: AuthSettings = field(default_factory=AuthSettings)            # principals (proxy.pumps.principals)
+    listener: ListenerSettings = field(default_factory=ListenerSettings)  # TLS, PROXY protocol
+    connect_upstream: ConnectUpstream = tcp_upstream
+    call_later: Callable[[float, Callable[[], None]], TimerHandle] = _loop_call_later
+
+    def upstream_addresses(self, target: UpstreamTarget) -> list[tuple[str, int]]:
+        if target.node_id is None:
+            return list(self.bootstrap)
+        address = self.registry.upstream_address(target.node_id)
+        return [address] if address is not None else []

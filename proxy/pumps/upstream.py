@@ -1,0 +1,82 @@
+"""The broker side of one client connection: frames in, and the streaming of large Fetch responses.
+
+Everything it reads goes to its `ClientConnection` (`proxy.pumps.connection`): whole response
+frames, or, for a large Fetch response, the stream (`proxy.pumps.fetch_stream.FetchStream`), which
+takes the rest straight off the socket without framing or copying.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import TYPE_CHECKING, cast
+
+from protocol.errors import ProtocolError
+from protocol.framing import FrameSplitter, size_prefix
+from proxy.pumps.fetch_stream import STREAM_HEAD_BYTES
+
+if TYPE_CHECKING:
+    from proxy.pumps.connection import ClientConnection
+
+
+class UpstreamConnection(asyncio.Protocol):
+    def __init__(self, client: ClientConnection, max_frame_bytes: int) -> None:
+        self._client = client
+        self._stream = client.fetch_stream
+        self._splitter = FrameSplitter(max_frame_bytes)
+        self._transport: asyncio.Transport | None = None
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self._transport = cast(asyncio.Transport, transport)
+
+    def write(self, payload: bytes) -> None:
+        assert self._transport is not None
+        self._transport.writelines((size_prefix(len(payload)), payload))
+
+    def data_received(self, data: bytes) -> None:
+        stream = self._stream
+        if stream.left:
+            data = stream.feed(data)
+            if not data:
+                return
+        splitter = self._splitter
+        client = self._client
+        try:
+            splitter.feed(data)
+            while True:
+                pending = splitter.pending_frame(STREAM_HEAD_BYTES)
+                if pending is None:
+                    return
+                size, head = pending
+                entry = stream.streamable(size, head) if not client.closed else None
+                if entry is not None:
+                    stream.start(entry, size, splitter)
+                    if stream.left:
+                        return  # the splitter is empty; the rest comes straight off the socket
+                    continue
+                payload = splitter.next_frame()
+                if payload is None:
+                    return
+                client.on_upstream_frame(payload)
+        except ProtocolError as exc:
+            client.close(f"malformed frame from the broker: {exc}")
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._client.on_upstream_lost(exc)
+
+    def pause_writing(self) -> None:
+        self._client.on_upstream_backpressure(True)
+
+    def resume_writing(self) -> None:
+        self._client.on_upstream_backpressure(False)
+
+    def pause_reading(self) -> None:
+        if self._transport is not None and not self._transport.is_closing():
+            self._transport.pause_reading()
+
+    def resume_reading(self) -> None:
+        if self._transport is not None and not self._transport.is_closing():
+            self._transport.resume_reading()
+
+    def close(self) -> None:
+        if self._transport is not None and not self._transport.is_closing():
+            self._transport.close()

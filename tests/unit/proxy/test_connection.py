@@ -1,0 +1,285 @@
+"""`ClientConnection` over a fake transport, a fake upstream and a fake clock: requests in order,
+mute and unmute, Fetch streaming, the raw-SASL mode and drain, with no socket and no real time."""
+
+from __future__ import annotations
+
+import asyncio
+import struct
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from kio.schema.errors import ErrorCode
+from kio.schema.sasl_handshake.v0.request import SaslHandshakeRequest as HandshakeV0
+from kio.schema.sasl_handshake.v0.response import SaslHandshakeResponse as HandshakeResponseV0
+
+from protocol.apis import ApiKey
+from protocol.encode import encode_request, encode_response
+from protocol.headers import RequestHeader
+from proxy.flow.inflight import InFlight
+from proxy.flow.pipeline import (
+    AnswerLater,
+    ConnectionContext,
+    Forward,
+    Pipeline,
+    RequestOutcome,
+    ResponseOutcome,
+    StageBase,
+)
+from proxy.pumps.connection import ClientConnection, ConnectionServices
+from proxy.pumps.fetch_stream import STREAM_MIN_BYTES
+from proxy.pumps.services import Upstream
+from proxy.pumps.upstream import UpstreamConnection
+from proxy.pumps.upstreams import BrokerRegistry, UpstreamTarget
+from quotas.clock import FakeClock
+
+
+class FakeTransport:
+    def __init__(self) -> None:
+        self.data = bytearray()
+        self.paused = False
+        self.closed = False
+
+    def write(self, data: bytes | memoryview) -> None:
+        self.data += data
+
+    def writelines(self, parts: tuple[bytes | memoryview, ...]) -> None:
+        for part in parts:
+            self.data += part
+
+    def pause_reading(self) -> None:
+        self.paused = True
+
+    def resume_reading(self) -> None:
+        self.paused = False
+
+    def is_closing(self) -> bool:
+        return self.closed
+
+    def close(self) -> None:
+        self.closed = True
+
+    def get_extra_info(self, name: str) -> object:
+        return ("127.0.0.1", 5000) if name == "peername" else None
+
+    def frames(self) -> list[bytes]:
+        """The size-prefixed frames written so far (raises if one is incomplete)."""
+        out, pos = [], 0
+        while pos < len(self.data):
+            (size,) = struct.unpack_from(">i", self.data, pos)
+            assert pos + 4 + size <= len(self.data), "incomplete frame"
+            out.append(bytes(self.data[pos + 4:pos + 4 + size]))
+            pos += 4 + size
+        return out
+
+
+class FakeUpstream:
+    """The broker side: records what the client connection forwards."""
+
+    def __init__(self) -> None:
+        self.written: list[bytes] = []
+        self.closed = False
+
+    def write(self, payload: bytes) -> None:
+        self.written.append(payload)
+
+    def pause_reading(self) -> None: ...
+
+    def resume_reading(self) -> None: ...
+
+    def close(self) -> None:
+        self.closed = True
+
+
+@dataclass
+class FakeTimers:
+    clock: FakeClock
+    pending: list[tuple[int, Callable[[], None]]] = field(default_factory=list)
+
+    def call_later(self, delay_s: float, callback: Callable[[], None]) -> FakeTimers.Handle:
+        item = (self.clock.now_ms() + round(delay_s * 1000), callback)
+        self.pending.append(item)
+        return FakeTimers.Handle(self, item)
+
+    def advance(self, ms: int) -> None:
+        self.clock.advance(ms)
+        due = [t for t in self.pending if t[0] <= self.clock.now_ms()]
+        self.pending = [t for t in self.pending if t[0] > self.clock.now_ms()]
+        for _, callback in due:
+            callback()
+
+    @dataclass
+    class Handle:
+        timers: FakeTimers
+        item: tuple[int, Callable[[], None]]
+
+        def cancel(self) -> None:
+            if self.item in self.timers.pending:
+                self.timers.pending.remove(self.item)
+
+
+class Scripted(StageBase):
+    """Throttles requests whose client id says so, answers others itself later, counts completions."""
+
+    def __init__(self) -> None:
+        self.completed: list[int] = []
+        self.later: dict[int, asyncio.Future[bytes]] = {}
+        self.response_throttle_ms = 0
+
+    def on_request(self, ctx: ConnectionContext, entry: InFlight, header: RequestHeader,
+                   payload: bytes) -> RequestOutcome | None:
+        if header.client_id and header.client_id.startswith("throttle-"):
+            return Forward(None, int(header.client_id.split("-")[1]))
+        if header.client_id == "later":
+            future: asyncio.Future[bytes] = asyncio.get_running_loop().create_future()
+            self.later[header.correlation_id] = future
+            return AnswerLater(future)
+        return None
+
+    def on_response(self, ctx: ConnectionContext, entry: InFlight, payload: bytes) -> ResponseOutcome | None:
+        if self.response_throttle_ms:
+            return ResponseOutcome(payload, self.response_throttle_ms)
+        return None
+
+    def on_complete(self, ctx: ConnectionContext, entry: InFlight, sent_ms: int) -> None:
+        self.completed.append(entry.correlation_id)
+
+
+@dataclass
+class Rig:
+    conn: ClientConnection
+    transport: FakeTransport
+    upstream: FakeUpstream
+    timers: FakeTimers
+    stage: Scripted
+
+    def send(self, *frames: bytes) -> None:
+        self.conn.data_received(b"".join(struct.pack(">i", len(f)) + f for f in frames))
+
+    def broker(self, *payloads: bytes) -> None:
+        for payload in payloads:
+            self.conn.on_upstream_frame(payload)
+
+
+async def rig() -> Rig:
+    clock = FakeClock(1_000)
+    timers = FakeTimers(clock)
+    stage = Scripted()
+    upstream = FakeUpstream()
+
+    async def connect(client: ClientConnection, target: UpstreamTarget) -> Upstream | str:
+        return upstream
+
+    registry = BrokerRegistry("127.0.0.1", "127.0.0.1", lambda n: 0, lambda s, t: None)
+    services = ConnectionServices(pipeline=Pipeline([stage]), registry=registry,
+                                  clock=clock, bootstrap=[], connect_upstream=connect,
+                                  call_later=timers.call_later)
+    conn = ClientConnection(services, UpstreamTarget(1))
+    transport = FakeTransport()
+    conn.connection_made(transport)  # type: ignore[arg-type]
+    assert transport.paused  # until the upstream is connected
+    for _ in range(10):
+        if not transport.paused:
+            break
+        await asyncio.sleep(0)
+    assert not transport.paused
+    return Rig(conn, transport, upstream, timers, stage)
+
+
+def metadata_request(correlation_id: int, client_id: str = "app") -> bytes:
+    cid = client_id.encode()
+    return struct.pack(">hhih", ApiKey.METADATA, 1, correlation_id, len(cid)) + cid + struct.pack(">i", -1)
+
+
+def response(correlation_id: int, body: bytes = b"\x00\x00") -> bytes:
+    return struct.pack(">i", correlation_id) + body
+
+
+async def test_requests_are_forwarded_and_answered_in_order() -> None:
+    r = await rig()
+    r.send(metadata_request(1), metadata_request(2), metadata_request(3, "later"), metadata_request(4))
+    assert r.upstream.written == [metadata_request(1), metadata_request(2), metadata_request(4)]
+    r.broker(response(1), response(2), response(4))
+    assert [f[:4] for f in r.transport.frames()] == [response(1)[:4], response(2)[:4]]  # 4 waits for 3
+    r.stage.later[3].set_result(response(3, b"local"))
+    await asyncio.sleep(0)  # the future's callbacks run on the loop
+    assert r.transport.frames() == [response(1), response(2), response(3, b"local"), response(4)]
+    assert r.stage.completed == [1, 2, 3, 4]
+
+
+async def test_a_response_out_of_order_closes_the_connection() -> None:
+    r = await rig()
+    r.send(metadata_request(1), metadata_request(2))
+    r.broker(response(2))
+    assert r.transport.closed and r.upstream.closed
+
+
+async def test_throttle_mutes_until_the_response_is_sent_and_the_delay_has_passed() -> None:
+    r = await rig()
+    r.send(metadata_request(1, "throttle-100"), metadata_request(2))
+    assert r.upstream.written == [metadata_request(1, "throttle-100")]  # muted at once: 2 waits
+    assert r.transport.paused
+    r.timers.advance(100)  # the delay is over, but the throttled response has not been sent
+    assert r.transport.paused and len(r.upstream.written) == 1
+    r.broker(response(1))
+    assert not r.transport.paused
+    assert r.upstream.written[-1] == metadata_request(2)  # the buffered request went on
+
+
+async def test_response_sent_before_the_delay_keeps_the_channel_muted_until_it_ends() -> None:
+    r = await rig()
+    r.stage.response_throttle_ms = 250
+    r.send(metadata_request(1))
+    r.broker(response(1))
+    r.stage.response_throttle_ms = 0
+    r.send(metadata_request(2))
+    assert r.transport.paused and r.upstream.written == [metadata_request(1)]
+    r.timers.advance(249)
+    assert r.transport.paused
+    r.timers.advance(1)
+    assert not r.transport.paused and r.upstream.written[-1] == metadata_request(2)
+
+
+def fetch_request(correlation_id: int) -> bytes:
+    return struct.pack(">hhih", ApiKey.FETCH, 12, correlation_id, 3) + b"app" + b"\x00" * 20
+
+
+async def test_a_large_fetch_response_streams_before_it_has_all_arrived() -> None:
+    r = await rig()
+    upstream = UpstreamConnection(r.conn, 100 * 1024 * 1024)
+    r.send(fetch_request(5), metadata_request(6))
+    body = bytes(range(256)) * ((STREAM_MIN_BYTES * 2) // 256)
+    payload = response(5, body)
+    wire = struct.pack(">i", len(payload)) + payload
+    upstream.data_received(wire[:1000])
+    assert r.transport.data == wire[:1000]  # went to the client at once, not buffered
+    upstream.data_received(wire[1000:-10])
+    assert r.stage.completed == []
+    # the response ends and the next one follows in the same segment
+    upstream.data_received(wire[-10:] + struct.pack(">i", 6) + response(6))
+    assert r.transport.frames() == [payload, response(6)]
+    assert r.stage.completed == [5, 6]
+
+
+async def test_sasl_v0_handshake_switches_to_raw_tokens_and_back() -> None:
+    r = await rig()
+    header = RequestHeader(ApiKey.SASL_HANDSHAKE, 0, 1, "app", 1, 0)
+    handshake = encode_request(header, HandshakeV0(mechanism="PLAIN"))
+    token = b"\x00alice\x00pw"
+    r.send(handshake, token)  # the token must wait: it may be raw or a Kafka request
+    assert r.upstream.written == [handshake]
+    r.broker(encode_response(0, 1, HandshakeResponseV0(error_code=ErrorCode.none, mechanisms=("PLAIN",))))
+    assert r.upstream.written == [handshake, token]  # forwarded raw, after the answer
+    r.broker(b"")  # the broker's raw answer: an empty token, PLAIN succeeded
+    assert r.transport.frames()[-1] == b""
+    assert r.conn.ctx.principal == "alice"
+    r.send(metadata_request(2))  # Kafka requests again
+    assert r.upstream.written[-1] == metadata_request(2)
+
+
+async def test_drain_closes_once_the_last_response_has_gone() -> None:
+    r = await rig()
+    r.send(metadata_request(1))
+    r.conn.begin_drain()
+    assert r.transport.paused and not r.transport.closed
+    r.broker(response(1))
+    assert r.transport.frames() == [response(1)] and r.transport.closed
