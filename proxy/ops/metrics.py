@@ -12,8 +12,8 @@ from __future__ import annotations
 import math
 from collections.abc import Iterator
 
-from prometheus_client import CollectorRegistry, Counter, Gauge
-from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client import CollectorRegistry
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from protocol.apis import api_name
@@ -22,7 +22,7 @@ from proxy.flow.pipeline import ConnectionContext, StageBase
 from proxy.ops.access_log import AccessLogWriter
 from proxy.stages.quota import DecisionObserver, QuotaManagers
 from quotas.clock import Clock
-from quotas.entity import QuotaKind
+from quotas.entity import QuotaKind, SensorKey
 from quotas.manager import ThrottleDecision
 
 _KIND_NAME = {
@@ -30,6 +30,8 @@ _KIND_NAME = {
     QuotaKind.FETCH: "fetch",
     QuotaKind.REQUEST_RATE: "request_rate",
     QuotaKind.REQUEST_PERCENTAGE: "request_percentage",
+    QuotaKind.PRODUCER_RECORD_RATE: "producer_record_rate",
+    QuotaKind.CONSUMER_RECORD_RATE: "consumer_record_rate",
 }
 _RATE_METRIC = {
     QuotaKind.PRODUCE: ("sluice_quota_produce_byte_rate", "Produce bytes per second, per quota sensor"),
@@ -37,8 +39,23 @@ _RATE_METRIC = {
     QuotaKind.REQUEST_RATE: ("sluice_quota_request_rate", "Requests per second, per quota sensor"),
     QuotaKind.REQUEST_PERCENTAGE: ("sluice_quota_request_percentage",
                                    "Upstream time in percent of one thread, per quota sensor"),
+    QuotaKind.PRODUCER_RECORD_RATE: ("sluice_quota_producer_record_rate",
+                                     "Produced records per second, per quota sensor"),
+    QuotaKind.CONSUMER_RECORD_RATE: ("sluice_quota_consumer_record_rate",
+                                     "Fetched records per second, per quota sensor"),
 }
 _SENSOR_LABELS = ["broker", "user", "client_id"]
+_TOPIC_LABELS = ["kind", "broker", "topic"]
+
+
+def _client_label(key: SensorKey) -> str:
+    """The client_id label: the client id, or ``PREFIX*`` for a client-id prefix shared by its members."""
+    return key.client_id_prefix + "*" if key.client_id_prefix else key.client_id
+
+
+def _topic_label(key: SensorKey) -> str:
+    """The topic label: the topic, or ``PREFIX*`` for a topic prefix shared by its topics."""
+    return key.topic_prefix + "*" if key.topic_prefix else key.topic
 
 
 class QuotaSensorCollector(Collector):
@@ -67,7 +84,7 @@ class QuotaSensorCollector(Collector):
             sensors.add_metric([broker], manager.sensor_count)
             for snap in manager.sensors():
                 key = snap.key
-                labels = [broker, key.user, key.client_id]
+                labels = [broker, key.user, _client_label(key)]
                 klabels = [_KIND_NAME[key.kind], *labels]
                 rates[key.kind].add_metric(labels, snap.rate.measure(now_ms))
                 bound = manager.quota_bound(key)
@@ -83,7 +100,40 @@ class QuotaSensorCollector(Collector):
                     shadow.add_metric(klabels, shadow_stats.count)
         yield from rates.values()
         yield from (limit, t_avg, t_max, t_count, shadow, sensors)
+        yield from self._topics(now_ms)
         yield self._configured()
+
+    def _topics(self, now_ms: int) -> Iterator[Metric]:
+        """Topic and topic-prefix quotas (issue 13): a `topic` label, only for sensors a topic entry
+        limits, so the label's values are bounded by the configured entries."""
+        rate = GaugeMetricFamily("sluice_quota_topic_rate", "Bytes, records or requests per second to or "
+                                 "from a topic (or a topic prefix, PREFIX*), per topic quota sensor",
+                                 labels=_TOPIC_LABELS)
+        limit = GaugeMetricFamily("sluice_quota_topic_limit", "The topic quota bound applying to a topic "
+                                  "sensor", labels=_TOPIC_LABELS)
+        throttled = GaugeMetricFamily("sluice_quota_topic_throttled_requests",
+                                      "Requests throttled by a topic quota so far, per live topic sensor",
+                                      labels=_TOPIC_LABELS)
+        shadow = GaugeMetricFamily("sluice_quota_topic_shadow_would_throttle",
+                                   "Requests a shadow topic quota would have throttled, per live topic "
+                                   "sensor",
+                                   labels=_TOPIC_LABELS)
+        for broker, manager in self._managers.topic_labelled():
+            for snap in manager.sensors():
+                key = snap.key
+                bound = manager.quota_bound(key)
+                if bound is None:
+                    continue
+                labels = [_KIND_NAME[key.kind], broker, _topic_label(key)]
+                rate.add_metric(labels, snap.rate.measure(now_ms))
+                limit.add_metric(labels, bound)
+                stats = manager.throttle_stats(key)
+                if stats is not None and stats.count:
+                    throttled.add_metric(labels, stats.count)
+                shadow_stats = manager.shadow_throttle_stats(key)
+                if shadow_stats is not None and shadow_stats.count:
+                    shadow.add_metric(labels, shadow_stats.count)
+        yield from (rate, limit, throttled, shadow)
 
     def _configured(self) -> GaugeMetricFamily:
         family = GaugeMetricFamily("sluice_quota_configured", "Configured quota entries (value per key)",
@@ -97,45 +147,74 @@ class QuotaSensorCollector(Collector):
         return family
 
 
+class IntCounter:
+    """A counter that is a plain integer: `inc` is an addition, read at scrape time."""
+
+    __slots__ = ("value",)
+
+    def __init__(self) -> None:
+        self.value = 0
+
+    def inc(self, amount: int = 1) -> None:
+        self.value += amount
+
+
 class SluiceMetrics(StageBase, DecisionObserver):
-    """Counters by API, connections, and throttle events; also a pipeline stage."""
+    """Counters by API, connections, and throttle events; also a pipeline stage.
+
+    Per request this is a few integer additions into a list per API (no metrics-library call, no
+    lock, no allocation); `collect` turns them into Prometheus families when /metrics is scraped.
+    """
 
     def __init__(self, registry: CollectorRegistry) -> None:
         self.registry = registry
-        self.requests = Counter("sluice_requests", "Requests by API", ["api"], registry=registry)
-        self.request_bytes = Counter("sluice_request_bytes", "Request bytes by API", ["api"],
-                                     registry=registry)
-        self.response_bytes = Counter("sluice_response_bytes", "Response bytes by API", ["api"],
-                                      registry=registry)
-        self.connections = Gauge("sluice_open_connections", "Open client connections", ["listener"],
-                                 registry=registry)
-        self.violations = Counter("sluice_quota_violations", "Quota violations by kind and mode",
-                                  ["kind", "mode"], registry=registry)
-        self._per_api: dict[int, tuple[Counter, Counter, Counter]] = {}
-        self.rewrite_failures = Counter("sluice_rewrite_failures",
-                                        "Responses forwarded unchanged because they could not be decoded",
-                                        registry=registry)
+        self._per_api: dict[int, list[int]] = {}      # api key -> [requests, request bytes, response bytes]
+        self._connections: dict[str, int] = {}        # listener -> open connections
+        self._violations: dict[tuple[str, str], int] = {}  # (kind, mode) -> count
+        self.rewrite_failures = IntCounter()
+        registry.register(self)
 
     def on_complete(self, ctx: ConnectionContext, entry: InFlight, sent_ms: int) -> None:
-        children = self._per_api.get(entry.api_key)
-        if children is None:  # labels() is a lookup with a lock: resolve once per API
-            api = api_name(entry.api_key)
-            children = (self.requests.labels(api), self.request_bytes.labels(api),
-                        self.response_bytes.labels(api))
-            self._per_api[entry.api_key] = children
-        children[0].inc()
-        children[1].inc(entry.request_bytes)
-        if entry.response_bytes:
-            children[2].inc(entry.response_bytes)
+        counts = self._per_api.get(entry.api_key)
+        if counts is None:
+            counts = self._per_api[entry.api_key] = [0, 0, 0]
+        counts[0] += 1
+        counts[1] += entry.request_bytes
+        counts[2] += entry.response_bytes
 
     def on_violation(self, ctx: ConnectionContext, decision: ThrottleDecision) -> None:
-        self.violations.labels(_KIND_NAME[decision.kind], "shadow" if decision.shadow else "enforced").inc()
+        key = (_KIND_NAME[decision.kind], "shadow" if decision.shadow else "enforced")
+        self._violations[key] = self._violations.get(key, 0) + 1
 
     def connection_opened(self, listener: str) -> None:
-        self.connections.labels(listener).inc()
+        self._connections[listener] = self._connections.get(listener, 0) + 1
 
     def connection_closed(self, listener: str) -> None:
-        self.connections.labels(listener).dec()
+        self._connections[listener] = self._connections.get(listener, 0) - 1
+
+    def collect(self) -> Iterator[Metric]:
+        requests = CounterMetricFamily("sluice_requests", "Requests by API", labels=["api"])
+        request_bytes = CounterMetricFamily("sluice_request_bytes", "Request bytes by API", labels=["api"])
+        response_bytes = CounterMetricFamily("sluice_response_bytes", "Response bytes by API", labels=["api"])
+        for api_key, counts in sorted(self._per_api.items()):
+            api = [api_name(api_key)]
+            requests.add_metric(api, counts[0])
+            request_bytes.add_metric(api, counts[1])
+            response_bytes.add_metric(api, counts[2])
+        yield from (requests, request_bytes, response_bytes)
+        connections = GaugeMetricFamily("sluice_open_connections", "Open client connections",
+                                        labels=["listener"])
+        for listener, n in sorted(self._connections.items()):
+            connections.add_metric([listener], n)
+        yield connections
+        violations = CounterMetricFamily("sluice_quota_violations", "Quota violations by kind and mode",
+                                         labels=["kind", "mode"])
+        for (kind, mode), n in sorted(self._violations.items()):
+            violations.add_metric([kind, mode], n)
+        yield violations
+        yield CounterMetricFamily("sluice_rewrite_failures",
+                                  "Responses forwarded unchanged because they could not be decoded",
+                                  value=self.rewrite_failures.value)
 
 
 class AccessLogCollector(Collector):
@@ -145,8 +224,6 @@ class AccessLogCollector(Collector):
         self._writer = writer
 
     def collect(self) -> Iterator[Metric]:
-        from prometheus_client.core import CounterMetricFamily
-
         w = self._writer
         yield CounterMetricFamily("sluice_access_log_records_written", "Access-log records written",
                                   value=w.written)
