@@ -5,12 +5,15 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 from collections.abc import Sequence
 
 from prometheus_client import CollectorRegistry
 
 from proxy.admin.api import QuotaAdminStage
 from proxy.config import ConfigError, ProxyConfig
+from proxy.fleet.kafka import KafkaExchange
+from proxy.fleet.member import FleetClaims, FleetCollector, FleetMember
 from proxy.flow.inflight import InFlight
 from proxy.flow.pipeline import ConnectionContext, Pipeline, ResponseOutcome, Stage, StageBase
 from proxy.ops.access_log import AccessLogStage, AccessLogWriter
@@ -25,8 +28,10 @@ from proxy.settings import describe as describe_listener
 from proxy.stages.addresses import REWRITTEN_APIS, ResponseRewriter
 from proxy.stages.callbacks import ClusterMetadataFeed, ClusterMetadataStage
 from proxy.stages.client_software import ClientSoftwareStage
-from proxy.stages.quota import QuotaManagers, QuotaStage
+from proxy.stages.quota import DecisionObserver, QuotaManagers, QuotaStage
 from quotas.clock import Clock, SystemClock
+from quotas.fleet import FleetFallback, FleetView
+from quotas.manager import ThrottleDecision
 
 log = logging.getLogger("sluice.server")
 
@@ -40,7 +45,7 @@ class RewriteStage(StageBase):
     def on_response(self, ctx: ConnectionContext, entry: InFlight, payload: bytes) -> ResponseOutcome | None:
         if entry.api_key not in REWRITTEN_APIS:
             return None
-        return ResponseOutcome(self._rewriter.rewrite(entry.api_key, entry.api_version, payload))
+        return self._rewriter.outcome(entry, payload)
 
 
 class ProxyServer:
@@ -63,6 +68,9 @@ class ProxyServer:
                 config.upstream.tls.context(), config.upstream.connect_timeout_ms / 1000)
             self.registry_metrics.register(StorageCollector(self.storage))
         self.registry_metrics.register(QuotaSensorCollector(self.quotas, self.clock))
+        self.fleet = make_fleet(config, self.quotas, self.clock)  # one budget across processes, or None
+        if self.fleet is not None:
+            self.registry_metrics.register(FleetCollector(self.fleet))
         self.metrics_endpoint: MetricsEndpoint | None = None
         self.access_log = make_access_log(config, worker_index)
         if self.access_log is not None:
@@ -87,6 +95,8 @@ class ProxyServer:
         await self.quota_service.start()
         if self.storage is not None:
             await self.storage.start()
+        if self.fleet is not None:
+            self.fleet.start()
 
         def start_listener_factory(target: UpstreamTarget) -> object:
             return connection_factory(self._services())(target)
@@ -104,8 +114,8 @@ class ProxyServer:
             self.access_log.start()
             # before the quota stage, to see the broker's own throttle time
             stages.append(AccessLogStage(self.access_log, self.clock))
-        stages += [QuotaAdminStage(self.quota_service, config.admins), QuotaStage(self.quotas, self.metrics),
-                   *self._extra_stages, self.metrics]
+        stages += [QuotaAdminStage(self.quota_service, config.admins),
+                   QuotaStage(self.quotas, self._decision_observer()), *self._extra_stages, self.metrics]
         pipeline = Pipeline(stages)
         self.services = ConnectionServices(
             pipeline=pipeline, registry=self.registry, clock=self.clock,
@@ -154,8 +164,15 @@ class ProxyServer:
         if changed:
             log.info("quota callback: %s -> %s", before, plugins.class_path)
 
+    def _decision_observer(self) -> DecisionObserver:
+        if self.fleet is None:
+            return self.metrics
+        return DecisionObservers(self.metrics, self.fleet.claims)
+
     def _connection_closed(self, conn: ClientConnection) -> None:
         self.metrics.connection_closed(conn.ctx.listener)
+        if self.fleet is not None:
+            self.fleet.claims.connection_closed(conn.ctx.connection_id)
         if not self.connections:
             self._all_closed.set()
 
@@ -194,11 +211,46 @@ class ProxyServer:
             await asyncio.get_running_loop().run_in_executor(None, self.access_log.close)
         if self.storage is not None:
             await self.storage.close()
+        if self.fleet is not None:
+            await self.fleet.close()
         await self.quota_service.close()
         self._stopped.set()
 
     async def wait_stopped(self) -> None:
         await self._stopped.wait()
+
+
+class DecisionObservers(DecisionObserver):
+    """Tell several observers of every violation (metrics, and the fleet's claims)."""
+
+    def __init__(self, *observers: DecisionObserver | FleetClaims) -> None:
+        self._observers = observers
+
+    def on_violation(self, ctx: ConnectionContext, decision: ThrottleDecision) -> None:
+        for observer in self._observers:
+            observer.on_violation(ctx, decision)
+
+
+def fleet_member_name(config: ProxyConfig) -> str:
+    """Unique per process start: a restarted process is a new member (the old one times out)."""
+    return f"{config.instance}/p{os.getpid()}"
+
+
+def make_fleet(config: ProxyConfig, quotas: QuotaManagers, clock: Clock) -> FleetMember | None:
+    """The `fleet:` section: this process is a member of the fleet over a Kafka topic."""
+    fleet = config.fleet
+    if fleet is None:
+        return None
+    name = fleet_member_name(config)
+    bootstrap = fleet.bootstrap or ",".join(str(a) for a in config.upstream.bootstrap)
+    exchange = KafkaExchange(bootstrap, fleet.topic, member=name, silence_ms=fleet.timeout_ms,
+                             retention_ms=fleet.retention_ms, replication_factor=fleet.replication_factor,
+                             kafka_config=fleet.librdkafka_config())
+    view = FleetView(fleet.id, name, fleet.timeout_ms, headroom=fleet.headroom,
+                     fallback_mode=FleetFallback(fleet.fallback), warmup_ms=2 * fleet.report_interval_ms)
+    view.expect_members(fleet.expected_members)
+    claims = FleetClaims(clock, ("all", "cluster"), hold_ms=2 * fleet.report_interval_ms)
+    return FleetMember(view, exchange, quotas, clock, claims, fleet.report_interval_ms)
 
 
 def make_access_log(config: ProxyConfig, worker: int | None = None) -> AccessLogWriter | None:

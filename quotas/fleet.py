@@ -20,7 +20,10 @@ something in the interval, or throttled):
   over-admission while shares move: at most ``quota / members`` for about one interval.
 
 A member's own entry is taken from its fresh local counters, never from its echoed report, so
-its reaction to its own clients does not wait for the exchange.
+its reaction to its own clients does not wait for the exchange. A member that has just become
+active on a group keeps at most its standby share for `warmup_ms` (two report intervals): the
+others' reports it holds are up to one interval old, so "nobody else is active" is not yet known;
+without this, members whose clients start together would each take the whole quota at first.
 
 **Staleness.** A member not heard from for `member_timeout_ms` has left: its share returns to the
 others at the next computation. **Fallback.** While the exchange is down (nothing received, not
@@ -161,7 +164,9 @@ class FleetView:
     member_timeout_ms: int
     headroom: float = DEFAULT_HEADROOM
     fallback_mode: FleetFallback = FleetFallback.SPLIT
+    warmup_ms: int = 0
     _heard: dict[str, _Heard] = field(default_factory=dict)
+    _active_since: dict[tuple[str, SensorKey], int] = field(default_factory=dict)
     _last_any_ms: int | None = None
     _last_known_members: int = 1
     rejected: int = 0
@@ -219,16 +224,22 @@ class FleetView:
                 if g.used_per_s > 0 or g.constrained:
                     others.setdefault((g.scope, g.key), []).append(g)
         shares: dict[tuple[str, SensorKey], float] = {}
+        active_since: dict[tuple[str, SensorKey], int] = {}
         for mine in own:
             if mine.used_per_s <= 0 and not mine.constrained:
                 continue
             group = (mine.scope, mine.key)
+            since = active_since[group] = self._active_since.get(group, now_ms)
             limit = limits.get(group)
             if limit is None or limit <= 0:
                 continue
             peers = others.get(group, [])
             wants = [self._want(g, limit) for g in (mine, *peers)]
-            shares[group] = water_fill(wants)[0]
+            share = water_fill(wants)[0]
+            if now_ms - since < self.warmup_ms:
+                share = min(share, standby)
+            shares[group] = share
+        self._active_since = active_since
         return ShareDecision(shares, standby, len(live))
 
     def _want(self, g: GroupUsage, limit: float) -> float:

@@ -3,9 +3,12 @@ others used, and set its local shares (`quotas.fleet` decides them; the quota ma
 ``limit x share`` with Kafka's windowed rate, so no decision ever waits on the exchange).
 
 *Constrained* (wants more than its share) means: a request was throttled on the group during the
-last interval, or a connection throttled on it is still muted (`FleetClaims`): a client held by a
-long throttle sends nothing, yet wants its share. A claim ends with its throttle or when its
-connection closes, so a client that goes away frees its share at once.
+last interval, or a connection throttled on it holds a claim (`FleetClaims`): a client held by a
+long throttle sends nothing, yet wants its share, and a saturating client under Kafka's windowed
+rate alternates between bursts and mutes. A claim lasts for the throttle plus two report
+intervals (`hold_ms`), so a client that keeps hitting its limit keeps its share steady between
+throttles (shares that swing make a windowed rate admit the peaks); it ends at once when its
+connection closes, so a client that goes away frees its share within one report interval.
 """
 
 from __future__ import annotations
@@ -47,9 +50,10 @@ class FleetClaims:
     connection's broker scope and in the cluster-wide scopes; a claim on a group without a bound
     changes nothing."""
 
-    def __init__(self, clock: Clock, scope_labels: tuple[str, ...]) -> None:
+    def __init__(self, clock: Clock, scope_labels: tuple[str, ...], hold_ms: int) -> None:
         self._clock = clock
         self._scope_labels = scope_labels
+        self._hold_ms = hold_ms
         self._until: dict[Group, dict[int, int]] = {}
         self._by_connection: dict[int, set[Group]] = {}
 
@@ -57,7 +61,7 @@ class FleetClaims:
         ms = decision.throttle_time_ms
         if ms <= 0:
             return
-        until = self._clock.now_ms() + ms
+        until = self._clock.now_ms() + ms + self._hold_ms
         broker = "bootstrap" if ctx.broker_id is None else str(ctx.broker_id)
         for scope in (broker, *self._scope_labels):
             group = (scope, decision.key)

@@ -52,11 +52,14 @@ class Timeline:
 def confluent_flood(bootstrap: str, topic: str, seconds: float, *, record_size: int = 1000,
                     client_id: str = "flood", config: Mapping[str, object] | None = None,
                     rate_bytes_per_s: float | None = None, stop: threading.Event | None = None,
-                    batch_bytes: int = 64 * 1024, timeline: Timeline | None = None) -> Timeline:
+                    batch_bytes: int = 64 * 1024, timeline: Timeline | None = None,
+                    abandon_on_stop: bool = False) -> Timeline:
     """Produce for `seconds` as fast as the quota lets librdkafka (or at a fixed pace).
 
     `batch_bytes` bounds librdkafka's produce requests: against a small quota, 1 MiB batches
     would make a few huge requests and a measurement over seconds would be all-or-nothing.
+    `abandon_on_stop`: when `stop` is set, drop what is in flight and close at once (a client that
+    goes away) instead of waiting for the outstanding requests.
     """
     from confluent_kafka import Producer
 
@@ -86,6 +89,11 @@ def confluent_flood(bootstrap: str, topic: str, seconds: float, *, record_size: 
             producer.poll(0.05)
             continue
         producer.poll(0)
+    if abandon_on_stop and stop is not None and stop.is_set():
+        producer.purge(in_queue=True, in_flight=True)
+        producer.flush(0)
+        del producer          # librdkafka closes its connections now
+        return timeline
     producer.purge()      # what is still queued when time is up does not count
     producer.flush(30)
     return timeline

@@ -47,6 +47,7 @@ class ConsumerPerfResult:
     mb_per_s: float
     records: int
     records_per_s: float
+    fetch_mb_per_s: float = 0.0   # over the time spent fetching, without the group join
 
 
 @functools.cache
@@ -162,4 +163,5 @@ def parse_consumer_perf(stdout: str) -> ConsumerPerfResult:
     if not lines:
         raise AssertionError(f"no consumer-perf row in:\n{stdout}")
     cols = [c.strip() for c in lines[-1].split(",")]
-    return ConsumerPerfResult(float(cols[2]), float(cols[3]), int(cols[4]), float(cols[5]))
+    fetch_mb_per_s = float(cols[8]) if len(cols) > 8 else float(cols[3])
+    return ConsumerPerfResult(float(cols[2]), float(cols[3]), int(cols[4]), float(cols[5]), fetch_mb_per_s)

@@ -103,6 +103,21 @@ def test_an_unconstrained_peer_keeps_what_it_uses_plus_headroom() -> None:
     assert d.shares[("1", KEY)] == pytest.approx(0.76)
 
 
+def test_a_newly_active_member_holds_at_most_its_standby_share_while_warming_up() -> None:
+    # b and c were idle in their last reports; a's clients just started: a cannot know yet whether
+    # theirs did too, so for 1000 ms it takes at most 1/3, then the whole quota it finds unused
+    v = view(warmup_ms=1000)
+    v.receive(report("b", 1), 0)
+    v.receive(report("c", 1), 0)
+    assert v.decide([g(1, True)], {("1", KEY): Q}, 100).shares[("1", KEY)] == pytest.approx(1 / 3)
+    v.receive(report("b", 2), 600)
+    v.receive(report("c", 2), 600)
+    assert v.decide([g(1, True)], {("1", KEY): Q}, 1100).shares[("1", KEY)] == pytest.approx(1.0)
+    # inactive again, then active: warming up afresh
+    v.decide([], {("1", KEY): Q}, 1200)
+    assert v.decide([g(1, True)], {("1", KEY): Q}, 1300).shares[("1", KEY)] == pytest.approx(1 / 3)
+
+
 def test_groups_are_per_scope() -> None:
     # b is active on broker 2 only: on broker 1 a is alone
     v = view()

@@ -1,0 +1,259 @@
+"""One budget across several Sluice processes (`fleet:`), against real Kafka through real Sluice
+processes with real clients.
+
+Windows are 11 x 500 ms (a period of 5.5 s) as in `test_quota_enforcement`; rates are judged over
+whole periods after the first (Kafka lets a fresh client burst one window's worth; that is the
+broker's behaviour with or without a fleet) from what the broker acknowledged (producers), or over
+the consumer tool's whole fetch time (consumers). Members report every 500 ms and leave after
+1.5 s of silence.
+"""
+
+from __future__ import annotations
+
+import signal
+import threading
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.conftest import create_topic, unique_name
+from tests.harness import load
+from tests.harness.kafka import KafkaCluster, free_port
+from tests.harness.sluice import SluiceProcess
+from tests.harness.tools import KafkaTools
+from tests.integration.test_pluggable_quotas import spread_topic
+from tests.integration.test_quota_enforcement import PERIOD_S, RUN_S, WINDOW, KiB, Metrics, MiB
+
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
+
+QUOTA = MiB
+
+
+class Fleet:
+    def __init__(self, members: list[tuple[SluiceProcess, Metrics]]) -> None:
+        self.members = members
+
+    @property
+    def sluices(self) -> list[SluiceProcess]:
+        return [s for s, _ in self.members]
+
+    def metrics(self, i: int) -> Metrics:
+        return self.members[i][1]
+
+    def stop(self) -> None:
+        for sluice, _ in self.members:
+            sluice.stop()
+
+
+def wait_until(check: Callable[[], bool], timeout_s: float, what: str) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not check():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout_s:g} s waiting for {what}")
+        time.sleep(0.1)
+
+
+def start_fleet(kafka: KafkaCluster, tmp_path: Path, n: int, entries: list[dict[str, Any]],
+                fleet: dict[str, Any] | None = None, wait_members: int | None = None) -> Fleet:
+    fleet_id = unique_name("fleet")
+    store_topic = unique_name("_sluice_quotas")
+    members = []
+    try:
+        for i in range(n):
+            port = free_port()
+            config = {"metrics": {"port": port}, "instance": f"sluice-{i}",
+                      "quotas": {"window": WINDOW, "entries": entries},
+                      "store": {"type": "kafka", "topic": store_topic},
+                      "fleet": {"id": fleet_id, "topic": f"{fleet_id}-reports", **(fleet or {})}}
+            members.append((SluiceProcess(kafka.bootstrap, tmp_path / f"sluice-{i}", config=config).start(),
+                            Metrics(port)))
+        want = n if wait_members is None else wait_members
+        for _, metrics in members:
+            wait_until(lambda m=metrics: m.value("sluice_fleet_members") == want, 30,  # type: ignore[misc]
+                       f"{want} fleet members")
+    except BaseException:
+        for sluice, _ in members:
+            sluice.stop()
+        raise
+    return Fleet(members)
+
+
+@pytest.fixture
+def fleet3(kafka: KafkaCluster, tmp_path: Path) -> Iterator[Fleet]:
+    fleet = start_fleet(kafka, tmp_path, 3, [{"client_id": "fleet-app", "producer_byte_rate": QUOTA,
+                                              "consumer_byte_rate": QUOTA}])
+    try:
+        yield fleet
+    finally:
+        fleet.stop()
+
+
+def flood_through(fleet: Fleet, topic: str, seconds: float, stops: list[threading.Event] | None = None
+                  ) -> list[load.Timeline]:
+    """One librdkafka producer per instance, all with client id `fleet-app`, started together; a
+    producer whose `stops` event is set goes away at once (drops what is in flight, closes)."""
+    timelines = [load.Timeline() for _ in fleet.sluices]
+    threads = [threading.Thread(target=load.confluent_flood, args=(s.bootstrap, topic, seconds),
+                                kwargs={"client_id": "fleet-app", "batch_bytes": 64 * KiB, "timeline": t,
+                                        "stop": None if stops is None else stops[i], "abandon_on_stop": True})
+               for i, (s, t) in enumerate(zip(fleet.sluices, timelines, strict=True))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(seconds + 60)
+    return timelines
+
+
+def total_rate(timelines: list[load.Timeline], start_s: float, end_s: float) -> float:
+    return sum(t.rate(start_s, end_s) for t in timelines)
+
+
+# ------------------------------------------------------------------------------------ budget
+
+def test_three_instances_hold_one_produce_budget(fleet3: Fleet, kafka: KafkaCluster) -> None:
+    topic = create_topic(kafka.bootstrap, unique_name("fleet-p"))
+    timelines = flood_through(fleet3, topic, PERIOD_S + RUN_S)
+    total = total_rate(timelines, PERIOD_S, PERIOD_S + RUN_S)
+    each = ", ".join(f"{t.rate(PERIOD_S, PERIOD_S + RUN_S) / MiB:.2f}" for t in timelines)
+    print(f"three instances, one client id: {each} = {total / MiB:.3f} MiB/s (quota 1)")
+    # without the fleet each instance would admit a whole quota: about 3 MiB/s
+    assert 0.9 * QUOTA <= total <= 1.1 * QUOTA, f"{total / QUOTA:.3f} x quota"
+    for i in range(3):
+        share = fleet3.metrics(i).value("sluice_fleet_share", client_id="fleet-app",
+                                        kind="producer_byte_rate")
+        assert share is not None and 0 < share < 1
+
+
+def test_a_java_consumer_group_through_three_instances_holds_one_fetch_budget(
+        fleet3: Fleet, kafka: KafkaCluster, tmp_path: Path) -> None:
+    topic = create_topic(kafka.bootstrap, unique_name("fleet-c"), partitions=3)
+    record_size = 1000
+    per_consumer = int(QUOTA * RUN_S / record_size / 3)
+    load.confluent_flood(kafka.bootstrap, topic, 60, record_size=record_size, client_id="filler",
+                         batch_bytes=256 * KiB, stop=_after_records(kafka.bootstrap, topic, 3 * per_consumer))
+    group = unique_name("fleet-jg")
+    chunk = str(QUOTA // 8)
+    results: list[Any] = [None] * 3
+
+    def consume(i: int) -> None:
+        (tmp_path / f"c{i}").mkdir(exist_ok=True)
+        tools = KafkaTools(fleet3.sluices[i].bootstrap, workdir=tmp_path / f"c{i}")
+        results[i] = tools.consumer_perf(topic, per_consumer, group=group, timeout_ms=60000,
+                                               props={"client.id": "fleet-app", "fetch.max.bytes": chunk,
+                                                      "max.partition.fetch.bytes": chunk})
+
+    threads = [threading.Thread(target=consume, args=(i,)) for i in range(3)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(240)
+    assert all(r is not None for r in results), results
+    total = sum(r.fetch_mb_per_s for r in results) * MiB
+    print("java consumers through three instances: "
+          + ", ".join(f"{r.fetch_mb_per_s:.2f}" for r in results) + f" = {total / MiB:.3f} MiB/s (quota 1)")
+    assert 0.85 * QUOTA <= total <= 1.15 * QUOTA, f"{total / QUOTA:.3f} x quota"
+
+
+def _after_records(bootstrap: str, topic: str, records: int) -> threading.Event:
+    """An event set once `topic` holds `records` records (polled on the broker)."""
+    from confluent_kafka import Consumer, TopicPartition
+
+    done = threading.Event()
+
+    def watch() -> None:
+        consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": "fleet-watch"})
+        try:
+            while not done.is_set():
+                meta = consumer.list_topics(topic, timeout=5).topics[topic]
+                highs = [consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=5)[1]
+                         for p in meta.partitions]
+                if sum(highs) >= records:
+                    done.set()
+                time.sleep(0.2)
+        finally:
+            consumer.close()
+
+    threading.Thread(target=watch, daemon=True).start()
+    return done
+
+
+# ------------------------------------------------------------------------------------ shifts
+
+def test_demand_moves_to_the_one_producer_left(fleet3: Fleet, kafka: KafkaCluster) -> None:
+    topic = create_topic(kafka.bootstrap, unique_name("fleet-shift"))
+    stop_at_s = 3 * PERIOD_S
+    stops = [threading.Event() for _ in range(3)]
+    timers = [threading.Timer(stop_at_s, stops[i].set) for i in (1, 2)]
+    for t in timers:
+        t.start()
+    timelines = flood_through(fleet3, topic, stop_at_s + 3 + 2 * PERIOD_S, stops)
+    before = timelines[0].rate(PERIOD_S, stop_at_s)
+    after = timelines[0].rate(stop_at_s + 3, stop_at_s + 3 + 2 * PERIOD_S)
+    print(f"demand shift: the remaining producer {before / MiB:.2f} MiB/s before, "
+          f"{after / MiB:.2f} MiB/s from 3 s after the others stopped (quota 1)")
+    assert before <= 0.6 * QUOTA, f"{before / QUOTA:.2f} x quota before the shift"
+    # Kafka's window lets it catch up on the part of the window it could not use: up to 1.5 x
+    assert 0.9 * QUOTA <= after <= 1.5 * QUOTA, f"{after / QUOTA:.2f} x quota after the shift"
+
+
+def test_survivors_cover_the_quota_after_a_sigkill(fleet3: Fleet, kafka: KafkaCluster) -> None:
+    topic = create_topic(kafka.bootstrap, unique_name("fleet-kill"))
+    kill_at_s = 3 * PERIOD_S
+    killer = threading.Timer(kill_at_s, lambda: fleet3.sluices[2].signal(signal.SIGKILL))
+    killer.start()
+    timelines = flood_through(fleet3, topic, kill_at_s + 3 + 2 * PERIOD_S)
+    survivors = timelines[:2]
+    before = total_rate(survivors, PERIOD_S, kill_at_s)
+    after = total_rate(survivors, kill_at_s + 3, kill_at_s + 3 + 2 * PERIOD_S)
+    print(f"kill: two survivors {before / MiB:.2f} MiB/s before, {after / MiB:.2f} MiB/s from 3 s after")
+    assert before <= 0.85 * QUOTA, f"{before / QUOTA:.2f} x quota before the kill"
+    assert 0.9 * QUOTA <= after <= 1.4 * QUOTA, f"{after / QUOTA:.2f} x quota after the kill"
+    wait_until(lambda: fleet3.metrics(0).value("sluice_fleet_members") == 2, 10, "two members left")
+
+
+# ------------------------------------------------------------------------------------ fallback
+
+def test_an_unreachable_exchange_splits_by_the_expected_member_count(kafka: KafkaCluster,
+                                                                      tmp_path: Path) -> None:
+    dead = f"127.0.0.1:{free_port()}"
+    fleet = start_fleet(kafka, tmp_path, 1, [{"client_id": "fleet-app", "producer_byte_rate": QUOTA}],
+                        fleet={"bootstrap": dead, "expected_members": 3}, wait_members=3)
+    try:
+        metrics = fleet.metrics(0)
+        assert metrics.value("sluice_fleet_fallback") == 1
+        assert fleet.sluices[0].wait_for_log("fleet exchange kafka topic")  # the warning names it
+        topic = create_topic(kafka.bootstrap, unique_name("fleet-fb"))
+        (timeline,) = flood_through(fleet, topic, PERIOD_S + RUN_S)
+        achieved = timeline.rate(PERIOD_S, PERIOD_S + RUN_S)
+        print(f"exchange unreachable, 3 members expected: {achieved / MiB:.3f} MiB/s (quota/3 = 0.333)")
+        assert 0.85 * QUOTA / 3 <= achieved <= 1.2 * QUOTA / 3, f"{achieved / QUOTA:.3f} x quota"
+        assert metrics.value("sluice_quota_limit", client_id="fleet-app", kind="produce") == \
+            pytest.approx(QUOTA / 3)
+        assert (metrics.value("sluice_fleet_exchange_errors_total") or 0) >= 1
+    finally:
+        fleet.stop()
+
+
+# ------------------------------------------------------------------------------------ brokers
+
+def test_per_broker_budgets_hold_per_broker_across_two_instances(kafka_cluster3: KafkaCluster,
+                                                                 tmp_path: Path) -> None:
+    quota = 512 * KiB
+    fleet = start_fleet(kafka_cluster3, tmp_path, 2,
+                        [{"client_id": "fleet-app", "producer_byte_rate": quota}])
+    try:
+        topic = spread_topic(kafka_cluster3.bootstrap, [[1], [2], [3]])
+        timelines = flood_through(fleet, topic, PERIOD_S + RUN_S)
+        total = total_rate(timelines, PERIOD_S, PERIOD_S + RUN_S)
+        print(f"three brokers, two instances: {total / KiB:.0f} KiB/s (3 x {quota // KiB} KiB/s budgets)")
+        # one budget per broker for the whole fleet: 3 x quota (two instances alone would give 6 x)
+        assert 0.8 * 3 * quota <= total <= 1.15 * 3 * quota, f"{total / (3 * quota):.3f} x 3 budgets"
+        for broker in ("1", "2", "3"):
+            shares = [fleet.metrics(i).value("sluice_fleet_share", broker=broker, client_id="fleet-app")
+                      for i in range(2)]
+            assert all(s is not None and s < 1 for s in shares), (broker, shares)
+    finally:
+        fleet.stop()
