@@ -181,3 +181,37 @@ def test_imported_quotas_keep_only_what_sluice_enforces(caplog: pytest.LogCaptur
     assert table == {ALICE: {"producer_byte_rate": 1.0},
                      QuotaEntity(user=DEFAULT, client_id=DEFAULT): {"request_percentage": 50.0}}
     assert "controller_mutation_rate" in caplog.text and "ip" in caplog.text
+
+
+def test_sqlite_notices_another_processs_commit(tmp_path: Path) -> None:
+    """`--workers N`: a write through one worker's store reaches another's within ~100 ms."""
+    import threading
+    import time
+
+    path = tmp_path / "q.db"
+    watcher = SqliteStore(path, watch_interval_ms=20)
+    writer = SqliteStore(path, watch_interval_ms=None)  # another connection, as another process has
+    seen: list[QuotaTable] = []
+    arrived = threading.Event()
+
+    def on_change(table: QuotaTable) -> None:
+        seen.append(table)
+        arrived.set()
+
+    watcher.subscribe(on_change)
+    try:
+        writer.apply([QuotaChange(ALICE, "producer_byte_rate", 100.0)])
+        assert arrived.wait(5)
+        assert seen[-1] == QuotaTable({ALICE: {"producer_byte_rate": 100.0}})
+        assert watcher.current() == seen[-1]
+        own_before = len(seen)
+        watcher.apply([QuotaChange(ALICE, "producer_byte_rate", 200.0)])  # its own write: notified once
+        assert len(seen) == own_before + 1
+        deadline = time.monotonic() + 0.3
+        while time.monotonic() < deadline:  # no second notification from the poller for it
+            assert len(seen) == own_before + 1
+            time.sleep(0.02)
+        assert watcher.poll_external_change() is None
+    finally:
+        watcher.close()
+        writer.close()
