@@ -12,9 +12,11 @@ How a recommendation is made, per (entity, quota key), in this order:
 5. recommended = stepped rounded up to a multiple of `round_to` (and at least `round_to`)
 6. action    = create (no current quota), keep (change under `min_change`), increase or decrease
 
-Rates are bytes per second. Quotas are enforced per Sluice instance (as Kafka's are per broker), so
-with `rate_scope="instance"` a rate is what one instance saw in one second, and `capacity` is per
-instance too; `rate_scope="cluster"` sums the instances first.
+Rates are bytes per second. A quota is one budget per broker for the whole Sluice fleet (Kafka's
+meaning; the fleet shares it among its instances and workers), so with `rate_scope="broker"` a rate
+is what every instance and worker together sent to or fetched from one broker in one second, and
+`capacity` is per broker too; `rate_scope="cluster"` sums the brokers as well (`scope: cluster`
+quotas). Nothing is ever per instance: a fleet's access logs are one dataset.
 """
 
 from __future__ import annotations
@@ -28,7 +30,8 @@ from typing import Any, Literal
 from contracts.access_log import parse_quota_entity
 
 BYTE_RATE_KEYS: tuple[str, ...] = ("producer_byte_rate", "consumer_byte_rate")
-RateScope = Literal["instance", "cluster"]
+RateScope = Literal["broker", "cluster"]
+RATE_SCOPES: tuple[str, ...] = ("broker", "cluster")
 UnmatchedLevel = Literal["user", "client-id", "user-client-id", "skip"]
 _UNMATCHED: tuple[str, ...] = ("user", "client-id", "user-client-id", "skip")
 
@@ -54,13 +57,14 @@ class QuotaPolicy:
     round_to: int = 1
     """Round recommendations up to a multiple of this many bytes/s."""
     capacity: Mapping[str, float] = field(default_factory=dict)
-    """Total bytes/s per quota key to share fairly (per instance with rate_scope=instance)."""
+    """Total bytes/s per quota key to share fairly (per broker with rate_scope=broker)."""
     weights: Mapping[str, float] = field(default_factory=dict)
     """Weight per entity string for the fair share; others get default_weight."""
     default_weight: float = 1.0
     keys: tuple[str, ...] = BYTE_RATE_KEYS
     """Quota keys to recommend."""
-    rate_scope: RateScope = "instance"
+    rate_scope: RateScope = "broker"
+    """Per-second rates per broker (summed over every instance and worker), or over the cluster."""
     unmatched: UnmatchedLevel = "user"
     """Entity for traffic no quota matched: a user, client-id or (user, client-id) quota, or skip it."""
 
@@ -99,8 +103,11 @@ class QuotaPolicy:
         unknown_keys = set(self.keys) - set(BYTE_RATE_KEYS)
         if unknown_keys or not self.keys:
             problems.append(f"keys must be a non-empty subset of {BYTE_RATE_KEYS}, got {self.keys}")
-        if self.rate_scope not in ("instance", "cluster"):
-            problems.append(f"rate_scope must be 'instance' or 'cluster', got {self.rate_scope!r}")
+        if str(self.rate_scope) == "instance":  # the former default, in old policy files
+            problems.append("rate_scope 'instance' is gone: a fleet holds one budget per broker, so rates "
+                            "are summed over every instance and worker; use 'broker' (or 'cluster')")
+        elif self.rate_scope not in RATE_SCOPES:
+            problems.append(f"rate_scope must be one of {RATE_SCOPES}, got {self.rate_scope!r}")
         if self.unmatched not in _UNMATCHED:
             problems.append(f"unmatched must be one of {_UNMATCHED}, got {self.unmatched!r}")
         if problems:

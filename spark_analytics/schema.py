@@ -8,6 +8,8 @@ wrong type becomes null instead of changing the column's type.
 
 from __future__ import annotations
 
+import os
+import posixpath
 from collections.abc import Mapping, Sequence
 
 from pyspark.sql import Column, DataFrame, SparkSession
@@ -74,16 +76,41 @@ def _date_filter(since_ms: int | None, until_ms: int | None) -> Column:
     return cond
 
 
+def _normalized(path: str) -> str:
+    """A path or URI in one spelling: local paths absolute, no `.`/`..`, no trailing slash."""
+    scheme, sep, rest = path.partition("://")
+    if not sep:
+        return os.path.abspath(path)
+    return f"{scheme}://{posixpath.normpath(rest)}" if rest else path
+
+
+def distinct_inputs(paths: Sequence[str]) -> list[str]:
+    """The input paths with none read twice: a path given again, or inside a directory also given,
+    is dropped (Spark would read a file named twice twice, and a root given beside one of its own
+    files makes its partition discovery drop the root's other files). Order is kept."""
+    spelled = [_normalized(p) for p in paths]
+    kept: list[str] = []
+    for path in spelled:
+        inside_another = any(path == other or path.startswith(other.rstrip("/") + "/")
+                             for other in spelled if other != path)
+        if path not in kept and not inside_another:
+            kept.append(path)
+    return kept
+
+
 def read_access_logs(spark: SparkSession, path: str | Sequence[str], format: str = "json", *,
                      since_ms: int | None = None, until_ms: int | None = None) -> DataFrame:
     """Access-log records from files: a root laid out by `partition_path`, a directory, or files.
 
-    Returns exactly the columns of `ACCESS_LOG_SCHEMA`. Lines that are not JSON objects are dropped
-    (Spark's PERMISSIVE mode gives them a null ts_ms); fields of the wrong type read as null.
+    Every file under the paths is one dataset, whichever instance or worker wrote it (a fleet writes
+    `<instance>[-w<worker>]-<seq>` files side by side), and each file is read once however the paths
+    overlap (`distinct_inputs`). Returns exactly the columns of `ACCESS_LOG_SCHEMA`. Lines that are
+    not JSON objects are dropped (Spark's PERMISSIVE mode gives them a null ts_ms); fields of the
+    wrong type read as null.
     """
     if format not in LOG_FORMATS:
         raise ValueError(f"format must be one of {sorted(LOG_FORMATS)}, got {format!r}")
-    paths = [path] if isinstance(path, str) else list(path)
+    paths = distinct_inputs([path] if isinstance(path, str) else list(path))
     reader = spark.read.schema(ACCESS_LOG_SCHEMA)
     df = reader.option("mode", "PERMISSIVE").json(paths) if format == "json" else reader.parquet(*paths)
     if "date" in df.columns and (since_ms is not None or until_ms is not None):

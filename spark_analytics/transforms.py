@@ -3,14 +3,20 @@
 Every step is a plain function of DataFrames, or a factory returning one (use with
 `df.transform(...)`); none reads or writes storage. The pipeline, one scan of the logs:
 
-    access logs --client_seconds--> per (principal, client_id, quota key, matched entity, instance, second)
-        --entity_seconds(policy)--> per (quota entity, key, instance, second)  --rate_stats(p)--> per entity
+    access logs --client_seconds--> per (principal, client_id, quota key, matched entity, broker, second)
+        --entity_seconds(policy)--> per (quota entity, key, broker, second)  --rate_stats(p)--> per entity
         --recommend(policy, current)--> the plan
     client_seconds --client_stats--> per (principal, client_id, metric);  --top_talkers(n)-->
 
 Percentiles are exact (`percentile`, linear interpolation between the two nearest ranks, as
 numpy's default), over the seconds in which the entity sent or received anything: per-second rate
 rows are few (entities × seconds), so exactness costs little next to reading the logs.
+
+A fleet (several instances, each with workers) writes one log per process, and the records of all
+of them are one dataset: the per-second usage is summed over every instance and worker in the very
+first step (nothing groups by `instance` or `worker`), so a peak or percentile is that of the whole
+fleet's usage, which is what a fleet budget limits (one budget per entity and broker, Kafka's
+meaning; `rate_scope="cluster"` sums the brokers too).
 
 Quota entities follow Kafka's sharing rules: a request that matched `user=<default>` is limited as
 `user=alice` (each user has its own quota), `user=alice,client-id=<default>` as
@@ -39,15 +45,16 @@ Transform = Callable[[DataFrame], DataFrame]
 # --------------------------------------------------------------------------- one scan of the logs
 
 def client_seconds(logs: DataFrame) -> DataFrame:
-    """Access-log records -> one row per (principal, client_id, quota_key, quota_entity, instance,
+    """Access-log records -> one row per (principal, client_id, quota_key, quota_entity, broker_id,
     second): the only step that touches every record, so it keeps what every later step needs.
+    Records of every instance and worker of a fleet add up here (one budget for the fleet).
 
     quota_key is producer_byte_rate for Produce (bytes = request_bytes, what Kafka's produce quota
     counts), consumer_byte_rate for Fetch (bytes = response_bytes), null for other APIs (bytes 0).
     """
     api = F.col("api_key")
     usage = logs.select(
-        "principal", "client_id", "quota_entity", "instance", "ts_ms", "quota_limit",
+        "principal", "client_id", "quota_entity", "broker_id", "ts_ms", "quota_limit",
         F.expr("ts_ms div 1000").alias("second"),
         F.when(api == PRODUCE_API_KEY, F.lit(PRODUCE_KEY))
          .when(api == FETCH_API_KEY, F.lit(FETCH_KEY)).alias("quota_key"),
@@ -56,7 +63,7 @@ def client_seconds(logs: DataFrame) -> DataFrame:
          .otherwise(F.lit(0)).cast("long").alias("bytes"),
         "throttle_time_ms", "broker_throttle_time_ms", "would_throttle_ms",
     )
-    return (usage.groupBy("principal", "client_id", "quota_key", "quota_entity", "instance", "second")
+    return (usage.groupBy("principal", "client_id", "quota_key", "quota_entity", "broker_id", "second")
             .agg(F.sum("bytes").alias("bytes"),
                  F.count(F.lit(1)).alias("requests"),
                  F.max("throttle_time_ms").alias("throttle_ms"),
@@ -101,16 +108,17 @@ def sharing_entity(matched: Column, principal: Column, client_id: Column,
 
 
 def entity_seconds(policy: QuotaPolicy) -> Transform:
-    """client_seconds -> one row per (entity, quota_key, instance, second) of Produce/Fetch traffic.
-    With rate_scope="cluster" the instances are summed and `instance` is "*"."""
+    """client_seconds -> one row per (entity, quota_key, broker_id, second) of Produce/Fetch traffic,
+    every instance and worker summed. With rate_scope="cluster" the brokers are summed too and
+    `broker_id` is null."""
     def transform(cs: DataFrame) -> DataFrame:
         rows = cs.where(F.col("quota_key").isNotNull()).withColumn(
             "entity", sharing_entity(F.col("quota_entity"), F.col("principal"), F.col("client_id"),
                                      policy.unmatched)
         ).where(F.col("entity").isNotNull())
         if policy.rate_scope == "cluster":
-            rows = rows.withColumn("instance", F.lit("*"))
-        return (rows.groupBy("entity", "quota_key", "instance", "second")
+            rows = rows.withColumn("broker_id", F.lit(None).cast("int"))
+        return (rows.groupBy("entity", "quota_key", "broker_id", "second")
                 .agg(F.sum("bytes").alias("bytes"),
                      F.sum("requests").alias("requests"),
                      (F.max("throttle_ms") > 0).alias("throttled"),
@@ -155,7 +163,7 @@ def rate_stats(percentile: float) -> Transform:
 
 def rate_timeline(bucket_s: int) -> Transform:
     """entity_seconds -> (entity, quota_key, bucket_start_s, rate): the mean bytes/s per bucket,
-    instances summed, for plots (idle seconds count as 0)."""
+    brokers summed, for plots (idle seconds count as 0)."""
     if bucket_s < 1:
         raise ValueError("bucket_s must be at least 1")
 
@@ -170,7 +178,7 @@ def rate_timeline(bucket_s: int) -> Transform:
 
 def client_stats(cs: DataFrame) -> DataFrame:
     """client_seconds -> one row per (principal, client_id, metric) for produce_bytes, fetch_bytes
-    and requests: per-second rates over the seconds the client was active (summed over instances)."""
+    and requests: per-second rates over the seconds the client was active (summed over brokers)."""
     per_second = (cs.groupBy("principal", "client_id", "second")
                   .agg(F.sum(F.when(F.col("quota_key") == PRODUCE_KEY, F.col("bytes")).otherwise(0))
                         .alias("produce_bytes"),

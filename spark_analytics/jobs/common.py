@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 from contracts.access_log import LOG_FORMATS
 from spark_analytics.kafka_quota_client import SASL_MECHANISMS, KafkaQuotaClient, QuotaEntry, SaslConfig
-from spark_analytics.policy import BYTE_RATE_KEYS, PolicyError, QuotaPolicy, parse_byte_rate
+from spark_analytics.policy import BYTE_RATE_KEYS, RATE_SCOPES, PolicyError, QuotaPolicy, parse_byte_rate
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
@@ -57,13 +57,14 @@ def add_policy_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--min-change", type=float, help="keep the current quota below this change (default 0.05)")
     g.add_argument("--round-to", metavar="RATE", help="round recommendations up to a multiple of this")
     g.add_argument("--capacity", action="append", default=[], metavar="KEY=RATE",
-                   help="total to share fairly, e.g. producer_byte_rate=100MB (per instance)")
+                   help="total to share fairly, e.g. producer_byte_rate=100MB (per broker)")
     g.add_argument("--weight", action="append", default=[], metavar="ENTITY=W",
                    help="fair-share weight, e.g. user=alice=2")
     g.add_argument("--default-weight", type=float)
     g.add_argument("--keys", nargs="+", choices=BYTE_RATE_KEYS, help="quota keys to recommend")
-    g.add_argument("--rate-scope", choices=("instance", "cluster"),
-                   help="rates per Sluice instance (default; quotas are per instance) or summed")
+    g.add_argument("--rate-scope", choices=RATE_SCOPES,
+                   help="per-second rates per broker (default; one budget per broker for the whole fleet, "
+                        "every instance and worker summed) or per cluster (brokers summed too)")
     g.add_argument("--unmatched", choices=("user", "client-id", "user-client-id", "skip"),
                    help="entity for traffic no quota matched (default user)")
 

@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 
 from spark_analytics.jobs import common
 from spark_analytics.plan import write_csv
-from spark_analytics.policy import QuotaPolicy
+from spark_analytics.policy import RATE_SCOPES, QuotaPolicy
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
@@ -39,7 +39,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--top", type=int, default=10, help="how many top talkers and plotted entities")
     p.add_argument("--percentile", type=float, default=0.95,
                    help="extra percentile column (rate_at_percentile)")
-    p.add_argument("--rate-scope", choices=("instance", "cluster"), default="instance")
+    p.add_argument("--rate-scope", choices=RATE_SCOPES, default="broker",
+                   help="per-second rates per broker, every instance and worker summed (default), or per "
+                        "cluster")
     p.add_argument("--unmatched", choices=("user", "client-id", "user-client-id", "skip"), default="user")
     p.add_argument("--no-plots", action="store_true")
     common.add_session_args(p)

@@ -43,10 +43,12 @@ def frame(spark: SparkSession, records: Iterable[Mapping[str, object]]) -> DataF
 
 
 def write_logs(root: Path, records: Sequence[Mapping[str, object]], seq: int = 0) -> list[Path]:
-    """JSON-lines files in the partition layout, one per (hour, instance), as the proxy writes."""
+    """JSON-lines files in the partition layout, one per (hour, instance, worker), as the proxy writes."""
     files: dict[Path, list[str]] = {}
     for r in records:
-        path = partition_path(root, int(r["ts_ms"]), str(r["instance"]), seq)  # type: ignore[call-overload]
+        worker = r.get("worker")
+        path = partition_path(root, int(r["ts_ms"]), str(r["instance"]), seq,  # type: ignore[call-overload]
+                              worker=None if worker is None else int(worker))  # type: ignore[call-overload]
         files.setdefault(path, []).append(dumps_record(r))
     for path, lines in files.items():
         path.parent.mkdir(parents=True, exist_ok=True)

@@ -27,10 +27,10 @@ pytestmark = pytest.mark.spark
 
 S = T0 // 1000
 P, C = "producer_byte_rate", "consumer_byte_rate"
-CS = ("principal string, client_id string, quota_key string, quota_entity string, instance string, "
+CS = ("principal string, client_id string, quota_key string, quota_entity string, broker_id int, "
       "second long, bytes long, requests long, throttle_ms int, broker_throttle_ms int, "
       "would_throttle_ms int, quota_limit double, last_ts_ms long")
-ES = ("entity string, quota_key string, instance string, second long, bytes long, requests long, "
+ES = ("entity string, quota_key string, broker_id int, second long, bytes long, requests long, "
       "throttled boolean, broker_throttled boolean, would_throttle boolean, matched_entity string, "
       "logged_limit double, last_ts_ms long")
 
@@ -53,10 +53,10 @@ def test_client_seconds(spark: SparkSession) -> None:
         other(T0 + 300, **alice),
     ])
     expected = df(spark, [
-        ("alice", "p1", P, "user=alice", "sluice-1", S, 1500, 2, 30, 0, None, 6000.0, T0 + 900),
-        ("alice", "p1", P, "user=alice", "sluice-2", S + 1, 700, 1, 0, None, 12, 5000.0, T0 + 1000),
-        ("alice", "p1", C, None, "sluice-1", S, 4000, 1, 0, 0, None, None, T0 + 200),
-        ("alice", "p1", None, None, "sluice-1", S, 0, 1, 0, 0, None, None, T0 + 300),
+        ("alice", "p1", P, "user=alice", 1, S, 1500, 2, 30, 0, None, 6000.0, T0 + 900),
+        ("alice", "p1", P, "user=alice", 1, S + 1, 700, 1, 0, None, 12, 5000.0, T0 + 1000),
+        ("alice", "p1", C, None, 1, S, 4000, 1, 0, 0, None, None, T0 + 200),
+        ("alice", "p1", None, None, 1, S, 0, 1, 0, 0, None, None, T0 + 300),
     ], CS)
     assertDataFrameEqual(logs.transform(client_seconds), expected)
 
@@ -100,29 +100,29 @@ def test_sharing_entity_for_unmatched_traffic(spark: SparkSession, level: Any,
 
 def _cs(spark: SparkSession) -> DataFrame:
     return df(spark, [
-        ("alice", "a1", P, "user=<default>", "s1", S, 100, 1, 0, 0, None, 1000.0, T0 + 1),
-        ("alice", "a2", P, "user=<default>", "s2", S, 200, 2, 5, 0, None, 1000.0, T0 + 2),
-        ("alice", "a1", P, "user=<default>", "s1", S + 1, 300, 1, 0, 7, None, 1000.0, T0 + 1001),
-        ("bob", "b1", C, None, "s1", S, 50, 1, 0, None, 3, None, T0 + 3),
-        ("bob", "b1", None, None, "s1", S, 0, 4, 0, 0, None, None, T0 + 4),
+        ("alice", "a1", P, "user=<default>", 1, S, 100, 1, 0, 0, None, 1000.0, T0 + 1),
+        ("alice", "a2", P, "user=<default>", 2, S, 200, 2, 5, 0, None, 1000.0, T0 + 2),
+        ("alice", "a1", P, "user=<default>", 1, S + 1, 300, 1, 0, 7, None, 1000.0, T0 + 1001),
+        ("bob", "b1", C, None, 1, S, 50, 1, 0, None, 3, None, T0 + 3),
+        ("bob", "b1", None, None, 1, S, 0, 4, 0, 0, None, None, T0 + 4),
     ], CS)
 
 
-def test_entity_seconds_per_instance(spark: SparkSession) -> None:
+def test_entity_seconds_per_broker(spark: SparkSession) -> None:
     expected = df(spark, [
-        ("user=alice", P, "s1", S, 100, 1, False, False, False, "user=<default>", 1000.0, T0 + 1),
-        ("user=alice", P, "s2", S, 200, 2, True, False, False, "user=<default>", 1000.0, T0 + 2),
-        ("user=alice", P, "s1", S + 1, 300, 1, False, True, False, "user=<default>", 1000.0, T0 + 1001),
-        ("user=bob", C, "s1", S, 50, 1, False, False, True, None, None, T0 + 3),
+        ("user=alice", P, 1, S, 100, 1, False, False, False, "user=<default>", 1000.0, T0 + 1),
+        ("user=alice", P, 2, S, 200, 2, True, False, False, "user=<default>", 1000.0, T0 + 2),
+        ("user=alice", P, 1, S + 1, 300, 1, False, True, False, "user=<default>", 1000.0, T0 + 1001),
+        ("user=bob", C, 1, S, 50, 1, False, False, True, None, None, T0 + 3),
     ], ES)
     assertDataFrameEqual(_cs(spark).transform(entity_seconds(QuotaPolicy())), expected)
 
 
 def test_entity_seconds_per_cluster(spark: SparkSession) -> None:
     expected = df(spark, [
-        ("user=alice", P, "*", S, 300, 3, True, False, False, "user=<default>", 1000.0, T0 + 2),
-        ("user=alice", P, "*", S + 1, 300, 1, False, True, False, "user=<default>", 1000.0, T0 + 1001),
-        ("user=bob", C, "*", S, 50, 1, False, False, True, None, None, T0 + 3),
+        ("user=alice", P, None, S, 300, 3, True, False, False, "user=<default>", 1000.0, T0 + 2),
+        ("user=alice", P, None, S + 1, 300, 1, False, True, False, "user=<default>", 1000.0, T0 + 1001),
+        ("user=bob", C, None, S, 50, 1, False, False, True, None, None, T0 + 3),
     ], ES)
     assertDataFrameEqual(_cs(spark).transform(entity_seconds(QuotaPolicy(rate_scope="cluster"))), expected)
 
@@ -131,11 +131,11 @@ def test_entity_seconds_per_cluster(spark: SparkSession) -> None:
 
 def test_rate_stats_exact_percentiles_and_shares(spark: SparkSession) -> None:
     es = df(spark, [
-        ("user=a", P, "s1", S, 100, 1, True, False, False, "user=<default>", 1000.0, T0),
-        ("user=a", P, "s1", S + 1, 200, 2, False, False, False, "user=<default>", 1000.0, T0 + 1000),
-        ("user=a", P, "s1", S + 2, 300, 1, False, True, False, "user=<default>", 1000.0, T0 + 2000),
-        ("user=a", P, "s1", S + 3, 400, 1, False, True, False, "user=a", 2000.0, T0 + 3000),
-        ("user=b", C, "s1", S, 50, 1, False, False, True, None, None, T0),
+        ("user=a", P, 1, S, 100, 1, True, False, False, "user=<default>", 1000.0, T0),
+        ("user=a", P, 1, S + 1, 200, 2, False, False, False, "user=<default>", 1000.0, T0 + 1000),
+        ("user=a", P, 1, S + 2, 300, 1, False, True, False, "user=<default>", 1000.0, T0 + 2000),
+        ("user=a", P, 1, S + 3, 400, 1, False, True, False, "user=a", 2000.0, T0 + 3000),
+        ("user=b", C, 1, S, 50, 1, False, False, True, None, None, T0),
     ], ES)
     # p50 of 100..400 = 250; p95 at rank 0.95*3 = 2.85 -> 300 + 0.85*100 = 385; p99 -> 397;
     # the policy's p90 at rank 2.7 -> 370. matched_entity/logged_limit come from the latest second.
@@ -149,12 +149,12 @@ def test_rate_stats_exact_percentiles_and_shares(spark: SparkSession) -> None:
     assertDataFrameEqual(es.transform(rate_stats(0.9)), expected)
 
 
-def test_rate_timeline_buckets_sum_instances(spark: SparkSession) -> None:
+def test_rate_timeline_buckets_sum_brokers(spark: SparkSession) -> None:
     es = df(spark, [
-        ("user=a", P, "s1", S, 100, 1, False, False, False, None, None, T0),
-        ("user=a", P, "s2", S, 300, 1, False, False, False, None, None, T0),
-        ("user=a", P, "s1", S + 1, 200, 1, False, False, False, None, None, T0),
-        ("user=a", P, "s1", S + 2, 50, 1, False, False, False, None, None, T0),
+        ("user=a", P, 1, S, 100, 1, False, False, False, None, None, T0),
+        ("user=a", P, 2, S, 300, 1, False, False, False, None, None, T0),
+        ("user=a", P, 1, S + 1, 200, 1, False, False, False, None, None, T0),
+        ("user=a", P, 1, S + 2, 50, 1, False, False, False, None, None, T0),
     ], ES)
     expected = df(spark, [("user=a", P, S, 300.0), ("user=a", P, S + 2, 25.0)],  # S is even
                   "entity string, quota_key string, bucket_start_s long, rate double")
@@ -163,10 +163,10 @@ def test_rate_timeline_buckets_sum_instances(spark: SparkSession) -> None:
 
 def test_client_stats(spark: SparkSession) -> None:
     cs = df(spark, [
-        ("alice", "a1", P, None, "s1", S, 100, 1, 0, 0, None, None, T0),
-        ("alice", "a1", P, None, "s2", S, 50, 1, 0, 0, None, None, T0),
-        ("alice", "a1", C, None, "s1", S + 1, 1000, 2, 0, 0, None, None, T0),
-        ("alice", "a1", None, None, "s1", S + 1, 0, 3, 0, 0, None, None, T0),
+        ("alice", "a1", P, None, 1, S, 100, 1, 0, 0, None, None, T0),
+        ("alice", "a1", P, None, 2, S, 50, 1, 0, 0, None, None, T0),
+        ("alice", "a1", C, None, 1, S + 1, 1000, 2, 0, 0, None, None, T0),
+        ("alice", "a1", None, None, 1, S + 1, 0, 3, 0, 0, None, None, T0),
     ], CS)
     # per second: S -> produce 150, fetch 0, requests 2; S+1 -> produce 0, fetch 1000, requests 5
     expected = df(spark, [
@@ -180,10 +180,10 @@ def test_client_stats(spark: SparkSession) -> None:
 
 def test_top_talkers_ranks_by_bytes_then_requests(spark: SparkSession) -> None:
     cs = df(spark, [
-        ("alice", "a1", P, None, "s1", S, 100, 1, 0, 0, None, None, T0),
-        ("alice", "a1", C, None, "s1", S, 300, 1, 0, 0, None, None, T0),
-        ("bob", "b1", P, None, "s1", S, 400, 5, 0, 0, None, None, T0),
-        ("carol", None, C, None, "s1", S, 100, 1, 0, 0, None, None, T0),
+        ("alice", "a1", P, None, 1, S, 100, 1, 0, 0, None, None, T0),
+        ("alice", "a1", C, None, 1, S, 300, 1, 0, 0, None, None, T0),
+        ("bob", "b1", P, None, 1, S, 400, 5, 0, 0, None, None, T0),
+        ("carol", None, C, None, 1, S, 100, 1, 0, 0, None, None, T0),
     ], CS)
     expected = df(spark, [
         (1, "bob", "b1", 400, 0, 5, 400, 400 / 900),
