@@ -8,6 +8,7 @@ import logging
 import struct
 import typing
 import uuid
+from pathlib import Path
 
 import pytest
 from kio.index import load_response_schema
@@ -15,7 +16,7 @@ from kio.schema.errors import ErrorCode
 from kio.schema.fetch.v16 import response as f16
 from kio.schema.share_fetch.v1 import response as sf
 
-from protocol.apis import ApiKey
+from protocol.apis import ApiKey, api_name
 from protocol.encode import decode_response_body, encode_response
 from protocol.headers import read_request_header
 from protocol.rewrite import BrokerAddress, cap_api_versions_response
@@ -242,3 +243,21 @@ def test_no_throttle_field_matches_kafkas_schemas() -> None:
     removed_in_4 = {ApiKey.LEADER_AND_ISR, ApiKey.STOP_REPLICA, ApiKey.UPDATE_METADATA,
                     ApiKey.CONTROLLED_SHUTDOWN}
     assert without == NO_THROTTLE_FIELD - removed_in_4
+
+
+def test_readme_compatibility_table_says_what_the_policy_does() -> None:
+    readme = (Path(__file__).resolve().parents[3] / "README.md").read_text()
+    section = readme.split("## Kafka 4.x clients: API compatibility", 1)[1].split("\n## ", 1)[0]
+    rows = [line.split("|")[1:-1] for line in section.splitlines()
+            if line.startswith("| ") and "---" not in line]
+    names = {api_name(k): p.treatment for k, p in API_POLICIES.items()}
+    listed: dict[Treatment, set[str]] = {}
+    for what, apis, _versions, _why in [r[:4] for r in rows[1:]]:
+        treatment = Treatment(what.strip())
+        found = {n.strip() for n in apis.replace("(", ",").replace(")", ",").split(",")}
+        listed.setdefault(treatment, set()).update(n for n in found if n in names)
+    for treatment in (Treatment.REWRITE, Treatment.READ, Treatment.ANSWER):
+        assert listed[treatment] == {n for n, t in names.items() if t is treatment}
+    removed_in_4 = {"LeaderAndIsr", "StopReplica", "UpdateMetadata", "ControlledShutdown"}
+    assert listed[Treatment.PASS] == {n for n, t in names.items() if t is Treatment.PASS} - removed_in_4
+    assert all(names[n] is Treatment.THROTTLE for n in listed[Treatment.THROTTLE])
