@@ -247,7 +247,7 @@ def test_api_versions_are_capped_for_what_sluice_rewrites(sluice: SluiceProcess)
         raw.send(ApiVersionsRequest(client_software_name="sluice-test", client_software_version="1"))
         _, body = raw.recv(ApiKey.API_VERSIONS, 3)
     versions = {k.api_key: (k.min_version, k.max_version) for k in body.api_keys}
-    assert versions[ApiKey.FETCH][1] == 15              # v16+ would carry broker endpoints
+    assert versions[ApiKey.FETCH][1] == 18              # v16+ endpoints are rewritten (issue 15)
     assert versions[ApiKey.PRODUCE][1] <= PARSEABLE_MAX_VERSIONS[ApiKey.PRODUCE]
-    assert ApiKey.SHARE_FETCH not in versions and ApiKey.SHARE_ACKNOWLEDGE not in versions
+    assert versions[ApiKey.SHARE_FETCH] == (1, 2) and versions[ApiKey.SHARE_ACKNOWLEDGE] == (1, 2)
     assert versions[ApiKey.METADATA][1] >= 12           # nothing else was lowered needlessly
