@@ -1,0 +1,99 @@
+"""What a Produce request or a Fetch response carries per topic, for topic and records/s quotas.
+
+Produce bytes are attributed per topic from the request, Fetch bytes from the response (issue 13):
+a topic's share is the size of its record sets (the rest of the frame, headers and partition
+fields, is not any one topic's). Records are the sum of the record-batch header counts
+(`protocol.records`; a legacy message set counts 0). Requests that name topics by id (Produce
+v13, Fetch v13+) are mapped to names from the Metadata responses Sluice forwarded
+(`TopicNames`); an id not seen yet is reported by its hex form, so its bytes still count against
+a quota on that form and never against another topic's.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+from dataclasses import dataclass, field
+
+from protocol import records
+from protocol.errors import ProtocolError
+from protocol.headers import RequestHeader
+
+log = logging.getLogger("sluice.quotas")
+
+
+@dataclass(frozen=True, slots=True)
+class TopicUsage:
+    """Per topic: record-set bytes and records; `records` is the total over every topic."""
+
+    bytes_by_topic: dict[str, int] = field(default_factory=dict)
+    records_by_topic: dict[str, int] = field(default_factory=dict)
+    records: int = 0
+
+
+NO_USAGE = TopicUsage()
+
+
+class TopicNames:
+    """Topic id -> name, from Metadata responses v10+ (decoded only when their bytes are new)."""
+
+    __slots__ = ("_names", "_seen")
+
+    def __init__(self) -> None:
+        self._names: dict[bytes, str] = {}
+        self._seen: set[bytes] = set()
+
+    def learn(self, payload: bytes, api_version: int) -> None:
+        if api_version < 10:
+            return
+        digest = hashlib.blake2b(payload[4:], digest_size=16).digest()  # past the correlation id
+        if digest in self._seen:
+            return
+        self._seen.add(digest)
+        if len(self._seen) > 1024:
+            self._seen.clear()
+        try:
+            self._names.update(records.topic_ids_from_metadata_response(payload, api_version))
+        except ProtocolError as exc:
+            log.debug("metadata v%d: topic ids not read: %s", api_version, exc)
+
+    def name(self, topic: str | None, topic_id: bytes | None) -> str:
+        if topic is not None:
+            return topic
+        raw = topic_id or b""
+        return self._names.get(raw, raw.hex())
+
+
+def _usage(parts: list[records.PartitionTraffic], names: TopicNames) -> TopicUsage:
+    by_topic: dict[str, int] = {}
+    records_by_topic: dict[str, int] = {}
+    total = 0
+    for p in parts:
+        name = names.name(p.topic, p.topic_id)
+        by_topic[name] = by_topic.get(name, 0) + p.bytes
+        count = p.records or 0
+        records_by_topic[name] = records_by_topic.get(name, 0) + count
+        total += count
+    return TopicUsage(by_topic, records_by_topic, total)
+
+
+def produce_usage(payload: bytes, header: RequestHeader, names: TopicNames) -> TopicUsage | None:
+    """Per-topic usage of a Produce request; None when its layout cannot be read (then no topic or
+    records quota is charged for it, and it is logged)."""
+    try:
+        return _usage(records.produce_request_partitions(payload, header), names)
+    except (ProtocolError, ValueError) as exc:
+        log.warning("produce v%d: topics and records not read, not charged to topic or records quotas: %s",
+                    header.api_version, exc)
+        return None
+
+
+def fetch_usage(payload: bytes, api_version: int, names: TopicNames) -> TopicUsage | None:
+    """Per-topic usage of a whole Fetch response; None when its layout cannot be read."""
+    try:
+        _error, parts = records.fetch_response_partitions(payload, api_version)
+    except (ProtocolError, ValueError) as exc:
+        log.warning("fetch v%d: topics and records not read, not charged to topic or records quotas: %s",
+                    api_version, exc)
+        return None
+    return _usage(parts, names)
