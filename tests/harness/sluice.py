@@ -18,15 +18,18 @@ import yaml
 from tests.harness.kafka import REPO, _die_with_parent
 
 READY = re.compile(r"sluice ready: bootstrap (\S+)")
+WORKER_STARTED = re.compile(r"worker (\d+) started \(pid (\d+)\)")
 
 
 class SluiceProcess:
     def __init__(self, upstream: str, workdir: Path, config: Mapping[str, Any] | None = None,
-                 args: Sequence[str] = (), env: Mapping[str, str] | None = None) -> None:
+                 args: Sequence[str] = (), env: Mapping[str, str] | None = None,
+                 workers: int | None = None) -> None:
         self.upstream = upstream
         self.workdir = workdir
         self.config = dict(config or {})
-        self.args = list(args)
+        self.args = list(args) + (["--workers", str(workers)] if workers is not None else [])
+        self.workers = workers  # `--workers N`: a supervisor and N worker processes
         self.env = dict(env or {})
         self.process: subprocess.Popen[str] | None = None
         self.bootstrap = ""
@@ -41,7 +44,9 @@ class SluiceProcess:
         self.config = dict(config)
         self.config_path.write_text(yaml.safe_dump(self.config))
 
-    def start(self, timeout_s: float = 20.0) -> SluiceProcess:
+    def start(self, timeout_s: float | None = None) -> SluiceProcess:
+        if timeout_s is None:  # N workers start side by side on a 2-core machine
+            timeout_s = 20.0 if self.workers is None else 20.0 + 10.0 * self.workers
         self.workdir.mkdir(parents=True, exist_ok=True)
         cfg: dict[str, Any] = {"listen": "127.0.0.1:0", "upstream": {"bootstrap": self.upstream},
                                "log_level": "INFO"} | self.config
@@ -67,6 +72,10 @@ class SluiceProcess:
 
     def log(self) -> str:
         return "".join(self._lines)
+
+    def worker_pids(self) -> dict[int, int]:
+        """`--workers N`: worker index -> the pid of its latest start (from the supervisor's log)."""
+        return {int(i): int(pid) for i, pid in WORKER_STARTED.findall(self.log())}
 
     def wait_for_log(self, text: str, timeout_s: float = 10.0) -> bool:
         """Sluice's output reaches us through a pipe, a little after what it describes."""

@@ -1,0 +1,209 @@
+"""`sluice proxy --workers 3` in front of the one-node broker (issue 11, Workers).
+
+One instance (a supervisor and three workers, SQLite store, access log on) serves the tests of this
+module in order: clients work through it and spread over the workers; /metrics shows every worker;
+a quota change through one worker (AlterClientQuotas) and a YAML edit with SIGHUP reach every
+worker; a SIGKILLed worker is restarted (log and metric) while a producer keeps working; SIGTERM
+ends the instance with status 0 and no worker left.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import time
+import urllib.request
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any, TypeVar
+
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from protocol.quota_client import AlterEntry, QuotaClient, Stream
+from tests.conftest import create_topic, unique_name
+from tests.harness.clients import confluent_consume, confluent_produce, values
+from tests.harness.kafka import KafkaCluster, free_port
+from tests.harness.sluice import SluiceProcess
+
+pytestmark = pytest.mark.integration
+
+WORKERS = 3
+T = TypeVar("T")
+
+
+def eventually(fetch: Callable[[], T], ok: Callable[[T], bool], timeout_s: float = 20.0) -> T:
+    deadline = time.monotonic() + timeout_s
+    while True:
+        value = fetch()
+        if ok(value) or time.monotonic() > deadline:
+            return value
+        time.sleep(0.1)
+
+
+class Instance:
+    def __init__(self, proc: SluiceProcess, metrics_port: int, access_dir: Path) -> None:
+        self.proc = proc
+        self.metrics_port = metrics_port
+        self.access_dir = access_dir
+
+    def samples(self, family: str) -> list[tuple[dict[str, str], float]]:
+        with urllib.request.urlopen(f"http://127.0.0.1:{self.metrics_port}/metrics", timeout=10) as r:
+            text = r.read().decode()
+        # the parser names a counter's family without `_total`
+        return [(dict(s.labels), s.value) for f in text_string_to_metric_families(text) if f.name == family
+                for s in f.samples if not s.name.endswith("_created")]
+
+    def value(self, family: str, **labels: str) -> float | None:
+        found = [v for lbl, v in self.samples(family) if all(lbl.get(k) == w for k, w in labels.items())]
+        return sum(found) if found else None
+
+    def configured(self, name: str, key: str) -> dict[str, float]:
+        """worker -> the configured value of `key` for the entity whose description names `name`."""
+        return {lbl["worker"]: v for lbl, v in self.samples("sluice_quota_configured")
+                if name in lbl["entity"] and lbl["key"] == key}
+
+    def healthz(self) -> int:
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{self.metrics_port}/healthz", timeout=10) as r:
+                return int(r.status)
+        except urllib.error.HTTPError as exc:
+            return int(exc.code)
+
+
+def config(metrics_port: int, access_dir: Path, flood_rate: int) -> dict[str, Any]:
+    return {"metrics": {"port": metrics_port}, "admins": ["ANONYMOUS"], "instance": "wk",
+            "store": {"type": "sqlite", "path": "quotas.db"}, "access_log": {"dir": str(access_dir)},
+            "quotas": {"entries": [{"client_id": "wk-flood", "producer_byte_rate": flood_rate}]}}
+
+
+@pytest.fixture(scope="module")
+def instance(kafka: KafkaCluster, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Instance]:
+    workdir = tmp_path_factory.mktemp("workers")
+    port = free_port()
+    access_dir = workdir / "access"
+    proc = SluiceProcess(kafka.bootstrap, workdir / "sluice", config(port, access_dir, 1_000_000),
+                         workers=WORKERS).start()
+    try:
+        yield Instance(proc, port, access_dir)
+    finally:
+        proc.stop()
+
+
+def test_three_workers_serve_clients_and_one_metrics_port(instance: Instance, kafka: KafkaCluster) -> None:
+    assert "sluice ready: bootstrap" in instance.proc.log()
+    assert sorted(instance.proc.worker_pids()) == [0, 1, 2]
+    assert instance.value("sluice_workers") == WORKERS
+    assert instance.healthz() == 200
+    assert {lbl["worker"] for lbl, _ in instance.samples("sluice_quota_configured")} == {"0", "1", "2"}
+
+    topic = unique_name("workers")
+    create_topic(kafka.bootstrap, topic)
+    payloads = values(200, "w")
+    confluent_produce(instance.proc.bootstrap, topic, payloads)
+    assert sorted(confluent_consume(instance.proc.bootstrap, topic, len(payloads))) == payloads
+
+    # every access-log record names the instance and its worker; each worker writes its own files
+    def records() -> list[dict[str, Any]]:
+        out = []
+        for path in instance.access_dir.rglob("*.jsonl"):
+            out += [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+        return out
+
+    produced = eventually(records, lambda rs: any(r["api_name"] == "Produce" for r in rs))
+    assert all(r["instance"] == "wk" and r["worker"] in (0, 1, 2) for r in produced)
+    for path in instance.access_dir.rglob("*.jsonl"):
+        assert path.name.startswith("wk-w"), path.name
+        worker = int(path.name.split("-")[1][1:])
+        lines = [line for line in path.read_text().splitlines() if line.strip()]
+        assert {json.loads(line)["worker"] for line in lines} <= {worker}
+
+
+def test_connections_spread_over_more_than_one_worker(instance: Instance) -> None:
+    host, port = instance.proc.bootstrap.rsplit(":", 1)
+    sockets = [socket.create_connection((host, int(port)), timeout=10) for _ in range(12)]
+    try:
+        def per_worker() -> dict[str, float]:
+            return {lbl["worker"]: v for lbl, v in instance.samples("sluice_open_connections")
+                    if lbl["listener"] == "bootstrap" and v > 0}
+
+        spread = eventually(per_worker, lambda got: sum(got.values()) >= 12)
+        assert sum(spread.values()) >= 12
+        assert len(spread) > 1, spread  # all 12 on one of three workers: chance 3 / 3**12
+    finally:
+        for s in sockets:
+            s.close()
+
+
+def connect(h: str, p: int, timeout_s: float) -> Stream:
+    return socket.create_connection((h, p), timeout=timeout_s)
+
+
+def test_a_quota_altered_through_one_worker_applies_in_every_worker(instance: Instance) -> None:
+    user = unique_name("wkuser")
+    with QuotaClient(instance.proc.bootstrap, connect, client_id="workers-test") as admin:
+        (outcome,) = admin.alter([AlterEntry((("user", user),), [("producer_byte_rate", 4096.0)])])
+    written = time.monotonic()
+    assert outcome.error_code == 0
+    got = eventually(lambda: instance.configured(user, "producer_byte_rate"), lambda g: len(g) == WORKERS)
+    took_s = time.monotonic() - written
+    assert got == {"0": 4096.0, "1": 4096.0, "2": 4096.0}
+    print(f"alter through one worker visible in all {WORKERS} workers' /metrics after {took_s * 1000:.0f} ms")
+
+
+def test_sighup_with_an_edited_yaml_reaches_every_worker(instance: Instance) -> None:
+    assert instance.configured("wk-flood", "producer_byte_rate") == {"0": 1e6, "1": 1e6, "2": 1e6}
+    instance.proc.write_config({**instance.proc.config, "quotas": {"entries": [
+        {"client_id": "wk-flood", "producer_byte_rate": 2_000_000}]}})
+    instance.proc.signal(signal.SIGHUP)
+    got = eventually(lambda: instance.configured("wk-flood", "producer_byte_rate"),
+                     lambda g: g == {"0": 2e6, "1": 2e6, "2": 2e6})
+    assert got == {"0": 2e6, "1": 2e6, "2": 2e6}
+    assert instance.proc.wait_for_log("SIGHUP forwarded to 3 workers")
+
+
+def test_a_killed_worker_is_restarted_and_clients_keep_working(instance: Instance,
+                                                               kafka: KafkaCluster) -> None:
+    from confluent_kafka import Producer
+
+    topic = unique_name("workers-kill")
+    create_topic(kafka.bootstrap, topic)
+    errors: list[str] = []
+    producer = Producer({"bootstrap.servers": instance.proc.bootstrap, "linger.ms": 5,
+                         "message.timeout.ms": 60_000})
+    sent = values(300, "k")
+    for payload in sent[:100]:
+        producer.produce(topic, payload, on_delivery=lambda err, _m: errors.append(str(err)) if err else None)
+    assert producer.flush(30) == 0
+
+    victim = 1
+    pid = instance.proc.worker_pids()[victim]
+    killed = time.monotonic()
+    os.kill(pid, signal.SIGKILL)
+    assert instance.proc.wait_for_log(f"worker {victim} (pid {pid}) died with signal SIGKILL", timeout_s=20)
+    for payload in sent[100:]:  # produced while the worker is down and after it is back
+        producer.produce(topic, payload, on_delivery=lambda err, _m: errors.append(str(err)) if err else None)
+        producer.poll(0)
+    assert producer.flush(60) == 0
+    assert not errors, errors[:5]
+
+    assert eventually(lambda: instance.value("sluice_worker_restarts", worker=str(victim)),
+                      lambda v: v == 1.0) == 1.0
+    assert eventually(lambda: instance.value("sluice_workers"), lambda v: v == WORKERS) == WORKERS
+    restarted_s = time.monotonic() - killed
+    assert instance.proc.worker_pids()[victim] != pid
+    assert instance.healthz() == 200
+    assert sorted(confluent_consume(instance.proc.bootstrap, topic, len(sent))) == sent
+    print(f"worker {victim} SIGKILLed; back up (all {WORKERS} workers ready) within {restarted_s:.1f} s")
+
+
+def test_sigterm_drains_every_worker_and_exits_zero(instance: Instance) -> None:
+    pids = list(instance.proc.worker_pids().values())
+    assert instance.proc.stop() == 0
+    for pid in pids:
+        with pytest.raises(ProcessLookupError):
+            os.kill(pid, 0)
+    for index in range(WORKERS):
+        assert f"worker {index} exited with status 0" in instance.proc.log()
