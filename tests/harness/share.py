@@ -1,0 +1,175 @@
+"""Share-group members (KIP-932) as real clients: Kafka's Java `KafkaShareConsumer` (a small program,
+`tests/share/ShareGroupMember.java`, run from the broker's Maven jars) and librdkafka's share
+consumer (confluent-kafka >= 2.16, in a thread).
+
+Both accept and commit every record explicitly and report it only once its acknowledgement
+succeeded; with `leave_after` set, a member stops acknowledging after that many records, reports
+the batch it holds, and closes, so the broker releases those records to the rest of the group.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from tests.harness.kafka import REPO, _die_with_parent, java_command
+
+SHARE_MEMBER_JAVA = REPO / "tests" / "share" / "ShareGroupMember.java"
+
+
+@dataclass(frozen=True)
+class Delivery:
+    partition: int
+    offset: int
+    delivery_count: int
+    value: str
+
+
+@dataclass
+class MemberLog:
+    """What a member reported: records accepted (acknowledged), records held when it left."""
+
+    accepted: list[Delivery] = field(default_factory=list)
+    held: list[Delivery] = field(default_factory=list)
+    errors: list[str] = field(default_factory=list)
+    throttle_max_ms: int | None = None
+    ready: bool = False
+    closed: bool = False
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def add(self, line: str) -> None:
+        kind, _, rest = line.partition(" ")
+        with self.lock:
+            if kind in ("acc", "held"):
+                p, o, dc, value = rest.split(" ", 3)
+                delivery = Delivery(int(p), int(o), int(dc), value)
+                (self.accepted if kind == "acc" else self.held).append(delivery)
+            elif kind == "ack-error":
+                self.errors.append(rest)
+            elif kind == "throttle-max":
+                self.throttle_max_ms = int(rest)
+            elif kind == "ready":
+                self.ready = True
+            elif kind == "closed":
+                self.closed = True
+
+    def count(self) -> int:
+        with self.lock:
+            return len(self.accepted)
+
+
+class JavaShareMember:
+    """`KafkaShareConsumer` in its own JVM."""
+
+    def __init__(self, bootstrap: str, group: str, topic: str, client_id: str, leave_after: int = -1) -> None:
+        cmd = java_command(str(SHARE_MEMBER_JAVA), bootstrap, group, topic, client_id, str(leave_after))
+        self.log = MemberLog()
+        self.output: list[str] = []
+        self.process = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                        stderr=subprocess.STDOUT, text=True, preexec_fn=_die_with_parent)
+        threading.Thread(target=self._pump, daemon=True).start()
+
+    def _pump(self) -> None:
+        assert self.process.stdout is not None
+        for line in self.process.stdout:
+            self.output.append(line)
+            if not line.startswith("["):  # log4j lines start with the date
+                self.log.add(line.rstrip("\n"))
+
+    def stop(self, timeout_s: float = 60.0) -> None:
+        if self.process.poll() is None and self.process.stdin is not None:
+            try:
+                self.process.stdin.write("stop\n")
+                self.process.stdin.flush()
+            except BrokenPipeError:
+                pass
+        try:
+            self.process.wait(timeout_s)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait(10)
+
+    def wait_closed(self, timeout_s: float) -> bool:
+        try:
+            self.process.wait(timeout_s)
+        except subprocess.TimeoutExpired:
+            return False
+        return True
+
+    def tail(self, lines: int = 40) -> str:
+        return "".join(self.output[-lines:])
+
+
+class ConfluentShareMember:
+    """librdkafka's share consumer (confluent-kafka's `ShareConsumer`) in a thread."""
+
+    def __init__(self, bootstrap: str, group: str, topic: str, client_id: str, leave_after: int = -1) -> None:
+        self.log = MemberLog()
+        self._stop = threading.Event()
+        self.failure: BaseException | None = None
+        self._args = (bootstrap, group, topic, client_id, leave_after)
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        try:
+            self._consume(*self._args)
+        except BaseException as exc:  # reported by the test through `failure`
+            self.failure = exc
+
+    def _consume(self, bootstrap: str, group: str, topic: str, client_id: str, leave_after: int) -> None:
+        from confluent_kafka import ShareConsumer
+
+        consumer: Any = ShareConsumer({"bootstrap.servers": bootstrap, "group.id": group,
+                                       "client.id": client_id, "share.acknowledgement.mode": "explicit"})
+        try:
+            consumer.subscribe([topic])
+            self.log.add("ready")
+            while not self._stop.is_set():
+                batch = [m for m in consumer.poll(0.5) if m.error() is None]
+                if not batch:
+                    continue
+                if leave_after >= 0 and self.log.count() >= leave_after:
+                    for m in batch:
+                        self.log.add(f"held {_describe(m)}")
+                    break
+                for m in batch:
+                    consumer.acknowledge(m)
+                result = consumer.commit_sync()
+                failed = {tp.partition for tp, err in result.items() if err is not None}
+                for tp, err in result.items():
+                    if err is not None:
+                        self.log.add(f"ack-error {tp} {err}")
+                for m in batch:
+                    if m.partition() not in failed:
+                        self.log.add(f"acc {_describe(m)}")
+        finally:
+            consumer.close()
+            self.log.add("closed")
+
+    def stop(self, timeout_s: float = 60.0) -> None:
+        self._stop.set()
+        self._thread.join(timeout_s)
+
+    def wait_closed(self, timeout_s: float) -> bool:
+        self._thread.join(timeout_s)
+        return not self._thread.is_alive()
+
+
+def _describe(message: Any) -> str:
+    count = message.delivery_count() if hasattr(message, "delivery_count") else -1
+    value = message.value().decode() if message.value() is not None else ""
+    return f"{message.partition()} {message.offset()} {count if count is not None else -1} {value}"
+
+
+def wait_until(condition: Callable[[], bool], timeout_s: float, poll_s: float = 0.2) -> bool:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if condition():
+            return True
+        time.sleep(poll_s)
+    return condition()
