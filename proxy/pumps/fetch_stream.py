@@ -63,7 +63,7 @@ class FetchStream:
             return None
         entry = self._host.first_in_flight()
         if (entry is None or entry.api_key != ApiKey.FETCH or not entry.forwarded
-                or entry.response is not None or len(head) < 4
+                or entry.response is not None or entry.whole_response or len(head) < 4
                 or int.from_bytes(head[:4], "big", signed=True) != entry.correlation_id):
             return None
         return entry
