@@ -105,6 +105,7 @@ QUOTA_KEYS: tuple[str, ...] = (
     "request_rate", "producer_record_rate", "consumer_record_rate")  # the last three: Sluice's own
 PRODUCE_API_KEY = 0
 FETCH_API_KEY = 1
+SHARE_FETCH_API_KEY = 78  # KIP-932: charged to consumer_byte_rate like Fetch
 LOG_FORMATS: dict[str, str] = {"json": "jsonl", "parquet": "parquet"}
 
 # ---------------------------------------------------------------------------------- quota entities

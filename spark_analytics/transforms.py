@@ -31,7 +31,7 @@ from collections.abc import Callable, Mapping
 from pyspark.sql import Column, DataFrame, Window
 from pyspark.sql import functions as F
 
-from contracts.access_log import FETCH_API_KEY, PRODUCE_API_KEY
+from contracts.access_log import FETCH_API_KEY, PRODUCE_API_KEY, SHARE_FETCH_API_KEY
 from spark_analytics.policy import QuotaPolicy, UnmatchedLevel
 
 PRODUCE_KEY = "producer_byte_rate"
@@ -50,16 +50,17 @@ def client_seconds(logs: DataFrame) -> DataFrame:
     Records of every instance and worker of a fleet add up here (one budget for the fleet).
 
     quota_key is producer_byte_rate for Produce (bytes = request_bytes, what Kafka's produce quota
-    counts), consumer_byte_rate for Fetch (bytes = response_bytes), null for other APIs (bytes 0).
+    counts), consumer_byte_rate for Fetch and ShareFetch (bytes = response_bytes, as the broker
+    charges both), null for other APIs (bytes 0; ShareAcknowledge counts as a request).
     """
     api = F.col("api_key")
     usage = logs.select(
         "principal", "client_id", "quota_entity", "broker_id", "ts_ms", "quota_limit",
         F.expr("ts_ms div 1000").alias("second"),
         F.when(api == PRODUCE_API_KEY, F.lit(PRODUCE_KEY))
-         .when(api == FETCH_API_KEY, F.lit(FETCH_KEY)).alias("quota_key"),
+         .when(api.isin(FETCH_API_KEY, SHARE_FETCH_API_KEY), F.lit(FETCH_KEY)).alias("quota_key"),
         F.when(api == PRODUCE_API_KEY, F.col("request_bytes"))
-         .when(api == FETCH_API_KEY, F.coalesce(F.col("response_bytes"), F.lit(0)))
+         .when(api.isin(FETCH_API_KEY, SHARE_FETCH_API_KEY), F.coalesce(F.col("response_bytes"), F.lit(0)))
          .otherwise(F.lit(0)).cast("long").alias("bytes"),
         "throttle_time_ms", "broker_throttle_time_ms", "would_throttle_ms",
     )
