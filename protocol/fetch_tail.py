@@ -87,11 +87,18 @@ class FetchTailFinder:
                 self._skip -= step
                 pos += step
                 continue
-            # structure: buffer a window (doubling while one step does not fit), parse what is whole
+            if not self._buf:  # the usual case: parse whole steps in place
+                if not isinstance(chunk, bytes):
+                    chunk = bytes(chunk)  # the _wire readers take bytes
+                after = self._parse(chunk, pos)
+                if after > pos:
+                    pos = after
+                    continue
+            # a step split across chunks: buffer a window (doubling while it does not fit)
             take = min(n - pos, max(_WINDOW_BYTES, len(self._buf)))
             self._buf += chunk[pos:pos + take]
-            consumed = self._parse()
-            if consumed == 0:  # no step complete yet: everything taken stays buffered
+            consumed = self._parse(bytes(self._buf), 0)
+            if consumed == 0:  # still not whole: everything taken stays buffered
                 pos += take
                 if len(self._buf) > _MAX_STEP_BYTES:
                     self._stage = _FAILED  # no real step is this large: give up, forward as is
@@ -102,10 +109,8 @@ class FetchTailFinder:
             pos += take - leftover
         return n
 
-    def _parse(self) -> int:
-        """Parse the whole steps at the start of the buffer; returns the bytes they took."""
-        buf = bytes(self._buf)
-        at = 0
+    def _parse(self, buf: bytes, at: int) -> int:
+        """Parse the whole steps from `at`; returns where they end (`at` if none is whole)."""
         while self._stage not in (_TAIL, _FAILED) and not self._skip:
             try:
                 at = self._step(buf, at)
