@@ -174,13 +174,26 @@ class ChildProcess:
 
 
 def process_cpu_s(pid: int | None) -> float:
-    """CPU seconds a process has used so far, all threads (0 if unknown).
+    """CPU seconds a process and its live child processes (Sluice's access-log writer) have used so
+    far, all threads (0 if unknown).
 
     From the scheduler's per-thread run time (ns resolution) where the kernel has schedstats,
     else from utime + stime in clock ticks (10 ms resolution).
     """
     if pid is None:
         return 0.0
+    return _own_cpu_s(pid) + sum(process_cpu_s(child) for child in _children(pid))
+
+
+def _children(pid: int) -> list[int]:
+    try:
+        return [int(c) for task in Path(f"/proc/{pid}/task").iterdir()
+                for c in (task / "children").read_text().split()]
+    except (OSError, ValueError):
+        return []
+
+
+def _own_cpu_s(pid: int) -> float:
     try:
         return sum(int((task / "schedstat").read_text().split()[0])
                    for task in Path(f"/proc/{pid}/task").iterdir()) / 1e9
@@ -435,8 +448,11 @@ def start_environment(workdir: Path, paths: Sequence[str], profile_sluice: Path 
                 env.addresses["sluice"], env.proxy_pids["sluice"] = sluice.bootstrap, sluice.process.pid
             else:
                 cfg = workdir / "sluice-profiled.yaml"
-                cfg.write_text(json.dumps({"listen": "127.0.0.1:0", "log_level": "INFO",  # JSON is YAML
-                                           "upstream": {"bootstrap": cluster.bootstrap}}))
+                profiled: dict[str, Any] = {"listen": "127.0.0.1:0", "log_level": "INFO",
+                                            "upstream": {"bootstrap": cluster.bootstrap}}
+                if ACCESS_LOG["enabled"]:
+                    profiled["access_log"] = {"dir": str(workdir / "access-log")}
+                cfg.write_text(json.dumps(profiled))  # JSON is YAML
                 prof = ChildProcess([sys.executable, "-m", "bench.profile_sluice", str(profile_sluice),
                                      "proxy", "--config", str(cfg)],
                                     re.compile(r"sluice ready: bootstrap (\S+)")).start()

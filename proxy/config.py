@@ -110,7 +110,8 @@ class AccessLogConfig(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     dir: Path | None = Field(default=None, description="write access logs under this directory")
-    format: Literal["json", "parquet"] = "json"
+    format: Literal["parquet", "json"] = Field(default="parquet",
+                                               description="parquet (needs pyarrow) or json lines")
     rotate_mb: int = Field(default=128, ge=1)
     queue_size: int = Field(default=100_000, ge=100)
     kafka_bootstrap: str | None = Field(default=None, description="also send records to this cluster")
@@ -120,7 +121,7 @@ class AccessLogConfig(BaseModel):
     def _kafka(self) -> AccessLogConfig:
         if (self.kafka_bootstrap is None) != (self.kafka_topic is None):
             raise ValueError("kafka_bootstrap and kafka_topic go together")
-        if self.format == "parquet":
+        if self.format == "parquet" and self.dir is not None:
             try:
                 import pyarrow  # noqa: F401
             except ImportError:

@@ -257,32 +257,9 @@ def make_access_log(config: ProxyConfig, worker: int | None = None) -> AccessLog
     cfg = config.access_log
     if cfg.dir is None:
         return None
-    sink = None
+    kafka = None
     if cfg.kafka_bootstrap is not None and cfg.kafka_topic is not None:
-        sink = KafkaSink(cfg.kafka_bootstrap, cfg.kafka_topic)
+        kafka = (cfg.kafka_bootstrap, cfg.kafka_topic)  # the writer process sends there (access_log_files)
     return AccessLogWriter(cfg.dir, config.instance, log_format=cfg.format,
                            rotate_bytes=cfg.rotate_mb * 1024 * 1024, queue_size=cfg.queue_size,
-                           kafka_sink=sink, worker=worker)
-
-
-class KafkaSink:
-    """Records also go to a Kafka topic (librdkafka batches them; used on the writer thread)."""
-
-    def __init__(self, bootstrap: str, topic: str) -> None:
-        from confluent_kafka import Producer
-
-        self._topic = topic
-        self._producer = Producer({"bootstrap.servers": bootstrap, "linger.ms": 100,
-                                   "client.id": "sluice-access-log", "queue.buffering.max.messages": 100_000})
-
-    def send(self, line: str) -> None:
-        try:
-            self._producer.produce(self._topic, line.encode())
-        except BufferError:
-            log.warning("access-log topic %s is not keeping up; record dropped", self._topic)
-        self._producer.poll(0)
-
-    def close(self) -> None:
-        left = self._producer.flush(10)
-        if left:
-            log.warning("%d access-log record(s) not delivered to topic %s", left, self._topic)
+                           kafka=kafka, worker=worker)

@@ -28,7 +28,9 @@ def add_input_args(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("input (log files, or a Kafka topic)")
     g.add_argument("--logs", nargs="+", metavar="PATH",
                    help="access-log root (date=/hour= layout), directories or files")
-    g.add_argument("--format", choices=sorted(LOG_FORMATS), default="json", help="log file format")
+    g.add_argument("--format", choices=[*sorted(LOG_FORMATS), "auto"], default="auto",
+                   help="log file format; auto: parquet when the paths hold .parquet files (Sluice's "
+                        "default), else json")
     g.add_argument("--kafka-bootstrap", metavar="HOST:PORT", help="read the logs from a Kafka topic instead")
     g.add_argument("--kafka-topic", metavar="TOPIC")
     g.add_argument("--kafka-option", action="append", default=[], metavar="KEY=VALUE",
@@ -157,7 +159,7 @@ def check_input_args(args: argparse.Namespace) -> None:
 
 def describe_inputs(args: argparse.Namespace) -> dict[str, Any]:
     if args.logs:
-        source: dict[str, Any] = {"logs": list(args.logs), "format": args.format}
+        source: dict[str, Any] = {"logs": list(args.logs), "format": resolve_format(args.logs, args.format)}
     else:
         source = {"kafka_bootstrap": args.kafka_bootstrap, "kafka_topic": args.kafka_topic}
     return source | {"since_ms": parse_time(args.since), "until_ms": parse_time(args.until)}
@@ -171,10 +173,24 @@ def extract_logs(spark: SparkSession, args: argparse.Namespace) -> DataFrame:
     check_input_args(args)
     since, until = parse_time(args.since), parse_time(args.until)
     if args.logs:
-        return read_access_logs(spark, args.logs, args.format, since_ms=since, until_ms=until)
+        return read_access_logs(spark, args.logs, resolve_format(args.logs, args.format),
+                                since_ms=since, until_ms=until)
     options = dict(_pairs(args.kafka_option, "--kafka-option"))
     return read_access_logs_from_kafka(spark, args.kafka_bootstrap, args.kafka_topic, options,
                                        since_ms=since, until_ms=until)
+
+
+def resolve_format(paths: Sequence[str], log_format: str) -> str:
+    """`auto`: parquet when any local path is or holds a ``.parquet`` file, else json."""
+    if log_format != "auto":
+        return log_format
+    for path in paths:
+        if "://" in path and not path.startswith("file://"):
+            continue  # a remote store: say --format
+        local = Path(path.removeprefix("file://"))
+        if local.suffix == ".parquet" or (local.is_dir() and any(local.rglob("*.parquet"))):
+            return "parquet"
+    return "json"
 
 
 def read_current_quotas(path: Path) -> list[QuotaEntry]:

@@ -20,9 +20,14 @@ pytestmark = pytest.mark.integration
 
 
 def read_records(root: Path) -> list[dict[str, Any]]:
+    """The records of every file, Parquet (the default) or JSON lines."""
+    import pyarrow.parquet as pq
+
     records = []
     for path in sorted(root.rglob("*.jsonl")):
         records += [json.loads(line) for line in path.read_text().splitlines() if line]
+    for path in sorted(root.rglob("*.parquet")):
+        records += pq.read_table(path).to_pylist()
     return records
 
 
@@ -50,7 +55,8 @@ def test_every_record_follows_the_shared_schema(kafka: KafkaCluster, tmp_path: P
     for record in records:
         assert list(record) == list(FIELD_NAMES)
         assert validate_record(record) == [], record
-    files = list((tmp_path / "logs").rglob("*.jsonl"))
+    files = list((tmp_path / "logs").rglob("*.parquet"))  # the default format
+    assert files
     assert all(re.fullmatch(r"date=\d{4}-\d{2}-\d{2}", f.parent.parent.name) for f in files)
     assert all(re.fullmatch(r"hour=\d{2}", f.parent.name) for f in files)
     assert all(f.name.startswith("sluice-test-") for f in files)
