@@ -12,7 +12,7 @@ from typing import Any
 from protocol.apis import ApiKey, request_header_version
 from protocol.encode import decode_response_body, encode_request, request_schema
 from protocol.errors import DecodeError
-from protocol.headers import RequestHeader
+from protocol.headers import RequestHeader, read_response_correlation_id
 
 METADATA_VERSION = 12
 DESCRIBE_LOG_DIRS_VERSION = 4
@@ -48,7 +48,7 @@ def describe_log_dirs_frame(correlation_id: int) -> bytes:
 
 
 def _decode(payload: bytes, api_key: int, version: int, correlation_id: int) -> Any:
-    (got,) = struct.unpack_from(">i", payload, 0)
+    got = read_response_correlation_id(payload)  # DecodeError under 4 bytes (a struct.error before)
     if got != correlation_id:
         raise DecodeError(f"correlation id {got}, expected {correlation_id}", 0)
     return decode_response_body(payload, api_key, version)
