@@ -46,7 +46,7 @@ class SluiceProcess:
 
     def start(self, timeout_s: float | None = None) -> SluiceProcess:
         if timeout_s is None:  # N workers start side by side on a 2-core machine
-            timeout_s = 20.0 if self.workers is None else 20.0 + 10.0 * self.workers
+            timeout_s = 20.0 if self.workers is None else 30.0 + 20.0 * self.workers
         self.workdir.mkdir(parents=True, exist_ok=True)
         cfg: dict[str, Any] = {"listen": "127.0.0.1:0", "upstream": {"bootstrap": self.upstream},
                                "log_level": "INFO"} | self.config
