@@ -1,10 +1,12 @@
 """`make demo`: a local Kafka, Sluice in front of it, traffic that shows throttling, and metrics.
 
 1. starts Apache Kafka (KRaft, one node) from the Maven Central jars;
-2. starts Sluice in front of it with a quota of 1 MiB/s for client-id `flood` and 256 KiB/s for
-   every other client-id, Prometheus metrics and access logs on;
-3. runs two producers through Sluice for 20 s: `flood` (as fast as it can) and `steady`
-   (a paced 200 KiB/s, under its quota), printing their rates every second;
+2. starts Sluice in front of it with a quota of 1 MiB/s for client-ids `flood` (Kafka's windowed
+   rate) and `flood-tb` (the token bucket, `rate_model: token_bucket`, a burst of 1 s) and
+   256 KiB/s for every other client-id, Prometheus metrics and access logs on;
+3. runs three producers through Sluice for 20 s: `flood` and `flood-tb` (as fast as they can) and
+   `steady` (a paced 200 KiB/s, under its quota), printing their rates every second: the windowed
+   rate's sawtooth beside the token bucket's even rate;
 4. prints what /metrics says about them, writes a plot, reads the access log, and asks the
    Spark job for quota recommendations from it (a dry run: nothing is applied).
 
@@ -48,10 +50,13 @@ def main() -> int:
             "access_log": {"dir": str(OUT / "logs")},
             "quotas": {"entries": [
                 {"client_id": "flood", "producer_byte_rate": 1 * MiB},
+                {"client_id": "flood-tb", "producer_byte_rate": 1 * MiB, "rate_model": "token_bucket",
+                 "burst_ms": 1000},
                 {"client_id": "<default>", "producer_byte_rate": 256 * KiB},
             ]},
         }
-        say("== 2. Sluice in front of it: client-id flood 1 MiB/s, every other client-id 256 KiB/s")
+        say("== 2. Sluice in front of it: client-ids flood (windowed) and flood-tb (token bucket) 1 MiB/s, "
+            "every other client-id 256 KiB/s")
         with SluiceProcess(kafka.bootstrap, OUT / "sluice", config=config) as sluice:
             say(f"   clients bootstrap from {sluice.bootstrap}; metrics on "
                 f"http://127.0.0.1:{metrics_port}/metrics")
@@ -66,29 +71,34 @@ def main() -> int:
 
 
 def run_producers(bootstrap: str, topic: str) -> dict[str, load.Timeline]:
-    say(f"== 3. two producers for {SECONDS}s: 'flood' as fast as it can, 'steady' at 200 KiB/s")
-    timelines = {"flood": load.Timeline(), "steady": load.Timeline()}
+    say(f"== 3. three producers for {SECONDS}s: 'flood' and 'flood-tb' as fast as they can, 'steady' at "
+        f"200 KiB/s")
+    timelines = {"flood": load.Timeline(), "flood-tb": load.Timeline(), "steady": load.Timeline()}
     threads = [
         threading.Thread(target=load.confluent_flood, args=(bootstrap, topic, SECONDS), kwargs={
             "client_id": "flood", "batch_bytes": 64 * KiB, "timeline": timelines["flood"]}),
+        threading.Thread(target=load.confluent_flood, args=(bootstrap, topic, SECONDS), kwargs={
+            "client_id": "flood-tb", "batch_bytes": 64 * KiB, "timeline": timelines["flood-tb"]}),
         threading.Thread(target=load.confluent_flood, args=(bootstrap, topic, SECONDS), kwargs={
             "client_id": "steady", "rate_bytes_per_s": 200 * KiB, "batch_bytes": 16 * KiB,
             "timeline": timelines["steady"]}),
     ]
     for t in threads:
         t.start()
-    say("   second   flood KiB/s   steady KiB/s")
+    say("   second   flood KiB/s   flood-tb KiB/s   steady KiB/s")
     start = time.monotonic()
     for second in range(1, SECONDS + 1):
         time.sleep(max(0.0, start + second - time.monotonic()))
-        rates = [timelines[name].rate(second - 1, second) / KiB for name in ("flood", "steady")]
-        say(f"   {second:6d}   {rates[0]:11.0f}   {rates[1]:12.0f}")
+        rates = [timelines[name].rate(second - 1, second) / KiB for name in ("flood", "flood-tb", "steady")]
+        say(f"   {second:6d}   {rates[0]:11.0f}   {rates[1]:14.0f}   {rates[2]:12.0f}")
     for t in threads:
         t.join(60)
     for name, tl in timelines.items():
         say(f"   {name:6s}: {tl.rate_from_first(SECONDS - 1) / KiB:7.0f} KiB/s over the run "
             f"({tl.total_bytes / MiB:.1f} MiB acknowledged)")
-    say("   (Kafka's windowed rate lets a fresh client burst, then holds it to the quota on average)")
+    say("   (Kafka's windowed rate lets a fresh client burst, then holds it to the quota on average, in a "
+        "sawtooth;\n    the token bucket lets flood-tb burst one second's worth once, then holds it at the "
+        "quota every second)")
     return timelines
 
 
@@ -114,12 +124,12 @@ def plot(timelines: dict[str, load.Timeline]) -> None:
         ax.plot(xs, [tl.rate(s - 1, s) / KiB for s in xs], marker="o", label=name)
         avg.plot(xs, [tl.rate(0, s) / KiB for s in xs], marker="o", label=name)
     for axis in (ax, avg):
-        axis.axhline(1024, linestyle="--", color="C0", alpha=0.5, label="flood quota (1 MiB/s)")
+        axis.axhline(1024, linestyle="--", color="C0", alpha=0.5, label="flood, flood-tb quota (1 MiB/s)")
         axis.axhline(256, linestyle="--", color="C1", alpha=0.5, label="default quota (256 KiB/s)")
         axis.set_xlabel("second")
         axis.legend()
     ax.set_ylabel("acknowledged KiB/s, per second")
-    ax.set_title("Per second: Kafka's windowed rate bursts, then holds")
+    ax.set_title("Per second: the windowed rate bursts again and again, the token bucket does not")
     avg.set_ylabel("acknowledged KiB/s, average since start")
     avg.set_title("Average since start converges to the quota")
     avg.set_yscale("log")
@@ -135,7 +145,7 @@ def summarize_access_log() -> None:
                for line in f.read_text().splitlines() if line]
     produce = [r for r in records if r["api_name"] == "Produce"]
     say(f"== 5. access log: {len(records)} records under {OUT / 'logs'}")
-    for client in ("flood", "steady"):
+    for client in ("flood", "flood-tb", "steady"):
         mine = [r for r in produce if r["client_id"] == client]
         throttled = [r for r in mine if r["throttle_time_ms"] > 0]
         say(f"   {client:6s}: {len(mine)} produce requests, {len(throttled)} throttled, "
