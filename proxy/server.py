@@ -12,7 +12,9 @@ from prometheus_client import CollectorRegistry
 
 from proxy.admin.api import QuotaAdminStage
 from proxy.config import ConfigError, ProxyConfig
+from proxy.fleet.exchange import Exchange
 from proxy.fleet.kafka import KafkaExchange
+from proxy.fleet.local import LocalExchange, hub_path
 from proxy.fleet.member import FleetClaims, FleetCollector, FleetMember
 from proxy.flow.inflight import InFlight
 from proxy.flow.pipeline import ConnectionContext, Pipeline, ResponseOutcome, Stage, StageBase
@@ -30,7 +32,7 @@ from proxy.stages.callbacks import ClusterMetadataFeed, ClusterMetadataStage
 from proxy.stages.client_software import ClientSoftwareStage
 from proxy.stages.quota import DecisionObserver, QuotaManagers, QuotaStage
 from quotas.clock import Clock, SystemClock
-from quotas.fleet import FleetFallback, FleetView
+from quotas.fleet import DEFAULT_HEADROOM, FleetFallback, FleetView
 from quotas.manager import ThrottleDecision
 
 log = logging.getLogger("sluice.server")
@@ -68,7 +70,7 @@ class ProxyServer:
                 config.upstream.tls.context(), config.upstream.connect_timeout_ms / 1000)
             self.registry_metrics.register(StorageCollector(self.storage))
         self.registry_metrics.register(QuotaSensorCollector(self.quotas, self.clock))
-        self.fleet = make_fleet(config, self.quotas, self.clock)  # one budget across processes, or None
+        self.fleet = make_fleet(config, self.quotas, self.clock, worker_index)  # one budget across processes
         if self.fleet is not None:
             self.registry_metrics.register(FleetCollector(self.fleet))
         self.metrics_endpoint: MetricsEndpoint | None = None
@@ -231,26 +233,44 @@ class DecisionObservers(DecisionObserver):
             observer.on_violation(ctx, decision)
 
 
-def fleet_member_name(config: ProxyConfig) -> str:
+def fleet_member_name(config: ProxyConfig, worker_index: int | None) -> str:
     """Unique per process start: a restarted process is a new member (the old one times out)."""
-    return f"{config.instance}/p{os.getpid()}"
+    worker = "" if worker_index is None else f"/w{worker_index}"
+    return f"{config.instance}{worker}/p{os.getpid()}"
 
 
-def make_fleet(config: ProxyConfig, quotas: QuotaManagers, clock: Clock) -> FleetMember | None:
-    """The `fleet:` section: this process is a member of the fleet over a Kafka topic."""
+def make_fleet(config: ProxyConfig, quotas: QuotaManagers, clock: Clock,
+               worker_index: int | None = None) -> FleetMember | None:
+    """One budget across processes. With `fleet:` this process (each worker of each instance) is a
+    member over a Kafka topic; without it, the workers of one instance (``--workers N``) are the
+    members of a local fleet relayed by their supervisor; a lone process has no fleet."""
     fleet = config.fleet
-    if fleet is None:
-        return None
-    name = fleet_member_name(config)
-    bootstrap = fleet.bootstrap or ",".join(str(a) for a in config.upstream.bootstrap)
-    exchange = KafkaExchange(bootstrap, fleet.topic, member=name, silence_ms=fleet.timeout_ms,
-                             retention_ms=fleet.retention_ms, replication_factor=fleet.replication_factor,
-                             kafka_config=fleet.librdkafka_config())
-    view = FleetView(fleet.id, name, fleet.timeout_ms, headroom=fleet.headroom,
-                     fallback_mode=FleetFallback(fleet.fallback), warmup_ms=2 * fleet.report_interval_ms)
-    view.expect_members(fleet.expected_members)
-    claims = FleetClaims(clock, ("all", "cluster"), hold_ms=2 * fleet.report_interval_ms)
-    return FleetMember(view, exchange, quotas, clock, claims, fleet.report_interval_ms)
+    name = fleet_member_name(config, worker_index)
+    exchange: Exchange
+    if fleet is not None:
+        bootstrap = fleet.bootstrap or ",".join(str(a) for a in config.upstream.bootstrap)
+        exchange = KafkaExchange(bootstrap, fleet.topic, member=name, silence_ms=fleet.timeout_ms,
+                                 retention_ms=fleet.retention_ms, replication_factor=fleet.replication_factor,
+                                 kafka_config=fleet.librdkafka_config())
+        fleet_id, interval_ms, timeout_ms = fleet.id, fleet.report_interval_ms, fleet.timeout_ms
+        headroom, fallback, expected = fleet.headroom, FleetFallback(fleet.fallback), fleet.expected_members
+    else:
+        hub = hub_path()
+        if hub is None:
+            return None
+        exchange = LocalExchange(hub)
+        fleet_id, interval_ms = f"{config.instance}-workers", LOCAL_REPORT_INTERVAL_MS
+        timeout_ms, headroom, fallback = 3 * interval_ms, DEFAULT_HEADROOM, FleetFallback.SPLIT
+        expected = config.workers
+    view = FleetView(fleet_id, name, timeout_ms, headroom=headroom, fallback_mode=fallback,
+                     warmup_ms=2 * interval_ms)
+    view.expect_members(expected)
+    claims = FleetClaims(clock, ("all", "cluster"), hold_ms=2 * interval_ms)
+    return FleetMember(view, exchange, quotas, clock, claims, interval_ms)
+
+
+#: Workers of one instance without `fleet:` report to each other this often over the local hub.
+LOCAL_REPORT_INTERVAL_MS = 250
 
 
 def make_access_log(config: ProxyConfig, worker: int | None = None) -> AccessLogWriter | None:

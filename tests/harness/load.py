@@ -41,6 +41,31 @@ class Timeline:
         got = sum(n for t, n in self.events if first <= t < first + span_s)
         return got / span_s
 
+    def cycle_rate(self, from_s: float, to_s: float, bin_s: float = 0.25) -> float:
+        """Bytes per second over whole throttle cycles within [from_s, to_s): from the first burst
+        that starts in the range to the last one. A client held by Kafka's windowed rate moves in a
+        sawtooth (a burst of about one window's quota, then a mute), so a rate over a span that is
+        not a whole number of cycles is off by up to one burst; over whole cycles it is not. A burst
+        starts at a bin of more than twice the range's mean rate with no such bin in the second
+        before it (between bursts a muted client may still trickle a batch now and then). Raises if
+        the range holds fewer than two bursts."""
+        lo = self.started + from_s
+        n = max(1, int((to_s - from_s) / bin_s))
+        bins = [0] * n
+        for t, nbytes in self.events:
+            i = int((t - lo) / bin_s)
+            if 0 <= i < n:
+                bins[i] += nbytes
+        mean = sum(bins) / n
+        quiet_bins = max(1, int(1.0 / bin_s))
+        starts = [i for i in range(quiet_bins, n)
+                  if bins[i] > 2 * mean and all(b <= 2 * mean for b in bins[i - quiet_bins:i])]
+        if len(starts) < 2:
+            raise AssertionError(f"fewer than two throttle cycles between {from_s:g} s and {to_s:g} s: "
+                                 f"bins {bins}")
+        first, last = starts[0], starts[-1]
+        return sum(bins[first:last]) / ((last - first) * bin_s)
+
     def rate(self, from_s: float, to_s: float | None = None) -> float:
         """Bytes per second between `from_s` and `to_s` seconds after the start."""
         end = (max(t for t, _ in self.events) - self.started) if to_s is None else to_s

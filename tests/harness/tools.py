@@ -6,11 +6,14 @@ tests call them to prove that Sluice is transparent to them.
 
 from __future__ import annotations
 
+import datetime
 import functools
 import json
+import os
 import re
 import subprocess
 import tempfile
+import time
 import zipfile
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -141,6 +144,26 @@ class KafkaTools:
             args += ["--consumer.config", str(path)]
         out = self.run("org.apache.kafka.tools.ConsumerPerformance", *args, timeout_s=timeout_s).check()
         return parse_consumer_perf(out.stdout)
+
+    def consumer_perf_progress(self, topic: str, messages: int, *, group: str,
+                               props: Mapping[str, str] | None = None, timeout_ms: int = 60000,
+                               interval_ms: int = 500, timeout_s: float = 300.0) -> list[tuple[float, float]]:
+        """ConsumerPerformance with `--show-detailed-stats`: (epoch seconds, MiB consumed so far)
+        every `interval_ms`, for rates over chosen spans."""
+        cfg = {"bootstrap.servers": self.bootstrap} | dict(props or {})
+        name = f"consumer-{group}-{os.getpid()}-{time.monotonic_ns()}.properties"
+        path = client_properties(self._workdir / name, cfg)
+        args = ["--bootstrap-server", self.bootstrap, "--topic", topic, "--messages", str(messages),
+                "--group", group, "--timeout", str(timeout_ms), "--consumer.config", str(path),
+                "--show-detailed-stats", "--reporting-interval", str(interval_ms)]
+        out = self.run("org.apache.kafka.tools.ConsumerPerformance", *args, timeout_s=timeout_s).check()
+        rows = []
+        for line in out.stdout.splitlines():
+            cols = [c.strip() for c in line.split(",")]
+            if len(cols) >= 3 and cols[0][:1].isdigit() and ":" in cols[0]:
+                stamp = datetime.datetime.strptime(cols[0], "%Y-%m-%d %H:%M:%S:%f")
+                rows.append((stamp.timestamp(), float(cols[2])))
+        return rows
 
 
 _PRODUCER_SUMMARY = re.compile(

@@ -1,15 +1,18 @@
 """One budget across several Sluice processes (`fleet:`), against real Kafka through real Sluice
 processes with real clients.
 
-Windows are 11 x 500 ms (a period of 5.5 s) as in `test_quota_enforcement`; rates are judged over
-whole periods after the first (Kafka lets a fresh client burst one window's worth; that is the
-broker's behaviour with or without a fleet) from what the broker acknowledged (producers), or over
-the consumer tool's whole fetch time (consumers). Members report every 500 ms and leave after
-1.5 s of silence.
+Windows are 11 x 500 ms (a period of 5.5 s) as in `test_quota_enforcement`. A saturating
+librdkafka producer moves in Kafka's sawtooth (about one window's quota in a burst, then a mute),
+so producer rates are judged over whole throttle cycles (`Timeline.cycle_rate`) after the first
+period (Kafka lets a fresh client burst; that is the broker's behaviour with or without a fleet),
+from what the broker acknowledged; a consumer group's rate from the consumer tool's progress
+reports, after the first period. Members report every 500 ms and leave after 1.5 s of silence.
 """
 
 from __future__ import annotations
 
+import itertools
+import os
 import signal
 import threading
 import time
@@ -108,7 +111,8 @@ def flood_through(fleet: Fleet, topic: str, seconds: float, stops: list[threadin
 
 
 def total_rate(timelines: list[load.Timeline], start_s: float, end_s: float) -> float:
-    return sum(t.rate(start_s, end_s) for t in timelines)
+    """The sum of each producer's rate over its own whole throttle cycles in the range."""
+    return sum(t.cycle_rate(start_s, end_s) for t in timelines)
 
 
 # ------------------------------------------------------------------------------------ budget
@@ -117,7 +121,7 @@ def test_three_instances_hold_one_produce_budget(fleet3: Fleet, kafka: KafkaClus
     topic = create_topic(kafka.bootstrap, unique_name("fleet-p"))
     timelines = flood_through(fleet3, topic, PERIOD_S + RUN_S)
     total = total_rate(timelines, PERIOD_S, PERIOD_S + RUN_S)
-    each = ", ".join(f"{t.rate(PERIOD_S, PERIOD_S + RUN_S) / MiB:.2f}" for t in timelines)
+    each = ", ".join(f"{t.cycle_rate(PERIOD_S, PERIOD_S + RUN_S) / MiB:.2f}" for t in timelines)
     print(f"three instances, one client id: {each} = {total / MiB:.3f} MiB/s (quota 1)")
     # without the fleet each instance would admit a whole quota: about 3 MiB/s
     assert 0.9 * QUOTA <= total <= 1.1 * QUOTA, f"{total / QUOTA:.3f} x quota"
@@ -127,34 +131,66 @@ def test_three_instances_hold_one_produce_budget(fleet3: Fleet, kafka: KafkaClus
         assert share is not None and 0 < share < 1
 
 
-def test_a_java_consumer_group_through_three_instances_holds_one_fetch_budget(
-        fleet3: Fleet, kafka: KafkaCluster, tmp_path: Path) -> None:
-    topic = create_topic(kafka.bootstrap, unique_name("fleet-c"), partitions=3)
-    record_size = 1000
-    per_consumer = int(QUOTA * RUN_S / record_size / 3)
-    load.confluent_flood(kafka.bootstrap, topic, 60, record_size=record_size, client_id="filler",
-                         batch_bytes=256 * KiB, stop=_after_records(kafka.bootstrap, topic, 3 * per_consumer))
-    group = unique_name("fleet-jg")
-    chunk = str(QUOTA // 8)
-    results: list[Any] = [None] * 3
+def java_consumer_rates(bootstraps: list[str], topic: str, records: int, group: str, chunk_bytes: int,
+                        workdir: Path) -> list[float]:
+    """Kafka's ConsumerPerformance, one per bootstrap, in one group with client id `fleet-app`:
+    each one's rate over its own whole throttle cycles after the first period (a fresh client's
+    burst), from the tool's progress reports (MiB consumed so far, every 250 ms)."""
+    progress: list[list[tuple[float, float]]] = [[] for _ in bootstraps]
 
     def consume(i: int) -> None:
-        (tmp_path / f"c{i}").mkdir(exist_ok=True)
-        tools = KafkaTools(fleet3.sluices[i].bootstrap, workdir=tmp_path / f"c{i}")
-        results[i] = tools.consumer_perf(topic, per_consumer, group=group, timeout_ms=60000,
-                                               props={"client.id": "fleet-app", "fetch.max.bytes": chunk,
-                                                      "max.partition.fetch.bytes": chunk})
+        (workdir / f"c{i}").mkdir(parents=True, exist_ok=True)
+        tools = KafkaTools(bootstraps[i], workdir=workdir / f"c{i}")
+        progress[i] = tools.consumer_perf_progress(
+            topic, records // len(bootstraps), group=group, timeout_ms=60000, interval_ms=250,
+            props={"client.id": "fleet-app", "fetch.max.bytes": str(chunk_bytes),
+                   "max.partition.fetch.bytes": str(chunk_bytes)})
 
-    threads = [threading.Thread(target=consume, args=(i,)) for i in range(3)]
+    threads = [threading.Thread(target=consume, args=(i,)) for i in range(len(bootstraps))]
     for t in threads:
         t.start()
     for t in threads:
-        t.join(240)
-    assert all(r is not None for r in results), results
-    total = sum(r.fetch_mb_per_s for r in results) * MiB
-    print("java consumers through three instances: "
-          + ", ".join(f"{r.fetch_mb_per_s:.2f}" for r in results) + f" = {total / MiB:.3f} MiB/s (quota 1)")
-    assert 0.85 * QUOTA <= total <= 1.15 * QUOTA, f"{total / QUOTA:.3f} x quota"
+        t.join(300)
+    assert all(progress), "a consumer reported no progress"
+    rates = []
+    for rows in progress:
+        timeline = load.Timeline(started=rows[0][0])
+        for (_, before), (stamp, now) in itertools.pairwise(rows):
+            timeline.add(int((now - before) * MiB), at=stamp)
+        rates.append(timeline.cycle_rate(PERIOD_S, rows[-1][0] - rows[0][0], bin_s=0.5))
+    return rates
+
+
+def filled_topic(kafka: KafkaCluster, partitions: int, nbytes: int) -> str:
+    topic = create_topic(kafka.bootstrap, unique_name("fleet-c"), partitions=partitions)
+    load.confluent_flood(kafka.bootstrap, topic, 120, client_id="filler", batch_bytes=256 * KiB,
+                         stop=_after_records(kafka.bootstrap, topic, nbytes // 1000))
+    return topic
+
+
+def test_a_java_consumer_group_through_three_instances_holds_one_fetch_budget(
+        fleet3: Fleet, kafka: KafkaCluster, tmp_path: Path) -> None:
+    # A Java consumer under Kafka's windowed fetch quota runs somewhat below the quota (a throttled
+    # fetch is emptied whole and waited out, chunk included): the same-run baseline is one consumer
+    # through one Sluice without a fleet, fetching an eighth of its quota at a time; each fleet
+    # member's consumer fetches an eighth of its third.
+    nbytes = int(QUOTA * (PERIOD_S + RUN_S))      # about 22 s at the quota
+    baseline_sluice = SluiceProcess(kafka.bootstrap, tmp_path / "baseline", config={
+        "quotas": {"window": WINDOW, "entries": [{"client_id": "fleet-app", "consumer_byte_rate": QUOTA}]}}
+    ).start()
+    try:
+        (baseline,) = java_consumer_rates([baseline_sluice.bootstrap], filled_topic(kafka, 1, nbytes),
+                                          nbytes // 1000, unique_name("base-jg"), QUOTA // 8, tmp_path / "b")
+    finally:
+        baseline_sluice.stop()
+    rates = java_consumer_rates([s.bootstrap for s in fleet3.sluices], filled_topic(kafka, 3, nbytes),
+                                nbytes // 1000, unique_name("fleet-jg"), QUOTA // 24, tmp_path / "f")
+    total = sum(rates)
+    print(f"java consumers: one through one Sluice {baseline / MiB:.3f} MiB/s; a group through three "
+          "instances " + " + ".join(f"{r / MiB:.3f}" for r in rates) + f" = {total / MiB:.3f} MiB/s "
+          f"(quota 1): {total / baseline:.3f} x the baseline")
+    assert 0.9 * baseline <= total <= 1.1 * baseline, f"{total / baseline:.3f} x the single-instance baseline"
+    assert total <= 1.1 * QUOTA
 
 
 def _after_records(bootstrap: str, topic: str, records: int) -> threading.Event:
@@ -189,14 +225,13 @@ def test_demand_moves_to_the_one_producer_left(fleet3: Fleet, kafka: KafkaCluste
     timers = [threading.Timer(stop_at_s, stops[i].set) for i in (1, 2)]
     for t in timers:
         t.start()
-    timelines = flood_through(fleet3, topic, stop_at_s + 3 + 2 * PERIOD_S, stops)
-    before = timelines[0].rate(PERIOD_S, stop_at_s)
-    after = timelines[0].rate(stop_at_s + 3, stop_at_s + 3 + 2 * PERIOD_S)
+    timelines = flood_through(fleet3, topic, stop_at_s + 3 + RUN_S, stops)
+    before = timelines[0].cycle_rate(PERIOD_S, stop_at_s)
+    after = timelines[0].cycle_rate(stop_at_s + 3, stop_at_s + 3 + RUN_S)
     print(f"demand shift: the remaining producer {before / MiB:.2f} MiB/s before, "
           f"{after / MiB:.2f} MiB/s from 3 s after the others stopped (quota 1)")
     assert before <= 0.6 * QUOTA, f"{before / QUOTA:.2f} x quota before the shift"
-    # Kafka's window lets it catch up on the part of the window it could not use: up to 1.5 x
-    assert 0.9 * QUOTA <= after <= 1.5 * QUOTA, f"{after / QUOTA:.2f} x quota after the shift"
+    assert 0.9 * QUOTA <= after <= 1.1 * QUOTA, f"{after / QUOTA:.2f} x quota after the shift"
 
 
 def test_survivors_cover_the_quota_after_a_sigkill(fleet3: Fleet, kafka: KafkaCluster) -> None:
@@ -204,13 +239,13 @@ def test_survivors_cover_the_quota_after_a_sigkill(fleet3: Fleet, kafka: KafkaCl
     kill_at_s = 3 * PERIOD_S
     killer = threading.Timer(kill_at_s, lambda: fleet3.sluices[2].signal(signal.SIGKILL))
     killer.start()
-    timelines = flood_through(fleet3, topic, kill_at_s + 3 + 2 * PERIOD_S)
+    timelines = flood_through(fleet3, topic, kill_at_s + 3 + RUN_S)
     survivors = timelines[:2]
     before = total_rate(survivors, PERIOD_S, kill_at_s)
-    after = total_rate(survivors, kill_at_s + 3, kill_at_s + 3 + 2 * PERIOD_S)
+    after = total_rate(survivors, kill_at_s + 3, kill_at_s + 3 + RUN_S)
     print(f"kill: two survivors {before / MiB:.2f} MiB/s before, {after / MiB:.2f} MiB/s from 3 s after")
     assert before <= 0.85 * QUOTA, f"{before / QUOTA:.2f} x quota before the kill"
-    assert 0.9 * QUOTA <= after <= 1.4 * QUOTA, f"{after / QUOTA:.2f} x quota after the kill"
+    assert 0.9 * QUOTA <= after <= 1.1 * QUOTA, f"{after / QUOTA:.2f} x quota after the kill"
     wait_until(lambda: fleet3.metrics(0).value("sluice_fleet_members") == 2, 10, "two members left")
 
 
@@ -227,9 +262,9 @@ def test_an_unreachable_exchange_splits_by_the_expected_member_count(kafka: Kafk
         assert fleet.sluices[0].wait_for_log("fleet exchange kafka topic")  # the warning names it
         topic = create_topic(kafka.bootstrap, unique_name("fleet-fb"))
         (timeline,) = flood_through(fleet, topic, PERIOD_S + RUN_S)
-        achieved = timeline.rate(PERIOD_S, PERIOD_S + RUN_S)
+        achieved = timeline.cycle_rate(PERIOD_S, PERIOD_S + RUN_S)
         print(f"exchange unreachable, 3 members expected: {achieved / MiB:.3f} MiB/s (quota/3 = 0.333)")
-        assert 0.85 * QUOTA / 3 <= achieved <= 1.2 * QUOTA / 3, f"{achieved / QUOTA:.3f} x quota"
+        assert 0.9 * QUOTA / 3 <= achieved <= 1.1 * QUOTA / 3, f"{achieved / QUOTA:.3f} x quota"
         assert metrics.value("sluice_quota_limit", client_id="fleet-app", kind="produce") == \
             pytest.approx(QUOTA / 3)
         assert (metrics.value("sluice_fleet_exchange_errors_total") or 0) >= 1
@@ -257,3 +292,36 @@ def test_per_broker_budgets_hold_per_broker_across_two_instances(kafka_cluster3:
             assert all(s is not None and s < 1 for s in shares), (broker, shares)
     finally:
         fleet.stop()
+
+
+# ------------------------------------------------------------------------------------ workers
+
+def test_one_instance_with_three_workers_holds_one_budget(kafka: KafkaCluster, tmp_path: Path) -> None:
+    """Without `fleet:`, the workers of one instance share one budget over their supervisor's hub."""
+    port = free_port()
+    sluice = SluiceProcess(kafka.bootstrap, tmp_path / "workers", workers=3, config={
+        "metrics": {"port": port},
+        "quotas": {"window": WINDOW, "entries": [{"client_id": "fleet-app", "producer_byte_rate": QUOTA}]}}
+    ).start()
+    metrics = Metrics(port)
+    try:
+        for w in ("0", "1", "2"):
+            wait_until(lambda w=w: metrics.value("sluice_fleet_members", worker=w) == 3, 30,  # type: ignore[misc]
+                       f"worker {w} to hear from three members")
+        topic = create_topic(kafka.bootstrap, unique_name("fleet-w"))
+        # six producers on one bootstrap port: SO_REUSEPORT spreads their connections over workers
+        six = Fleet([(sluice, metrics)] * 6)
+        timelines = flood_through(six, topic, PERIOD_S + RUN_S)
+        total = total_rate(timelines, PERIOD_S, PERIOD_S + RUN_S)
+        served = [w for w in ("0", "1", "2")
+                  if metrics.value("sluice_fleet_share", worker=w, client_id="fleet-app") is not None]
+        print(f"three workers, six producers: {total / MiB:.3f} MiB/s (quota 1); workers serving: {served}")
+        assert len(served) >= 2, "the connections did not spread over the workers"
+        assert 0.9 * QUOTA <= total <= 1.1 * QUOTA, f"{total / QUOTA:.3f} x quota"
+        # a killed worker is restarted and joins again as a new member
+        os.kill(sluice.worker_pids()[1], signal.SIGKILL)
+        assert sluice.wait_for_log("restarting in", 20)
+        wait_until(lambda: metrics.value("sluice_fleet_members", worker="0") == 3
+                   and sluice.wait_for_log("worker 1 ready", 0.1), 60, "the restarted worker to rejoin")
+    finally:
+        sluice.stop()
