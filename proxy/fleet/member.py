@@ -120,6 +120,8 @@ class FleetMember:
         self.decision = ShareDecision({}, 1.0, 1, fallback=False)
         self.in_fallback = False
         self.reports_received = 0
+        self.reports_sent = 0
+        self.report_bytes_sent = 0
         self.bad_reports = 0
 
     @property
@@ -162,8 +164,11 @@ class FleetMember:
         self._last_tick_ms = now
         own, limits = self._own_usage(now, elapsed_ms)
         self._seq += 1
-        self.exchange.publish(encode_report(UsageReport(self.view.fleet_id, self.name, self._seq,
-                                                        self.interval_ms, tuple(own))))
+        payload = encode_report(UsageReport(self.view.fleet_id, self.name, self._seq, self.interval_ms,
+                                            tuple(own)))
+        self.exchange.publish(payload)
+        self.reports_sent += 1
+        self.report_bytes_sent += len(payload)
         decision = self.view.decide(own, limits, now, channel_up=self.exchange.connected)
         self._apply(decision)
 
@@ -238,6 +243,12 @@ class FleetCollector(Collector):
         received = CounterMetricFamily("sluice_fleet_reports_received", "Usage reports read (own included)")
         received.add_metric([], m.reports_received)
         yield received
+        sent = CounterMetricFamily("sluice_fleet_reports_sent", "Usage reports published")
+        sent.add_metric([], m.reports_sent)
+        yield sent
+        sent_bytes = CounterMetricFamily("sluice_fleet_report_bytes_sent", "Bytes of usage reports published")
+        sent_bytes.add_metric([], m.report_bytes_sent)
+        yield sent_bytes
         standby = GaugeMetricFamily("sluice_fleet_standby_share", "This member's share of every group it is "
                                     "not active on")
         standby.add_metric([], m.decision.standby)
