@@ -52,7 +52,7 @@ from proxy.workers.status import ENV_LISTEN_PORT, ENV_STATUS_FD, WorkerStatus, p
 log = logging.getLogger("sluice.workers")
 
 BROKER_SLOTS = 32  # per-broker ports reserved after an ephemeral bootstrap port: node ids 0..31
-KILL_GRACE_S = 5.0
+KILL_GRACE_S = 30.0  # after drain_timeout_ms: closing the access log, the store and the fleet may take 20 s
 SCRAPE_TIMEOUT_S = 5.0
 
 

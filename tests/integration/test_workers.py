@@ -34,7 +34,7 @@ WORKERS = 3
 T = TypeVar("T")
 
 
-def eventually(fetch: Callable[[], T], ok: Callable[[T], bool], timeout_s: float = 20.0) -> T:
+def eventually(fetch: Callable[[], T], ok: Callable[[T], bool], timeout_s: float = 30.0) -> T:
     deadline = time.monotonic() + timeout_s
     while True:
         value = fetch()
@@ -84,6 +84,7 @@ def log_time(log: str, text: str) -> float:
 
 def config(metrics_port: int, access_dir: Path, flood_rate: int) -> dict[str, Any]:
     return {"metrics": {"port": metrics_port}, "admins": ["ANONYMOUS"], "instance": "wk",
+            "drain_timeout_ms": 5000,
             "store": {"type": "sqlite", "path": "quotas.db"}, "access_log": {"dir": str(access_dir)},
             "quotas": {"entries": [{"client_id": "wk-flood", "producer_byte_rate": flood_rate}]}}
 
@@ -199,8 +200,10 @@ def test_a_killed_worker_is_restarted_and_clients_keep_working(instance: Instanc
     assert not errors, errors[:5]
 
     assert eventually(lambda: instance.value("sluice_worker_restarts", worker=str(victim)),
-                      lambda v: v == 1.0) == 1.0
-    assert eventually(lambda: instance.value("sluice_workers"), lambda v: v == WORKERS) == WORKERS
+                      lambda v: v == 1.0, timeout_s=30) == 1.0
+    # a worker starts in seconds, but in a minute on a 2-core machine loaded by other tests
+    up = eventually(lambda: instance.value("sluice_workers"), lambda v: v == WORKERS, timeout_s=120)
+    assert up == WORKERS
     back_s = time.monotonic() - killed
     new_pid = instance.proc.worker_pids()[victim]
     assert new_pid != pid
@@ -214,7 +217,8 @@ def test_a_killed_worker_is_restarted_and_clients_keep_working(instance: Instanc
 
 def test_sigterm_drains_every_worker_and_exits_zero(instance: Instance) -> None:
     pids = list(instance.proc.worker_pids().values())
-    assert instance.proc.stop() == 0
+    code = instance.proc.stop(timeout_s=60)
+    assert code == 0
     for pid in pids:
         with pytest.raises(ProcessLookupError):
             os.kill(pid, 0)
