@@ -48,8 +48,9 @@ class InFlight:
     streamed: bool = False            # its response already went out piece by piece
     response_received_ms: int = 0
     mutes_channel: bool = False       # its response being sent is a RESPONSE_SENT mute event
-    # read once by the pipeline before any response stage runs (None: no such field or unreadable)
-    broker_throttle_ms: int | None = None
+    # the broker's response as it arrived (its head when streamed), kept by the pipeline before any
+    # response stage runs: the broker's throttle_time_ms is read from it, never from a patched payload
+    broker_response: bytes | None = field(default=None, repr=False)
     quota: QuotaNote | None = None                               # QuotaStage -> QuotaStage, access log
     whole_response: bool = False      # QuotaStage -> connection: never stream it (topics, records read)
     request_payload: bytes | None = field(default=None, repr=False)   # access log (Produce only)

@@ -17,8 +17,9 @@ nothing but which stage sees which payload first:
   `replaced` (the broker's response is not what the client gets) sticks once set.
 
 Data one stage leaves for a later one travels in typed slots of the in-flight entry
-(`proxy.flow.inflight.InFlight`). The broker's throttle_time_ms is read once, before any response
-stage runs, into `entry.broker_throttle_ms` (when a stage asks for it).
+(`proxy.flow.inflight.InFlight`). Before any response stage runs, the pipeline keeps the broker's
+response in `entry.broker_response` (a reference, no copy): whoever needs the broker's own
+throttle_time_ms reads it there (`broker_throttle_ms`), whatever stage patched the payload first.
 
 A stage never sees a socket; it gets a `ConnectionContext` and the frame's bytes.
 """
@@ -166,10 +167,7 @@ class Stage(Protocol):
 
 
 class StageBase:
-    """No-op defaults, so a stage implements only the hooks it needs. A stage that reads
-    `entry.broker_throttle_ms` sets `wants_broker_throttle`."""
-
-    wants_broker_throttle = False
+    """No-op defaults, so a stage implements only the hooks it needs."""
 
     def on_request(self, ctx: ConnectionContext, entry: InFlight, header: RequestHeader,
                    payload: bytes) -> RequestOutcome | None:
@@ -187,6 +185,16 @@ def _implements(stage: Stage, hook: str) -> bool:
     return method is not None and method is not getattr(StageBase, hook)
 
 
+def broker_throttle_ms(entry: InFlight) -> int | None:
+    """The broker's throttle_time_ms in its response to `entry`; None if it has none or unreadable."""
+    if entry.broker_response is None:
+        return None
+    try:
+        return read_throttle_time_ms(entry.broker_response, entry.api_key, entry.api_version)
+    except ProtocolError:
+        return None
+
+
 class Pipeline:
     """Calls, per hook, only the stages that implement it (this runs for every request)."""
 
@@ -195,7 +203,6 @@ class Pipeline:
         self._on_request = [s for s in self.stages if _implements(s, "on_request")]
         self._on_response = [s for s in self.stages if _implements(s, "on_response")]
         self._on_complete = [s for s in self.stages if _implements(s, "on_complete")]
-        self._wants_broker_throttle = any(getattr(s, "wants_broker_throttle", False) for s in self.stages)
 
     def on_request(self, ctx: ConnectionContext, entry: InFlight, header: RequestHeader,
                    payload: bytes) -> RequestOutcome:
@@ -210,11 +217,7 @@ class Pipeline:
         return FORWARD if outcome is None else outcome
 
     def on_response(self, ctx: ConnectionContext, entry: InFlight, payload: bytes) -> ResponseOutcome:
-        if self._wants_broker_throttle:
-            try:
-                entry.broker_throttle_ms = read_throttle_time_ms(payload, entry.api_key, entry.api_version)
-            except ProtocolError:
-                entry.broker_throttle_ms = None
+        entry.broker_response = payload
         outcome: ResponseOutcome | None = None
         for stage in self._on_response:
             said = stage.on_response(ctx, entry, payload)

@@ -42,6 +42,7 @@ log = logging.getLogger("sluice.access_log")
 
 _SMALL_RESPONSE_BYTES = 64 * 1024   # larger responses are streamed: only their head is seen
 _FEED_INTERVAL_S = 0.05
+_HEAD_BYTES = 32                    # a Fetch response's header and throttle_time_ms
 
 # what the stage hands over: (entry, broker_id, client_address, principal, software name, version, ts_ms)
 Handoff = tuple[InFlight, int | None, str, str, str | None, str | None, int]
@@ -179,10 +180,19 @@ def row_of(item: Handoff) -> Row:
             entry.api_key, entry.api_version, entry.correlation_id, entry.request_bytes,
             entry.response_bytes if received else None,
             float(received - entry.received_ms) if entry.forwarded and received else None,
-            note.enforced_ms if note is not None else 0, entry.broker_throttle_ms,
+            note.enforced_ms if note is not None else 0, _throttle_source(entry),
             quota_entity, quota_kind, quota_limit, shadow,
             matched.would_throttle_ms if shadow and matched is not None else None,
             entry.request_payload, entry.response_payload)
+
+
+def _throttle_source(entry: InFlight) -> bytes | None:
+    """What the writer reads the broker's throttle_time_ms from: the kept response, else (a streamed
+    Fetch) the head of the broker's response, where the field is."""
+    if entry.response_payload is not None:
+        return None  # the writer reads it from the response itself
+    head = entry.broker_response
+    return head[:_HEAD_BYTES] if head is not None and entry.api_key == ApiKey.FETCH else None
 
 
 def _matched_decision(decisions: list[ThrottleDecision]) -> ThrottleDecision | None:
@@ -200,8 +210,6 @@ class AccessLogStage(StageBase):
     """Captures what a record needs; its place in the pipeline does not matter (the broker's
     throttle time is read once by the pipeline, before any stage patches it)."""
 
-    wants_broker_throttle = True  # the pipeline reads it into entry.broker_throttle_ms
-
     def __init__(self, writer: AccessLogWriter, clock: Clock) -> None:
         self._writer = writer
         self._submit = writer.submit
@@ -218,7 +226,7 @@ class AccessLogStage(StageBase):
         size = len(payload)
         if (size == entry.upstream_response_bytes and size <= _SMALL_RESPONSE_BYTES
                 and self._writer.reserve_payload(size)):
-            entry.response_payload = payload
+            entry.response_payload = entry.broker_response  # the broker's bytes, whatever stage order
         return None
 
     def on_complete(self, ctx: ConnectionContext, entry: InFlight, sent_ms: int) -> None:

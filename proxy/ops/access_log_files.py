@@ -25,13 +25,14 @@ from contracts.access_log import FIELD_NAMES, FIELDS, SCHEMA_VERSION, Field, dum
 from protocol.apis import ApiKey, api_name
 from protocol.errors import ProtocolError
 from protocol.headers import read_request_header
+from protocol.throttle import read_throttle_time_ms
 
 log = logging.getLogger("sluice.access_log")
 
 # The row a proxy hands over per record (a plain tuple: cheap to build and to pickle)
 ROW_FIELDS = ("ts_ms", "broker_id", "client_address", "principal", "client_id", "client_software_name",
               "client_software_version", "api_key", "api_version", "correlation_id", "request_bytes",
-              "response_bytes", "upstream_latency_ms", "throttle_time_ms", "broker_throttle_time_ms",
+              "response_bytes", "upstream_latency_ms", "throttle_time_ms", "broker_throttle_head",
               "quota_entity", "quota_kind", "quota_limit", "shadow", "would_throttle_ms",
               "request_payload", "response_payload")
 Row = tuple[Any, ...]
@@ -78,7 +79,7 @@ def build_record(row: Row, instance: str, topic_names: dict[bytes, str],
 
     (ts_ms, broker_id, client_address, principal, client_id, software_name, software_version, api_key,
      api_version, correlation_id, request_bytes, response_bytes, upstream_latency_ms, throttle_ms,
-     broker_throttle_ms, quota_entity, quota_kind, quota_limit, shadow, would_throttle_ms,
+     broker_head, quota_entity, quota_kind, quota_limit, shadow, would_throttle_ms,
      request, response) = row
     topics: list[dict[str, object]] | None = None
     error_codes: set[int] = set()
@@ -100,6 +101,8 @@ def build_record(row: Row, instance: str, topic_names: dict[bytes, str],
     except ProtocolError:
         pass  # the record is still written, without what could not be read
     error_codes.discard(0)
+    broker_throttle_ms = _broker_throttle(response if response is not None else broker_head,
+                                          api_key, api_version)
     return {
         "schema_version": SCHEMA_VERSION,
         "ts_ms": ts_ms,
@@ -128,6 +131,15 @@ def build_record(row: Row, instance: str, topic_names: dict[bytes, str],
         "error_codes": sorted(error_codes),
         "worker": worker,
     }
+
+
+def _broker_throttle(payload: bytes | None, api_key: int, api_version: int) -> int | None:
+    if payload is None:
+        return None
+    try:
+        return read_throttle_time_ms(payload, api_key, api_version)
+    except ProtocolError:
+        return None
 
 
 def _topic(p: Any, topic_names: dict[bytes, str]) -> dict[str, object]:

@@ -34,7 +34,7 @@ from protocol.sasl import SASL_API_KEYS
 from proxy.flow.inflight import CorrelationMismatch, InFlight, InFlightRequests
 from proxy.flow.pipeline import AnswerHere, AnswerLater, Close, ConnectionContext, Forward, Pipeline
 from proxy.pumps.fetch_stream import FetchStream
-from proxy.pumps.muting import ChannelMute
+from proxy.pumps.muting import ChannelMute, ChannelMuteState
 from proxy.pumps.sasl_mode import FrameHandler, SaslMode
 from proxy.pumps.services import ConnectionServices, Upstream
 from proxy.pumps.throttle_timer import ThrottleTimer
@@ -44,6 +44,7 @@ from quotas.clock import Clock
 log = logging.getLogger("sluice.connection")
 
 _ids = itertools.count(1)
+_NOT_MUTED = ChannelMuteState.NOT_MUTED
 
 __all__ = ["ClientConnection", "ConnectionServices", "connection_factory", "describe_api"]
 
@@ -59,6 +60,7 @@ class ClientConnection(asyncio.Protocol):
         self._splitter = FrameSplitter(services.max_frame_bytes)
         self._inflight = InFlightRequests()
         self.throttle = ThrottleTimer(services.clock, services.call_later, self._read_on)
+        self._mute = self.throttle.mute  # read on every frame: one attribute, no property chain
         self.fetch_stream: FetchStream = FetchStream(self)
         self._sasl: SaslMode | None = None
         self._transport: asyncio.Transport | None = None
@@ -157,8 +159,8 @@ class ClientConnection(asyncio.Protocol):
     # ------------------------------------------------------------------ requests
 
     def _reading_allowed(self) -> bool:
-        return (self._upstream is not None and self.throttle.reading_allowed and not self._draining
-                and not self._upstream_backpressure and not self.closed)
+        return (self._mute.state is _NOT_MUTED and self._upstream is not None
+                and not (self._draining or self._upstream_backpressure or self.closed))
 
     def _update_reading(self) -> None:
         transport = self._transport
@@ -297,8 +299,8 @@ class ClientConnection(asyncio.Protocol):
             sent_any = True
         if self._draining and len(self._inflight) == 0:
             self.close()
-        elif sent_any:
-            self._read_on()
+        elif sent_any and (self._reading_paused or self._splitter.buffered_bytes):
+            self._read_on()  # a response left: a mute may have ended, or frames wait
 
     def on_upstream_lost(self, exc: Exception | None) -> None:
         if self.closed:

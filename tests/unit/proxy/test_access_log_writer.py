@@ -13,8 +13,9 @@ import pytest
 from contracts.access_log import FIELD_NAMES, validate_record
 from protocol.apis import ApiKey
 from proxy.flow.inflight import InFlight
-from proxy.flow.pipeline import ConnectionContext, Pipeline
-from proxy.ops.access_log import AccessLogStage, AccessLogWriter
+from proxy.flow.pipeline import ConnectionContext, Pipeline, ResponseOutcome, StageBase
+from proxy.ops.access_log import AccessLogStage, AccessLogWriter, row_of
+from proxy.ops.access_log_files import build_record
 from quotas.clock import FakeClock
 
 CTX = ConnectionContext(3, "127.0.0.1:5000", "broker 1", 1, principal="alice",
@@ -67,3 +68,22 @@ def test_a_full_handoff_drops_and_counts_instead_of_blocking(tmp_path: Path) -> 
     writer = AccessLogWriter(tmp_path / "logs", "unit", queue_size=100)  # not started: nothing drains
     serve_requests(writer, 150)
     assert len(writer.handoff) == 100 and writer.dropped == 50
+
+
+def test_the_brokers_throttle_is_logged_even_when_sluice_patched_a_larger_one() -> None:
+    writer = AccessLogWriter(Path("/nonexistent"), "unit")  # not started: only the stage and the row
+    clock = FakeClock(0)
+    patch = ResponseOutcome(struct.pack(">iii", 7, 0, 9000))  # Sluice's 9000 ms written first
+
+    class Patcher(StageBase):
+        def on_response(self, ctx: ConnectionContext, entry: InFlight, payload: bytes) -> ResponseOutcome:
+            return patch
+
+    pipeline = Pipeline([Patcher(), AccessLogStage(writer, clock)])  # the log stage sees the patched bytes
+    entry = InFlight(7, ApiKey.PRODUCE, 8, "app", 100, 0)
+    broker = struct.pack(">iii", 7, 0, 450)  # Produce v8: no topics, throttle_time_ms 450
+    entry.upstream_response_bytes = entry.response_received_ms = len(broker)
+    pipeline.on_response(CTX, entry, broker)
+    pipeline.on_complete(CTX, entry, 0)
+    record = build_record(row_of(writer.handoff[0]), "unit", {})
+    assert record["broker_throttle_time_ms"] == 450

@@ -22,6 +22,7 @@ from proxy.flow.pipeline import (
     RequestOutcome,
     ResponseOutcome,
     StageBase,
+    broker_throttle_ms,
 )
 
 CTX = ConnectionContext(1, "127.0.0.1:5000", "broker 1", 1)
@@ -45,13 +46,11 @@ class Says(StageBase):
 
 
 class ReadsBrokerThrottle(StageBase):
-    wants_broker_throttle = True
-
     def __init__(self) -> None:
         self.seen: list[int | None] = []
 
     def on_response(self, ctx: ConnectionContext, entry: InFlight, payload: bytes) -> ResponseOutcome | None:
-        self.seen.append(entry.broker_throttle_ms)
+        self.seen.append(broker_throttle_ms(entry))
         return None
 
 
@@ -120,7 +119,7 @@ def test_response_with_no_say_is_the_brokers() -> None:
     assert Pipeline([Says()]).on_response(CTX, entry(), b"broker") == ResponseOutcome(b"broker")
 
 
-def test_broker_throttle_is_read_once_before_any_stage_whatever_the_order() -> None:
+def test_the_brokers_throttle_is_its_own_whatever_stage_patched_first() -> None:
     # Produce v8 response: correlation id, no topics, throttle_time_ms = 450
     response = struct.pack(">iii", 7, 0, 450)
     patcher = Says(response=ResponseOutcome(struct.pack(">iii", 7, 0, 9000)))
@@ -128,11 +127,11 @@ def test_broker_throttle_is_read_once_before_any_stage_whatever_the_order() -> N
     for stages in ((patcher, reader), (reader, patcher)):
         reader.seen.clear()
         e = entry()
-        Pipeline(list(stages)).on_response(CTX, e, response)
-        assert reader.seen == [450] and e.broker_throttle_ms == 450
+        outcome = Pipeline(list(stages)).on_response(CTX, e, response)
+        assert outcome.payload == struct.pack(">iii", 7, 0, 9000)
+        assert reader.seen == [450] and broker_throttle_ms(e) == 450
+        assert e.broker_response is response  # kept, not copied
 
 
-def test_broker_throttle_is_not_read_when_no_stage_wants_it() -> None:
-    e = entry()
-    Pipeline([Says()]).on_response(CTX, e, struct.pack(">iii", 7, 0, 450))
-    assert e.broker_throttle_ms is None
+def test_no_broker_response_no_broker_throttle() -> None:
+    assert broker_throttle_ms(entry()) is None
