@@ -178,3 +178,53 @@ def test_worker_field_and_file_names() -> None:
     assert partition_path("/r", ts, "sl-1", 3, worker=2).name == "sl-1-w2-000003.jsonl"
     with pytest.raises(ValueError, match="worker"):
         partition_path("/r", ts, "sl-1", 3, worker=-1)
+
+
+# ---------------------------------------------------------------------------------- supervisor endpoint
+
+class _Running:
+    returncode: int | None = None
+
+
+def test_supervisor_scrapes_every_up_worker_and_reports_health() -> None:
+    """The supervisor's /metrics fetches each worker's endpoint over HTTP and merges them; /healthz
+    is healthy only while every worker is up."""
+    import asyncio
+
+    from proxy.ops.http import MetricsEndpoint
+    from proxy.workers.supervisor import Supervisor
+
+    async def scenario() -> None:
+        config = load_config(None, {**BASE, "workers": 2}, environ={})
+        supervisor = Supervisor(config, ["proxy"])
+        endpoints = []
+        for index, requests in enumerate((3, 5)):
+            registry = CollectorRegistry()
+            counter = Counter("sluice_requests", "Requests by API", ["api"], registry=registry)
+            counter.labels("Fetch").inc(requests)
+            endpoint = MetricsEndpoint(registry, lambda: True)
+            await endpoint.start("127.0.0.1", 0)
+            endpoints.append(endpoint)
+            worker = supervisor.workers[index]
+            worker.process = _Running()  # type: ignore[assignment]
+            worker.status = WorkerStatus("127.0.0.1:9092", endpoint.port)
+        try:
+            assert supervisor.healthy()
+            text = (await supervisor.scrape()).decode()
+            families = {f.name: f for f in text_string_to_metric_families(text)}
+            got = {s.labels["worker"]: s.value for s in families["sluice_requests"].samples
+                   if s.name == "sluice_requests_total"}
+            assert got == {"0": 3.0, "1": 5.0}
+            assert families["sluice_workers"].samples[0].value == 2.0
+            supervisor.workers[1].status = None  # died, not ready again yet
+            assert not supervisor.healthy()
+            text = (await supervisor.scrape()).decode()
+            families = {f.name: f for f in text_string_to_metric_families(text)}
+            assert {s.labels["worker"] for s in families["sluice_requests"].samples} == {"0"}
+            assert families["sluice_workers"].samples[0].value == 1.0
+        finally:
+            for endpoint in endpoints:
+                await endpoint.stop()
+            await supervisor._cleanup()  # its hub and private directory
+
+    asyncio.run(scenario())
