@@ -12,6 +12,7 @@
 from __future__ import annotations
 
 import collections
+import json
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -48,8 +49,9 @@ def api_versions(address: str) -> dict[int, tuple[int, int]]:
 @pytest.fixture
 def quota_sluice(kafka: KafkaCluster, tmp_path: Path) -> Iterator[tuple[SluiceProcess, Metrics]]:
     port = free_port()
-    config: dict[str, Any] = {"metrics": {"port": port}, "quotas": {
-        "window": WINDOW, "entries": [{"client_id": "<default>", "consumer_byte_rate": QUOTA}]}}
+    entries = [{"client_id": "<default>", "consumer_byte_rate": QUOTA}]
+    config: dict[str, Any] = {"metrics": {"port": port}, "access_log": {"dir": str(tmp_path / "access")},
+                              "quotas": {"window": WINDOW, "entries": entries}}
     sluice = SluiceProcess(kafka.bootstrap, tmp_path / "sluice", config=config).start()
     try:
         yield sluice, Metrics(port)
@@ -63,6 +65,14 @@ def test_api_versions_through_sluice_equal_the_brokers(kafka: KafkaCluster, quot
     through = api_versions(sluice.bootstrap)
     assert through == direct  # Fetch 4-18, ShareFetch 1-2, ShareAcknowledge 1-2, ... nothing capped
     assert through[1] == (4, 18) and through[78] == (1, 2) and through[79] == (1, 2)
+
+
+def access_records(root: Path) -> list[dict[str, Any]]:
+    records = []
+    for path in root.rglob("*"):
+        if path.is_file() and not path.name.endswith(".parquet"):
+            records += [json.loads(line) for line in path.read_text().splitlines() if line.startswith("{")]
+    return records
 
 
 def produce_records(bootstrap: str, topic: str) -> set[str]:
@@ -117,6 +127,12 @@ def test_java_share_group_through_sluice_under_a_fetch_quota(kafka: KafkaCluster
     check_throttled(metrics, "share-java-a")
     # the Java client saw Sluice's throttle_time_ms in its share fetch responses (KIP-219 back-off)
     assert stayer.log.throttle_max_ms is not None and stayer.log.throttle_max_ms > 0, stayer.tail()
+    # the access log has the share fetches (with their bytes) and the acknowledgements
+    def logged() -> collections.Counter[str]:
+        return collections.Counter(r["api_name"] for r in access_records(sluice.workdir.parent / "access")
+                                   if r["client_id"] in ("share-java-a", "share-java-b")
+                                   and (r["api_name"] != "ShareFetch" or (r["response_bytes"] or 0) > 0))
+    assert wait_until(lambda: logged()["ShareFetch"] > 0 and logged()["ShareAcknowledge"] > 0, 30), logged()
 
 
 def test_librdkafka_share_group_through_sluice_under_a_fetch_quota(kafka: KafkaCluster,
