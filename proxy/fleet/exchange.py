@@ -6,7 +6,7 @@ member to every member, the sender included. It never blocks the event loop: `pu
 
 * `KafkaExchange` (`proxy.fleet.kafka`): a topic every member of every instance writes to and reads
   from the end (the `fleet:` section);
-* `LocalExchange` (`proxy.workers.hub`): the workers of one instance, relayed by their supervisor
+* `LocalExchange` (`proxy.fleet.local`): the workers of one instance, relayed by their supervisor
   over a Unix socket (``--workers N`` without `fleet:`).
 """
 
