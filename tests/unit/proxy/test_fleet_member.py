@@ -1,0 +1,138 @@
+"""The fleet member over a fake exchange and a fake clock: what it reports, how it reads the
+others, how claims of throttled connections keep a share, and the fallback."""
+
+from __future__ import annotations
+
+import pytest
+
+from proxy.fleet.member import FleetClaims, FleetCollector, FleetMember
+from proxy.flow.pipeline import ConnectionContext
+from proxy.stages.quota import QuotaManagers
+from quotas.clock import FakeClock
+from quotas.config import QuotaConfig
+from quotas.entity import ClientIdentity, QuotaKind, SensorKey
+from quotas.fleet import FleetView, GroupUsage, UsageReport, decode_report, encode_report
+from quotas.manager import ThrottleDecision
+
+Q = 1_000_000.0
+KEY = SensorKey(QuotaKind.PRODUCE, "", "app")
+APP = ClientIdentity.of("ANONYMOUS", "app")
+
+
+class FakeExchange:
+    def __init__(self) -> None:
+        self.published: list[bytes] = []
+        self.inbox: list[bytes] = []
+        self.connected = True
+        self.errors = 0
+
+    def start(self) -> None: ...
+
+    def publish(self, payload: bytes) -> None:
+        self.published.append(payload)
+        self.inbox.append(payload)  # every member hears itself too
+
+    def drain(self) -> list[bytes]:
+        out, self.inbox = self.inbox, []
+        return out
+
+    def describe(self) -> str:
+        return "fake"
+
+    def close(self) -> None: ...
+
+
+def member(clock: FakeClock) -> tuple[FleetMember, FakeExchange, QuotaManagers]:
+    managers = QuotaManagers(QuotaConfig.from_dict({"entries": [{"client_id": "app", "producer_byte_rate": Q}]}),
+                             clock)
+    exchange = FakeExchange()
+    view = FleetView("f", "a", 1500, warmup_ms=0)
+    claims = FleetClaims(clock, ("all", "cluster"), hold_ms=1000)
+    return FleetMember(view, exchange, managers, clock, claims, 500), exchange, managers
+
+
+def peer(member_name: str, seq: int, used: float, constrained: bool) -> bytes:
+    return encode_report(UsageReport("f", member_name, seq, 500, (GroupUsage("1", KEY, used, constrained),)))
+
+
+def test_reports_what_was_admitted_per_second_and_splits_with_a_constrained_peer() -> None:
+    clock = FakeClock()
+    m, exchange, managers = member(clock)
+    broker1 = managers.for_broker(1)
+    broker1.record_and_check(QuotaKind.PRODUCE, APP, 1)
+    m.tick()                                     # first round: the sensor is seen
+    broker1.record_and_check(QuotaKind.PRODUCE, APP, 100_000)
+    clock.advance(500)
+    exchange.inbox.append(peer("b", 1, 300_000, True))
+    m.tick()
+    (report,) = [decode_report(p) for p in exchange.published[-1:]]
+    # 100 000 bytes in 500 ms: 200 000 bytes/s, not throttled
+    assert report.groups == (GroupUsage("1", KEY, 200_000.0, False),)
+    # a wants 200k x 1.2 = 0.24 Q; b is constrained and gets the rest
+    assert m.decision.shares[("1", KEY)] == pytest.approx(0.24)
+    assert broker1.quota_bound(KEY) == pytest.approx(0.24 * Q)
+    assert m.decision.members == 2 and not m.in_fallback
+
+
+def test_a_claim_keeps_a_muted_client_constrained_until_its_connection_closes() -> None:
+    clock = FakeClock()
+    m, exchange, managers = member(clock)
+    broker1 = managers.for_broker(1)
+    broker1.record_and_check(QuotaKind.PRODUCE, APP, 1)
+    ctx = ConnectionContext(connection_id=7, client_address="10.0.0.1", listener="broker 1", broker_id=1)
+    m.claims.on_violation(ctx, ThrottleDecision(QuotaKind.PRODUCE, KEY, 3000, 2 * Q, Q))
+    m.tick()
+    clock.advance(2000)                          # muted: nothing recorded for 2 s
+    exchange.inbox.append(peer("b", 1, 500_000, True))
+    m.tick()
+    (report,) = [decode_report(p) for p in exchange.published[-1:]]
+    assert report.groups[0].constrained and report.groups[0].used_per_s == 0
+    assert m.decision.shares[("1", KEY)] == pytest.approx(0.5)
+    # the client goes away: no claim, nothing used -> not active; b takes it all, a is on standby
+    m.claims.connection_closed(7)
+    clock.advance(500)
+    exchange.inbox.append(peer("b", 2, 500_000, True))
+    m.tick()
+    assert decode_report(exchange.published[-1]).groups == ()
+    assert ("1", KEY) not in m.decision.shares and m.decision.standby == pytest.approx(0.5)
+
+
+def test_claims_end_with_their_throttle_plus_the_hold() -> None:
+    clock = FakeClock()
+    claims = FleetClaims(clock, ("all",), hold_ms=1000)
+    ctx = ConnectionContext(connection_id=1, client_address="x", listener="bootstrap", broker_id=None)
+    claims.on_violation(ctx, ThrottleDecision(QuotaKind.PRODUCE, KEY, 500, 2 * Q, Q))
+    assert claims.claimed(clock.now_ms()) == {("bootstrap", KEY), ("all", KEY)}
+    clock.advance(1499)
+    assert claims.claimed(clock.now_ms())
+    clock.advance(1)                             # 500 ms throttle + 1000 ms hold
+    assert claims.claimed(clock.now_ms()) == set()
+    # a shadow decision (nothing enforced) claims nothing
+    claims.on_violation(ctx, ThrottleDecision(QuotaKind.PRODUCE, KEY, 500, 2 * Q, Q, shadow=True))
+    assert claims.claimed(clock.now_ms()) == set()
+
+
+def test_silence_is_the_fallback_split_by_the_last_known_count_and_metrics_say_so() -> None:
+    clock = FakeClock()
+    m, exchange, managers = member(clock)
+    managers.for_broker(1).record_and_check(QuotaKind.PRODUCE, APP, 1)
+    exchange.inbox += [peer("b", 1, 1, True), peer("c", 1, 1, True)]
+    m.tick()
+    assert m.decision.members == 3
+    exchange.connected = False                   # the channel says it is down
+    clock.advance(500)
+    m.tick()
+    assert m.in_fallback and m.decision.standby == pytest.approx(1 / 3)
+    assert managers.for_broker(1).quota_bound(KEY) == pytest.approx(Q / 3)
+    exported = {(metric.name, tuple(s.labels.items())): s.value
+                for metric in FleetCollector(m).collect() for s in metric.samples}
+    assert exported[("sluice_fleet_fallback", ())] == 1
+    assert exported[("sluice_fleet_members", ())] == 3
+
+
+def test_garbage_on_the_exchange_is_counted_and_ignored() -> None:
+    clock = FakeClock()
+    m, exchange, _ = member(clock)
+    exchange.inbox += [b"not a report", peer("b", 1, 1, True)]
+    m.tick()
+    assert m.bad_reports == 1 and m.decision.members == 2
