@@ -43,8 +43,8 @@ class FakeExchange:
 
 
 def member(clock: FakeClock) -> tuple[FleetMember, FakeExchange, QuotaManagers]:
-    managers = QuotaManagers(QuotaConfig.from_dict({"entries": [{"client_id": "app", "producer_byte_rate": Q}]}),
-                             clock)
+    config = QuotaConfig.from_dict({"entries": [{"client_id": "app", "producer_byte_rate": Q}]})
+    managers = QuotaManagers(config, clock)
     exchange = FakeExchange()
     view = FleetView("f", "a", 1500, warmup_ms=0)
     claims = FleetClaims(clock, ("all", "cluster"), hold_ms=1000)
