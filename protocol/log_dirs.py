@@ -17,6 +17,8 @@ from protocol.headers import RequestHeader, read_response_correlation_id
 METADATA_VERSION = 12
 DESCRIBE_LOG_DIRS_VERSION = 4
 CLIENT_ID = "sluice-storage"
+#: Kafka's error for a log dir the broker has taken offline (KIP-112: full or failed disk).
+KAFKA_STORAGE_ERROR = 56
 
 
 @dataclass(frozen=True, slots=True)
@@ -24,6 +26,7 @@ class LogDirSize:
     log_dir: str
     total_bytes: int
     usable_bytes: int
+    offline: bool = False
 
 
 def request_frame(api_key: int, version: int, correlation_id: int, body: Any) -> bytes:
@@ -61,10 +64,52 @@ def parse_brokers(payload: bytes, correlation_id: int) -> dict[int, tuple[str, i
 
 
 def parse_log_dirs(payload: bytes, correlation_id: int) -> list[LogDirSize]:
-    """The log dirs of a DescribeLogDirs v4 response that have sizes: offline dirs (an error)
-    and brokers older than 3.3 (-1) are left out, as Strimzi does."""
+    """The log dirs of a DescribeLogDirs v4 response that have sizes, and the offline ones
+    (KAFKA_STORAGE_ERROR, sizes 0, ``offline``: the storage policy counts them as full). Dirs with
+    another error and sizes of brokers older than 3.3 (-1) are left out, as Strimzi does."""
     response = _decode(payload, ApiKey.DESCRIBE_LOG_DIRS, DESCRIBE_LOG_DIRS_VERSION, correlation_id)
     if int(response.error_code) != 0:
         raise DecodeError(f"DescribeLogDirs error code {int(response.error_code)}", 0)
-    return [LogDirSize(str(r.log_dir), int(r.total_bytes), int(r.usable_bytes)) for r in response.results
-            if int(r.error_code) == 0 and int(r.total_bytes) >= 0 and int(r.usable_bytes) >= 0]
+    sizes = [LogDirSize(str(r.log_dir), int(r.total_bytes), int(r.usable_bytes)) for r in response.results
+             if int(r.error_code) == 0 and int(r.total_bytes) >= 0 and int(r.usable_bytes) >= 0]
+    offline = [LogDirSize(str(r.log_dir), 0, 0, offline=True) for r in response.results
+               if int(r.error_code) == KAFKA_STORAGE_ERROR]
+    return sizes + offline
+
+
+SASL_HANDSHAKE_VERSION = 1
+SASL_AUTHENTICATE_VERSION = 2
+
+
+def sasl_handshake_frame(correlation_id: int, mechanism: str) -> bytes:
+    body = request_schema(ApiKey.SASL_HANDSHAKE, SASL_HANDSHAKE_VERSION)(mechanism=mechanism)
+    return request_frame(ApiKey.SASL_HANDSHAKE, SASL_HANDSHAKE_VERSION, correlation_id, body)
+
+
+def sasl_authenticate_frame(correlation_id: int, auth_bytes: bytes) -> bytes:
+    body = request_schema(ApiKey.SASL_AUTHENTICATE, SASL_AUTHENTICATE_VERSION)(auth_bytes=auth_bytes)
+    return request_frame(ApiKey.SASL_AUTHENTICATE, SASL_AUTHENTICATE_VERSION, correlation_id, body)
+
+
+@dataclass(frozen=True, slots=True)
+class SaslReply:
+    """A SaslHandshake or SaslAuthenticate response: `error` is None on success (never the payload)."""
+
+    error: str | None
+    auth_bytes: bytes = b""
+
+
+def parse_sasl_handshake(payload: bytes, correlation_id: int) -> SaslReply:
+    response = _decode(payload, ApiKey.SASL_HANDSHAKE, SASL_HANDSHAKE_VERSION, correlation_id)
+    if int(response.error_code) != 0:
+        return SaslReply(f"mechanism not enabled (error {int(response.error_code)}; the broker offers "
+                         f"{', '.join(response.mechanisms) or 'none'})")
+    return SaslReply(None)
+
+
+def parse_sasl_authenticate(payload: bytes, correlation_id: int) -> SaslReply:
+    response = _decode(payload, ApiKey.SASL_AUTHENTICATE, SASL_AUTHENTICATE_VERSION, correlation_id)
+    if int(response.error_code) != 0:
+        return SaslReply(f"{response.error_message or 'authentication failed'} "
+                         f"(error {int(response.error_code)})")
+    return SaslReply(None, bytes(response.auth_bytes))

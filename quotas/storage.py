@@ -12,7 +12,14 @@ with the volume's total, so soft and hard of different types interpolate too). T
 is the minimum over every volume, and the volume that gives it is the *throttling volume*.
 
 When the view is incomplete (an expected broker sent no log-dir sizes, or the poll failed) the
-configured fallback factor applies instead (Strimzi's default 1.0: optimistic).
+last factor computed from a complete view is *held* for a validity window (Strimzi's
+``throttle-factor.validity-duration``); only once it has expired does the configured fallback
+factor apply (Strimzi's default 1.0: optimistic). A hard stop is not lifted by the fallback: when
+the last complete view stopped production (factor 0), the factor stays 0 until a complete view
+shows space again, unless ``fallback_lifts_hard_stop`` is set (`hold_or_fallback`).
+
+An *offline* log dir (the broker reports KAFKA_STORAGE_ERROR for it, KIP-112: the broker takes a
+dir offline when it runs out of space or fails) counts as full: its factor is 0.
 """
 
 from __future__ import annotations
@@ -40,9 +47,12 @@ class VolumeUsage:
     log_dir: str
     total_bytes: int
     usable_bytes: int
+    offline: bool = False  # the broker reported the dir offline (KAFKA_STORAGE_ERROR): counts as full
 
     @property
     def available_ratio(self) -> float:
+        if self.offline:
+            return 0.0
         return self.usable_bytes / self.total_bytes if self.total_bytes > 0 else 0.0
 
 
@@ -141,7 +151,9 @@ def validate_fallback_factor(value: float, key: str = "storage.fallback_factor")
 
 
 def volume_factor(volume: VolumeUsage, limits: StorageLimits) -> float:
-    """1 above soft, 0 at or below hard, linear in available bytes in between."""
+    """1 above soft, 0 at or below hard (or offline), linear in available bytes in between."""
+    if volume.offline:
+        return 0.0
     available = volume.usable_bytes
     hard = limits.hard.as_bytes(volume)
     if available <= hard:
@@ -165,6 +177,8 @@ class FactorDecision:
     reason: FallbackReason | None = None
     throttling_volume: VolumeUsage | None = None
     detail: str = ""
+    #: the view was incomplete (`reason`) but the last complete factor is still valid and applies
+    held: bool = False
 
 
 def throttle_factor(volumes: Iterable[VolumeUsage], limits: StorageLimits, expected_brokers: Iterable[int],
@@ -192,6 +206,38 @@ def throttle_factor(volumes: Iterable[VolumeUsage], limits: StorageLimits, expec
         if f < best or (throttling is None and f < 1.0):
             best, throttling = f, v
     return FactorDecision(best, throttling_volume=throttling)
+
+
+@dataclass(frozen=True, slots=True)
+class CompleteView:
+    """The last factor computed from a complete view, and when (a monotonic clock, ms)."""
+
+    decision: FactorDecision
+    at_ms: int
+
+
+def hold_or_fallback(fresh: FactorDecision, last_complete: CompleteView | None, now_ms: int,
+                     validity_ms: int, *, fallback_lifts_hard_stop: bool = False) -> FactorDecision:
+    """The decision to apply given this poll's `fresh` one (`throttle_factor`).
+
+    A complete view applies as it is. An incomplete one keeps the last complete factor while it is
+    younger than `validity_ms` (``held``); after that the fallback applies, except that a last
+    complete factor of 0 (a hard stop) is kept unless `fallback_lifts_hard_stop`: losing sight of
+    a full disk does not free it.
+    """
+    if not fresh.fallback_applied or last_complete is None:
+        return fresh
+    last = last_complete.decision
+    age_ms = now_ms - last_complete.at_ms
+    if age_ms < validity_ms:
+        return FactorDecision(last.factor, False, fresh.reason, last.throttling_volume,
+                              detail=f"{fresh.detail}; holding the factor of {age_ms} ms ago "
+                                     f"(valid for {validity_ms} ms)", held=True)
+    if last.factor == 0.0 and not fallback_lifts_hard_stop and fresh.factor > 0.0:
+        return FactorDecision(0.0, True, fresh.reason, last.throttling_volume,
+                              detail=f"{fresh.detail}; the last complete view ({age_ms} ms ago) stopped "
+                                     "production: the hard stop stays until a complete view")
+    return fresh
 
 
 #: The entity `with_base_rate` gives a produce quota to (the lowest of Kafka's 8 levels).

@@ -19,7 +19,7 @@ from protocol.log_dirs import describe_log_dirs_frame, metadata_frame, parse_log
 from proxy.config import ConfigError, load_config
 from proxy.ops.disk_guard import StorageCollector, StorageConfig, StoragePoller
 from quotas.entity import DEFAULT, QuotaKind
-from quotas.storage import FallbackReason
+from quotas.storage import FallbackReason, volume_factor
 
 
 class Scaler:
@@ -220,22 +220,26 @@ async def test_describe_log_dirs_every_active_broker_and_fall_back_for_one_witho
     try:
         cluster.brokers = {1: cluster.port, 3: cluster.port}
         cfg = StorageConfig(limits=[{"type": "available_ratio_below", "soft": 0.5, "hard": 0.1}],
-                            fallback_factor=0.0)
+                            fallback_factor=0.25, factor_validity_ms=0)
         scaler = Scaler()
         poller = StoragePoller(cfg, scaler, [("127.0.0.1", cluster.port)])
         decision = await poller.poll_once()
-        # /d1 has 30 of 100 bytes: soft at 50, hard at 10 -> (30 - 10) / (50 - 10)
-        assert decision.factor == pytest.approx(0.5) and not decision.fallback_applied
+        # /d1 has 30 of 100 bytes (factor 0.5), but /d2 is offline (KAFKA_STORAGE_ERROR): full, 0
+        assert decision.factor == 0.0 and not decision.fallback_applied
         assert decision.throttling_volume is not None
-        assert (decision.throttling_volume.broker_id, decision.throttling_volume.log_dir) == (1, "/d1")
-        assert (poller.active_brokers, len(poller.volumes)) == (2, 2)  # offline and size-less dirs left out
+        assert (decision.throttling_volume.broker_id, decision.throttling_volume.log_dir) == (1, "/d2")
+        assert decision.throttling_volume.offline
+        d1 = [v for v in poller.volumes if v.log_dir == "/d1"]
+        assert len(d1) == 2 and volume_factor(d1[0], cfg.storage_limits()) == pytest.approx(0.5)
+        assert (poller.active_brokers, len(poller.volumes)) == (2, 4)  # size-less dirs left out
         assert sorted(cluster.requests) == [(3, 12), (35, 4), (35, 4)]
-        # broker 2 joins but cannot be reached: the view is incomplete
+        # broker 2 joins but cannot be reached: the view is incomplete; no validity window here,
+        # and the last complete view stopped production: the fallback (0.25) does not lift it
         cluster.brokers[2] = closed_port()
         decision = await poller.poll_once()
         assert (decision.factor, decision.reason) == (0.0, FallbackReason.BROKER_WITHOUT_LOG_DIRS)
-        assert "[2]" in decision.detail
-        assert scaler.calls == [(QuotaKind.PRODUCE, 0.5), (QuotaKind.PRODUCE, 0.0)]
+        assert "[2]" in decision.detail and "hard stop stays" in decision.detail
+        assert scaler.calls == [(QuotaKind.PRODUCE, 0.0), (QuotaKind.PRODUCE, 0.0)]
         assert poller.fallbacks == {"broker_without_log_dirs": 1}
     finally:
         await cluster.close()

@@ -8,11 +8,14 @@ from quotas import ClientIdentity, FakeClock, QuotaConfig, QuotaEntity, QuotaEnt
 from quotas.errors import QuotaConfigError
 from quotas.stats import RateConfig
 from quotas.storage import (
+    CompleteView,
+    FactorDecision,
     FallbackReason,
     LimitType,
     StorageLimits,
     Threshold,
     VolumeUsage,
+    hold_or_fallback,
     throttle_factor,
     validate_fallback_factor,
     volume_factor,
@@ -170,3 +173,37 @@ def test_quota_managers_apply_the_scale_to_brokers_seen_later() -> None:
     managers.set_limit_scale(QuotaKind.PRODUCE, 0.25)
     assert early.check(QuotaKind.PRODUCE, ALICE).bound == 250.0
     assert managers.for_broker(2).check(QuotaKind.PRODUCE, ALICE).bound == 250.0
+
+
+def test_an_offline_log_dir_counts_as_full() -> None:
+    offline = VolumeUsage(2, "/data2", 0, 0, offline=True)
+    assert volume_factor(offline, BYTES) == 0.0 and offline.available_ratio == 0.0
+    d = throttle_factor([vol(50 * GB, broker=1), offline], BYTES, [1, 2], fallback_factor=1.0)
+    assert (d.factor, d.fallback_applied, d.throttling_volume) == (0.0, False, offline)
+
+
+FAILED = FactorDecision(1.0, True, FallbackReason.POLL_FAILED, detail="connection refused")
+
+
+@pytest.mark.parametrize("last_factor", [0.0, 0.4, 1.0])
+def test_a_failed_poll_holds_the_last_complete_factor_within_the_window(last_factor: float) -> None:
+    last = CompleteView(FactorDecision(last_factor), at_ms=10_000)
+    d = hold_or_fallback(FAILED, last, now_ms=10_000 + 299_999, validity_ms=300_000)
+    assert (d.factor, d.held, d.fallback_applied, d.reason) == (last_factor, True, False,
+                                                                FallbackReason.POLL_FAILED)
+
+
+def test_after_the_window_the_fallback_applies_but_never_lifts_a_hard_stop() -> None:
+    soft = CompleteView(FactorDecision(0.4), at_ms=0)
+    assert hold_or_fallback(FAILED, soft, 300_000, 300_000) == FAILED  # expired: fallback 1.0
+    stop = CompleteView(FactorDecision(0.0), at_ms=0)
+    d = hold_or_fallback(FAILED, stop, 300_000, 300_000)
+    assert (d.factor, d.fallback_applied, d.held) == (0.0, True, False)
+    assert "hard stop stays" in d.detail
+    assert hold_or_fallback(FAILED, stop, 300_000, 300_000, fallback_lifts_hard_stop=True) == FAILED
+
+
+def test_complete_views_and_a_first_failed_poll_apply_as_they_are() -> None:
+    fresh = FactorDecision(0.7)
+    assert hold_or_fallback(fresh, CompleteView(FactorDecision(0.0), 0), 5, 1000) is fresh
+    assert hold_or_fallback(FAILED, None, 5, 1000) is FAILED  # no complete view yet: the fallback
