@@ -20,9 +20,14 @@ FROM python:${PYTHON_VERSION}-slim
 LABEL org.opencontainers.image.title="sluice" \
       org.opencontainers.image.description="Kafka-protocol throttling proxy with Kafka's quota semantics"
 ENV PYTHONDONTWRITEBYTECODE=1 PYTHONUNBUFFERED=1 PATH=/opt/sluice/bin:$PATH
-RUN useradd --system --uid 10001 --no-create-home --shell /usr/sbin/nologin sluice
+# /etc/sluice is the (read-only) config mount; a relative store.path (the SQLite default) lives in
+# the data directory, writable by the sluice user (mount a volume there to keep quotas)
+RUN useradd --system --uid 10001 --no-create-home --shell /usr/sbin/nologin sluice \
+ && mkdir -p /var/lib/sluice && chown 10001:10001 /var/lib/sluice
+ENV SLUICE_DATA_DIR=/var/lib/sluice
 COPY --from=build /opt/sluice /opt/sluice
 USER 10001:10001
+WORKDIR /var/lib/sluice
 # bootstrap listener, the first per-broker listeners, and the metrics port
 EXPOSE 9092 9093 9094 9095 9404
 HEALTHCHECK --interval=10s --timeout=3s --start-period=15s --retries=3 \

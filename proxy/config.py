@@ -8,6 +8,7 @@ variables are `SLUICE_<SECTION>__<KEY>` (double underscore between levels), for 
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import ssl
 from collections.abc import Mapping
@@ -121,12 +122,16 @@ class AccessLogConfig(BaseModel):
     def _kafka(self) -> AccessLogConfig:
         if (self.kafka_bootstrap is None) != (self.kafka_topic is None):
             raise ValueError("kafka_bootstrap and kafka_topic go together")
-        if self.format == "parquet" and self.dir is not None:
-            try:
-                import pyarrow  # noqa: F401
-            except ImportError:
-                raise ValueError("format parquet needs pyarrow installed") from None
+        if self.format == "parquet" and self.dir is not None and not _installed("pyarrow"):
+            raise ValueError("format: parquet needs pyarrow installed (or format: json)")
+        if self.kafka_bootstrap is not None and not _installed("confluent_kafka"):
+            raise ValueError("kafka_bootstrap: the access-log topic needs confluent-kafka installed")
         return self
+
+
+def _installed(module: str) -> bool:
+    """An optional library is there (a missing one is a config error naming the key, not a traceback)."""
+    return importlib.util.find_spec(module) is not None
 
 
 class ListenTls(BaseModel):
@@ -194,6 +199,9 @@ class ProxyConfig(BaseModel):
                                          description="per-broker listener port = base + node id; "
                                                      "default listen.port + 1")
     upstream: UpstreamConfig
+    data_dir: Path | None = Field(default=None, description="where a relative store.path lives (default: "
+                                                            "the config file's directory); the image sets "
+                                                            "SLUICE_DATA_DIR=/var/lib/sluice")
     metrics: MetricsConfig = MetricsConfig()
     access_log: AccessLogConfig = AccessLogConfig()
     max_frame_bytes: int = Field(default=100 * 1024 * 1024, ge=1024)
@@ -338,8 +346,10 @@ def load_config(path: Path | None = None, overrides: Mapping[str, Any] | None = 
     data = _deep_merge(data, env_overrides(os.environ if environ is None else environ))
     data = _deep_merge(data, overrides or {})
     try:
+        data_dir = data.get("data_dir")  # a relative store.path is under it (a read-only config mount)
         config = ProxyConfig.model_validate(
-            data, context={"config_dir": path.parent if path is not None else None})
+            data, context={"config_dir": path.parent if path is not None else None,
+                           "data_dir": Path(data_dir) if isinstance(data_dir, str | Path) else None})
     except ValidationError as exc:
         raise ConfigError(_format_error(exc, source)) from None
     config.quota_config()  # quotas are validated at start too

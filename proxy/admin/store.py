@@ -30,6 +30,7 @@ Meta values (seeding state, see `reconcile_seed`) are rows of a `meta` table, or
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import logging
 import sqlite3
@@ -41,7 +42,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal, Protocol
 
-from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationInfo, field_validator
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationInfo, field_validator, model_validator
 
 from quotas.entity import CLIENT_ID, USER, QuotaEntity
 from quotas.errors import QuotaConfigError
@@ -101,10 +102,18 @@ class StoreConfig(BaseModel):
     @field_validator("path")
     @classmethod
     def _relative_to_config(cls, value: Path, info: ValidationInfo) -> Path:
-        base = (info.context or {}).get("config_dir") if isinstance(info.context, dict) else None
+        """Under `data_dir` when set (the image's /var/lib/sluice), else beside the config file."""
+        context = info.context if isinstance(info.context, dict) else {}
+        base = context.get("data_dir") or context.get("config_dir")
         if not value.is_absolute() and base is not None:
             return Path(base) / value
         return value
+
+    @model_validator(mode="after")
+    def _kafka_library(self) -> StoreConfig:
+        if self.type == "kafka" and importlib.util.find_spec("confluent_kafka") is None:
+            raise ValueError("type: kafka needs confluent-kafka installed")
+        return self
 
     def librdkafka_config(self) -> dict[str, str]:
         return {k: v.get_secret_value() for k, v in self.kafka_config.items()}
