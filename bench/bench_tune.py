@@ -53,7 +53,7 @@ _OTHER = ('"api_key":3,"api_name":"Metadata","api_version":12,"correlation_id":%
           '"response_bytes":%d,"topics":null,')
 _TAIL = ('"upstream_latency_ms":%.3f,"throttle_time_ms":%d,"broker_throttle_time_ms":0,'
          '"quota_entity":%s,"quota_kind":%s,"quota_limit":%s,"shadow":false,"would_throttle_ms":null,'
-         '"error_codes":[]}\n')
+         '"error_codes":[],"worker":null}\n')
 
 
 def _clients() -> list[dict[str, Any]]:
