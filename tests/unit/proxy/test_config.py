@@ -49,3 +49,38 @@ def test_unreadable_and_non_mapping_files(tmp_path: Path) -> None:
     bad.write_text("- a\n- b\n")
     with pytest.raises(ConfigError, match="must be a mapping"):
         load_config(bad, environ={})
+
+
+# ------------------------------------------------------------------------------------ fleet
+
+@pytest.mark.parametrize(("text", "key", "why"), [
+    # a per-instance store would give every member its own quotas
+    ("upstream: {bootstrap: 'a:1'}\nfleet: {id: f}", "fleet", "store.type: kafka"),
+    ("upstream: {bootstrap: 'a:1'}\nstore: {type: memory}\nfleet: {id: f}", "fleet", "store.type: memory"),
+    ("upstream: {bootstrap: 'a:1'}\nstore: {type: kafka}\nfleet: {id: f, report_interval_ms: 10}",
+     "fleet.report_interval_ms", "greater than or equal"),
+    ("upstream: {bootstrap: 'a:1'}\nstore: {type: kafka}\nfleet: {id: f, report_interval_ms: 500, "
+     "member_timeout_ms: 500}", "fleet", "longer than report_interval_ms"),
+    ("upstream: {bootstrap: 'a:1'}\nstore: {type: kafka}\nfleet: {id: f, fallback: maybe}", "fleet.fallback",
+     "'split' or 'full'"),
+    ("upstream: {bootstrap: 'a:1'}\nstore: {type: kafka}\nfleet: {report_interval_ms: 500}", "fleet.id",
+     "Field required"),
+])
+def test_bad_fleet_config_names_the_key(tmp_path: Path, text: str, key: str, why: str) -> None:
+    path = tmp_path / "bad.yaml"
+    path.write_text(text)
+    with pytest.raises(ConfigError) as err:
+        load_config(path, environ={})
+    assert key in str(err.value) and why in str(err.value), str(err.value)
+
+
+def test_fleet_defaults(tmp_path: Path) -> None:
+    path = tmp_path / "f.yaml"
+    path.write_text("upstream: {bootstrap: 'a:1'}\nstore: {type: kafka}\n"
+                    "fleet: {id: prod, kafka_config: {sasl.password: hunter2}}\n")
+    fleet = load_config(path, environ={}).fleet
+    assert fleet is not None
+    assert (fleet.topic, fleet.report_interval_ms, fleet.timeout_ms, fleet.fallback) == \
+        ("_sluice_fleet", 500, 1500, "split")
+    assert "hunter2" not in repr(fleet)                  # librdkafka secrets never printed
+    assert fleet.librdkafka_config() == {"sasl.password": "hunter2"}
