@@ -136,3 +136,31 @@ def test_garbage_on_the_exchange_is_counted_and_ignored() -> None:
     exchange.inbox += [b"not a report", peer("b", 1, 1, True)]
     m.tick()
     assert m.bad_reports == 1 and m.decision.members == 2
+
+
+def test_scope_cluster_and_cluster_entries_are_shared_groups_too() -> None:
+    from proxy.stages.callbacks import QuotaPlugins
+
+    clock = FakeClock()
+    quotas = {"scope": "cluster", "entries": [{"client_id": "app", "producer_byte_rate": Q}],
+              "cluster_entries": [{"client_id": "app", "producer_byte_rate": 2 * Q}]}
+    config = QuotaConfig.from_dict({"entries": quotas["entries"]})
+    managers = QuotaManagers(config, clock, QuotaPlugins.from_dict(quotas))
+    exchange = FakeExchange()
+    m = FleetMember(FleetView("f", "a", 1500), exchange, managers, clock,
+                    FleetClaims(clock, ("all", "cluster"), hold_ms=1000), 500)
+    for manager, _kinds in managers.for_request(2):
+        manager.record_and_check(QuotaKind.PRODUCE, APP, 1000)
+    m.tick()
+    clock.advance(500)
+    for manager, _kinds in managers.for_request(2):
+        manager.record_and_check(QuotaKind.PRODUCE, APP, 1000)
+    exchange.inbox.append(encode_report(UsageReport("f", "b", 1, 500, (
+        GroupUsage("all", KEY, 1, True), GroupUsage("cluster", KEY, 1, True)))))
+    m.tick()
+    # one budget for the cluster (scope: cluster, label "all") and one for cluster_entries: each
+    # shared with the constrained peer b; a wants 2000 B/s x 1.2, a tiny part of either
+    assert set(m.decision.shares) == {("all", KEY), ("cluster", KEY)}
+    bounds = {label: manager.quota_bound(KEY) for label, manager in managers.labelled()}
+    assert bounds["all"] == pytest.approx(2400.0)
+    assert bounds["cluster"] == pytest.approx(2400.0)
