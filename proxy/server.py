@@ -19,6 +19,7 @@ from proxy.fleet.member import FleetClaims, FleetCollector, FleetMember
 from proxy.flow.inflight import InFlight
 from proxy.flow.pipeline import ConnectionContext, Pipeline, ResponseOutcome, Stage, StageBase
 from proxy.ops.access_log import AccessLogStage, AccessLogWriter
+from proxy.ops.broker_listeners import BrokerListenerCollector
 from proxy.ops.disk_guard import StorageCollector, StoragePoller
 from proxy.ops.http import MetricsEndpoint
 from proxy.ops.metrics import AccessLogCollector, QuotaSensorCollector, SluiceMetrics
@@ -108,6 +109,7 @@ class ProxyServer:
             config.listen.host, config.advertised, config.broker_port,
             schedule_server(loop, self._servers, start_listener_factory,  # type: ignore[arg-type]
                             tls=listener.server_ssl), reuse_port=self.worker_index is not None)
+        self.registry_metrics.register(BrokerListenerCollector(self.registry))  # unbindable ports
         self.rewriter = ResponseRewriter(self.registry, on_failure=self.metrics.rewrite_failures.inc)
         stages: list[Stage] = [ClientSoftwareStage(), RewriteStage(self.rewriter),
                                ClusterMetadataStage(self.cluster_feed,

@@ -8,6 +8,12 @@ that cached it find it again after a Sluice restart.
 A listener is created the first time a broker appears. Its socket is bound and listening before
 the rewritten response leaves Sluice, so a client that connects at once lands in the kernel's
 accept queue even while the asyncio server is still being set up.
+
+A per-broker port that cannot be bound (in use by another process) must not break Metadata: the
+listener falls back to a port the kernel picks (clients still reach the broker through Sluice,
+only the port is not the deterministic one), the failure is logged once per broker and kept in
+`bind_failures` for /metrics (`proxy.ops.broker_listeners`). If even that fails, the wanted port
+is advertised and the listener is tried again at the next Metadata, without logging again.
 """
 
 from __future__ import annotations
@@ -22,6 +28,16 @@ from dataclasses import dataclass
 from protocol.rewrite import BrokerAddress
 
 log = logging.getLogger("sluice.brokers")
+
+
+@dataclass(frozen=True, slots=True)
+class BindFailure:
+    """The deterministic port of a broker could not be bound; `port_in_use` serves it instead (0: none)."""
+
+    node_id: int
+    wanted_port: int
+    error: str
+    port_in_use: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -45,6 +61,7 @@ class BrokerRegistry:
         self._start_listener = start_listener
         self.upstream: dict[int, tuple[str, int]] = {}
         self.listen_ports: dict[int, int] = {}
+        self.bind_failures: dict[int, BindFailure] = {}
 
     def learn(self, original: BrokerAddress) -> None:
         known = self.upstream.get(original.node_id)
@@ -65,19 +82,41 @@ class BrokerRegistry:
     def upstream_address(self, node_id: int) -> tuple[str, int] | None:
         return self.upstream.get(node_id)
 
+    def _bind(self, port: int) -> socket.socket:
+        sock = socket.socket(socket.AF_INET6 if ":" in self._bind_host else socket.AF_INET)
+        try:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            if self._reuse_port and port != 0:
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+            sock.bind((self._bind_host, port))
+            sock.listen(1024)
+        except OSError:
+            sock.close()
+            raise
+        return sock
+
     def _open_listener(self, node_id: int) -> int:
         wanted = self._port_for_node(node_id)
-        sock = socket.socket(socket.AF_INET6 if ":" in self._bind_host else socket.AF_INET)
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        if self._reuse_port:
-            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
         try:
-            sock.bind((self._bind_host, wanted))
-            sock.listen(1024)
+            sock = self._bind(wanted)
+            self.bind_failures.pop(node_id, None)
         except OSError as exc:
-            sock.close()
-            log.error("cannot listen for broker %d on %s:%d: %s", node_id, self._bind_host, wanted, exc)
-            raise
+            first = node_id not in self.bind_failures
+            try:
+                sock = self._bind(0)
+            except OSError:
+                self.bind_failures[node_id] = BindFailure(node_id, wanted, str(exc))
+                if first:
+                    log.error("cannot listen for broker %d on %s:%d (%s) nor on any port: advertising %d "
+                              "and trying again at the next Metadata", node_id, self._bind_host, wanted,
+                              exc, wanted)
+                return wanted
+            port_in_use = int(sock.getsockname()[1])
+            self.bind_failures[node_id] = BindFailure(node_id, wanted, str(exc), port_in_use)
+            if first:
+                log.error("cannot listen for broker %d on %s:%d (%s): listening on port %d instead "
+                          "(not deterministic: clients re-learn it from Metadata)", node_id, self._bind_host,
+                          wanted, exc, port_in_use)
         sock.setblocking(False)
         port = int(sock.getsockname()[1])
         self.listen_ports[node_id] = port
