@@ -12,6 +12,7 @@ member to every member, the sender included. It never blocks the event loop: `pu
 
 from __future__ import annotations
 
+import collections
 from typing import Protocol
 
 
@@ -41,3 +42,23 @@ class Exchange(Protocol):
 
 class ExchangeError(Exception):
     """The exchange cannot be set up; the message says why in one line."""
+
+
+class Inbox:
+    """What both exchanges share: payloads a background thread received, handed over by `drain`
+    (a deque: appends and pops are atomic, so no lock), and an error count."""
+
+    def __init__(self, max_payloads: int = 100_000) -> None:
+        self._inbox: collections.deque[bytes] = collections.deque(maxlen=max_payloads)
+        self._errors = 0
+
+    def drain(self) -> list[bytes]:
+        out: list[bytes] = []
+        inbox = self._inbox
+        while inbox:
+            out.append(inbox.popleft())
+        return out
+
+    @property
+    def errors(self) -> int:
+        return self._errors

@@ -11,19 +11,18 @@ back for `silence_ms`; it is then retried in the background and comes back by it
 
 from __future__ import annotations
 
-import collections
 import logging
 import threading
 import time
 from collections.abc import Mapping
 from typing import Any
 
-from proxy.fleet.exchange import ExchangeError
+from proxy.fleet.exchange import ExchangeError, Inbox
 
 log = logging.getLogger("sluice.fleet")
 
 
-class KafkaExchange:
+class KafkaExchange(Inbox):
     def __init__(self, bootstrap: str, topic: str, *, member: str, silence_ms: int,
                  retention_ms: int = 60_000, replication_factor: int = -1,
                  kafka_config: Mapping[str, str] | None = None, setup_timeout_s: float = 5.0) -> None:
@@ -35,8 +34,7 @@ class KafkaExchange:
         self._replication_factor = replication_factor
         self._common = {"bootstrap.servers": bootstrap, **(kafka_config or {})}
         self._setup_timeout_s = setup_timeout_s
-        self._inbox: collections.deque[bytes] = collections.deque(maxlen=100_000)
-        self._errors = 0
+        super().__init__()
         self._last_received = 0.0
         self._last_produce_error = 0.0
         self._ready = threading.Event()
@@ -73,16 +71,6 @@ class KafkaExchange:
         except Exception as exc:  # BufferError, KafkaException: never let a report hurt the proxy
             self._failed(f"cannot publish a usage report: {exc}")
 
-    def drain(self) -> list[bytes]:
-        out = []
-        inbox = self._inbox
-        while inbox:
-            out.append(inbox.popleft())
-        return out
-
-    @property
-    def errors(self) -> int:
-        return self._errors
 
     @property
     def connected(self) -> bool:

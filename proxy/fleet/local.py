@@ -18,7 +18,6 @@ the hub goes away, `connected` turns False, `errors` counts it, and the thread r
 from __future__ import annotations
 
 import asyncio
-import collections
 import contextlib
 import logging
 import os
@@ -29,7 +28,7 @@ import threading
 from dataclasses import dataclass
 from pathlib import Path
 
-from proxy.fleet.exchange import ExchangeError
+from proxy.fleet.exchange import ExchangeError, Inbox
 
 log = logging.getLogger("sluice.fleet.local")
 
@@ -60,7 +59,7 @@ def frame(payload: bytes) -> bytes:
 # ---------------------------------------------------------------------------------- client
 
 
-class LocalExchange:
+class LocalExchange(Inbox):
     """An `Exchange` (proxy.fleet.exchange) over the supervisor's hub."""
 
     def __init__(self, path: Path, *, reconnect_ms: int = 200, max_queued: int = 1000,
@@ -68,10 +67,9 @@ class LocalExchange:
         self.path = path
         self._reconnect_s = reconnect_ms / 1000
         self._outbox: queue.Queue[bytes] = queue.Queue(maxsize=max_queued)
-        self._inbox: collections.deque[bytes] = collections.deque(maxlen=max_inbox)
+        super().__init__(max_inbox)
         self._lock = threading.Lock()
         self._sock: socket.socket | None = None
-        self._errors = 0
         self._closed = threading.Event()
         self._thread: threading.Thread | None = None
 
@@ -96,16 +94,6 @@ class LocalExchange:
         except queue.Full:
             self._count_error()
 
-    def drain(self) -> list[bytes]:
-        out: list[bytes] = []
-        inbox = self._inbox
-        while inbox:
-            out.append(inbox.popleft())
-        return out
-
-    @property
-    def errors(self) -> int:
-        return self._errors
 
     @property
     def connected(self) -> bool:
