@@ -202,7 +202,7 @@ def test_java_consumer_holds_its_quota(kafka: KafkaCluster, tmp_path: Path) -> N
 # ----------------------------------------------------------------------------- end to end
 
 def test_consumed_equals_produced_under_throttling(kafka: KafkaCluster, tmp_path: Path) -> None:
-    sluice, _ = start_sluice(kafka, tmp_path, [
+    sluice, metrics = start_sluice(kafka, tmp_path, [
         {"client_id": "<default>", "producer_byte_rate": 512 * KiB, "consumer_byte_rate": 512 * KiB}])
     try:
         topic = create_topic(sluice.bootstrap, unique_name("e2e"), partitions=2)
@@ -211,6 +211,11 @@ def test_consumed_equals_produced_under_throttling(kafka: KafkaCluster, tmp_path
         got = clients.confluent_consume(sluice.bootstrap, topic, len(sent), config={"client.id": "e2e-c"},
                                         timeout_s=60)
         assert sorted(got) == sorted(sent) and len(got) == len(sent)
+        # ~3.2 MB each way at 512 KiB/s: both sides were throttled, so the equality held under throttling
+        produced = metrics.value("sluice_quota_throttled_requests", client_id="e2e-p", kind="produce")
+        fetched = metrics.value("sluice_quota_throttled_requests", client_id="e2e-c", kind="fetch")
+        assert produced is not None and produced > 0, "the producer was never throttled"
+        assert fetched is not None and fetched > 0, "the consumer was never throttled"
     finally:
         sluice.stop()
 
