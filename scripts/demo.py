@@ -7,8 +7,11 @@
 3. runs three producers through Sluice for 20 s: `flood` and `flood-tb` (as fast as they can) and
    `steady` (a paced 200 KiB/s, under its quota), printing their rates every second: the windowed
    rate's sawtooth beside the token bucket's even rate;
-4. prints what /metrics says about them, writes a plot, reads the access log, and asks the
-   Spark job for quota recommendations from it (a dry run: nothing is applied).
+4. prints what /metrics says about them, writes a plot;
+5. runs a fleet: two more Sluice instances sharing one 1 MiB/s budget for client-id `shared`
+   (`fleet:`), one producer through each, printing their rates and each instance's share;
+6. reads the access log and asks the Spark job for quota recommendations from it (a dry run:
+   nothing is applied).
 
 Everything stops at the end. Output: .cache/demo/ (rates.png, sluice.yaml, logs/, plan/).
 """
@@ -64,6 +67,7 @@ def main() -> int:
             timelines = run_producers(sluice.bootstrap, topic)
             show_metrics(metrics_port)
         plot(timelines)
+        run_fleet(kafka)
     summarize_access_log()
     recommend()
     say(f"== done. Everything is under {OUT}")
@@ -100,6 +104,71 @@ def run_producers(bootstrap: str, topic: str) -> dict[str, load.Timeline]:
         "sawtooth;\n    the token bucket lets flood-tb burst one second's worth once, then holds it at the "
         "quota every second)")
     return timelines
+
+
+FLEET_SECONDS = 26   # two throttle cycles of Kafka's default 11 s window, and some
+
+
+def run_fleet(kafka: KafkaCluster) -> None:
+    """Two instances, one budget: a producer through each, 1 MiB/s for the two together."""
+    say("== 5. a fleet: two more Sluice instances with `fleet: {id: demo-fleet}` share one 1 MiB/s budget "
+        "for client-id 'shared'")
+    instances: list[tuple[SluiceProcess, int]] = []
+    try:
+        for i in range(2):
+            port = free_port()
+            config = {"instance": f"demo-fleet-{i}", "metrics": {"port": port},
+                      "store": {"type": "kafka", "topic": "_sluice_demo_quotas"},
+                      "fleet": {"id": "demo-fleet", "topic": "_sluice_demo_fleet"},
+                      "quotas": {"entries": [{"client_id": "shared", "producer_byte_rate": 1 * MiB}]}}
+            sluice = SluiceProcess(kafka.bootstrap, OUT / f"fleet-{i}", config=config).start()
+            instances.append((sluice, port))
+        deadline = time.monotonic() + 30
+        while not all(_metric(port, "sluice_fleet_members") == 2 for _, port in instances):
+            if time.monotonic() > deadline:
+                say("   (the instances did not find each other within 30 s)")
+                return
+            time.sleep(0.2)
+        topic = create_topic(kafka.bootstrap, "demo-fleet")
+        timelines = [load.Timeline(), load.Timeline()]
+        threads = [threading.Thread(target=load.confluent_flood, args=(s.bootstrap, topic, FLEET_SECONDS),
+                                    kwargs={"client_id": "shared", "batch_bytes": 64 * KiB, "timeline": tl})
+                   for (s, _), tl in zip(instances, timelines, strict=True)]
+        for th in threads:
+            th.start()
+        say("   second   via instance 0 KiB/s   via instance 1 KiB/s   together   shares")
+        start = time.monotonic()
+        for second in range(1, FLEET_SECONDS + 1):
+            time.sleep(max(0.0, start + second - time.monotonic()))
+            rates = [tl.rate(second - 1, second) / KiB for tl in timelines]
+            shares = [_metric(port, "sluice_fleet_share", 'client_id="shared"') for _, port in instances]
+            shown = " / ".join("-" if s is None else f"{s:.2f}" for s in shares)
+            say(f"   {second:6d}   {rates[0]:20.0f}   {rates[1]:20.0f}   {sum(rates):8.0f}   {shown}")
+        for th in threads:
+            th.join(60)
+        try:
+            together = sum(tl.cycle_rate(0, FLEET_SECONDS, bin_s=1.0) for tl in timelines)
+            over = "over whole throttle cycles"
+        except AssertionError:  # fewer than two cycles seen (a slow machine): the plain rate
+            together = sum(tl.rate(0, FLEET_SECONDS) for tl in timelines)
+            over = f"over {FLEET_SECONDS} s, the first burst included"
+        say(f"   together: {together / MiB:.2f} MiB/s {over}, for one 1 MiB/s budget;\n"
+            "   without `fleet:` each instance would admit its own 1 MiB/s")
+    finally:
+        for sluice, _ in instances:
+            sluice.stop()
+
+
+def _metric(port: int, name: str, label: str = "") -> float | None:
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as r:
+            text = r.read().decode()
+    except OSError:
+        return None
+    for line in text.splitlines():
+        if (line.startswith(name + "{") or line.startswith(name + " ")) and label in line:
+            return float(line.rsplit(" ", 1)[1])
+    return None
 
 
 def show_metrics(port: int) -> None:
@@ -141,10 +210,14 @@ def plot(timelines: dict[str, load.Timeline]) -> None:
 def summarize_access_log() -> None:
     import json
 
+    import pyarrow.parquet as pq
+
     records = [json.loads(line) for f in sorted((OUT / "logs").rglob("*.jsonl"))
                for line in f.read_text().splitlines() if line]
+    for f in sorted((OUT / "logs").rglob("*.parquet")):   # the default format
+        records += pq.read_table(f).to_pylist()
     produce = [r for r in records if r["api_name"] == "Produce"]
-    say(f"== 5. access log: {len(records)} records under {OUT / 'logs'}")
+    say(f"== 6. access log: {len(records)} records under {OUT / 'logs'}")
     for client in ("flood", "flood-tb", "steady"):
         mine = [r for r in produce if r["client_id"] == client]
         throttled = [r for r in mine if r["throttle_time_ms"] > 0]
@@ -153,7 +226,7 @@ def summarize_access_log() -> None:
 
 
 def recommend() -> None:
-    say("== 6. Spark (local mode) recommends quotas from the access log (dry run)")
+    say("== 7. Spark (local mode) recommends quotas from the access log (dry run)")
     done = subprocess.run([sys.executable, "-m", "proxy", "tune", "recommend", "--logs", str(OUT / "logs"),
                            "--out", str(OUT / "plan"), "--master", "local[2]"],
                           cwd=REPO, capture_output=True, text=True, timeout=300, check=False)
