@@ -50,7 +50,8 @@ def api_versions(address: str) -> dict[int, tuple[int, int]]:
 def quota_sluice(kafka: KafkaCluster, tmp_path: Path) -> Iterator[tuple[SluiceProcess, Metrics]]:
     port = free_port()
     entries = [{"client_id": "<default>", "consumer_byte_rate": QUOTA}]
-    config: dict[str, Any] = {"metrics": {"port": port}, "access_log": {"dir": str(tmp_path / "access")},
+    access_log = {"dir": str(tmp_path / "access"), "format": "json"}
+    config: dict[str, Any] = {"metrics": {"port": port}, "access_log": access_log,
                               "quotas": {"window": WINDOW, "entries": entries}}
     sluice = SluiceProcess(kafka.bootstrap, tmp_path / "sluice", config=config).start()
     try:
@@ -70,7 +71,7 @@ def test_api_versions_through_sluice_equal_the_brokers(kafka: KafkaCluster, quot
 def access_records(root: Path) -> list[dict[str, Any]]:
     records = []
     for path in root.rglob("*"):
-        if path.is_file() and not path.name.endswith(".parquet"):
+        if path.is_file() and path.name.endswith(".jsonl"):
             records += [json.loads(line) for line in path.read_text().splitlines() if line.startswith("{")]
     return records
 
