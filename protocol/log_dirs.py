@@ -60,7 +60,7 @@ def _decode(payload: bytes, api_key: int, version: int, correlation_id: int) -> 
 def parse_brokers(payload: bytes, correlation_id: int) -> dict[int, tuple[str, int]]:
     """node id -> (host, port) of every broker in a Metadata v12 response."""
     response = _decode(payload, ApiKey.METADATA, METADATA_VERSION, correlation_id)
-    return {int(b.node_id): (str(b.host), int(b.port)) for b in response.brokers}
+    return {int(b.node_id): (str(b.host), int(b.port)) for b in response.brokers or ()}  # null array
 
 
 def parse_log_dirs(payload: bytes, correlation_id: int) -> list[LogDirSize]:
@@ -70,9 +70,10 @@ def parse_log_dirs(payload: bytes, correlation_id: int) -> list[LogDirSize]:
     response = _decode(payload, ApiKey.DESCRIBE_LOG_DIRS, DESCRIBE_LOG_DIRS_VERSION, correlation_id)
     if int(response.error_code) != 0:
         raise DecodeError(f"DescribeLogDirs error code {int(response.error_code)}", 0)
-    sizes = [LogDirSize(str(r.log_dir), int(r.total_bytes), int(r.usable_bytes)) for r in response.results
+    results = response.results or ()  # kio reads a null array as None
+    sizes = [LogDirSize(str(r.log_dir), int(r.total_bytes), int(r.usable_bytes)) for r in results
              if int(r.error_code) == 0 and int(r.total_bytes) >= 0 and int(r.usable_bytes) >= 0]
-    offline = [LogDirSize(str(r.log_dir), 0, 0, offline=True) for r in response.results
+    offline = [LogDirSize(str(r.log_dir), 0, 0, offline=True) for r in results
                if int(r.error_code) == KAFKA_STORAGE_ERROR]
     return sizes + offline
 

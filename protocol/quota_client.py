@@ -196,7 +196,8 @@ class QuotaClient:
             raise
         if int(response.error_code) != 0:
             return {}
-        return {int(k.api_key): (int(k.min_version), int(k.max_version)) for k in response.api_keys}
+        return {int(k.api_key): (int(k.min_version), int(k.max_version))
+                for k in response.api_keys or ()}  # kio reads a null array as None
 
     def version(self, api_key: int) -> int:
         low, high = _OURS[api_key]

@@ -20,6 +20,7 @@ later version might move the field, and a wrong guess would corrupt 4 bytes of s
 
 from __future__ import annotations
 
+import struct
 from typing import Final
 
 from protocol._wire import (
@@ -280,7 +281,7 @@ def _produce_walk_flexible(
                 else:
                     pos = skip_tagged_fields(payload, pos, "produce partition tags")
             pos = skip_tagged_fields(payload, pos, "produce topic tags")
-    except IndexError as exc:
+    except (IndexError, struct.error) as exc:  # struct.error: an error_code cut after its first byte
         raise DecodeError(f"truncated produce v{api_version} response", n) from exc
     end = skip(payload, pos, 4, "produce throttle_time_ms")
     return pos, skip_tagged_fields(payload, end, "produce response tags")

@@ -15,6 +15,7 @@ from typing import Any
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from kio.index import load_request_schema, load_response_schema
+from kio.static.primitive import Records
 
 from protocol.apis import ApiKey, response_header_version
 from protocol.encode import encode_request, encode_response
@@ -23,6 +24,12 @@ from protocol.framing import size_prefix
 from protocol.headers import read_request_header
 from protocol.proxy_protocol import encode_v1, encode_v2
 from tests.fuzz.targets import _ADMIN_APIS, API_KEYS, request_payload
+
+# A v2 record batch header (61 bytes) with 2 records' worth of count, and arbitrary bytes: the
+# record walks count records from batch headers.
+_BATCH = (struct.pack(">qiiBihiqqqhii", 0, 49 + 12, 0, 2, 0, 0, 1, 0, 0, -1, -1, -1, 2)
+          + b"\x0c\x00\x00\x00\x02k1\x00" * 2)
+st.register_type_strategy(Records, st.one_of(st.binary(max_size=48), st.just(_BATCH)).map(Records))
 
 
 def _draw(cls: Any, n: int) -> list[Any]:

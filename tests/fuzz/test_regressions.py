@@ -9,12 +9,20 @@ import pytest
 
 from protocol.errors import DecodeError
 from protocol.log_dirs import parse_brokers, parse_log_dirs
+from protocol.records import produce_response_errors
 from tests.fuzz.targets import BY_NAME
 
 # (target, input, what escaped before the fix)
 FOUND = [
     ("log_dirs", b"", "struct.error: unpack_from requires a buffer of at least 4 bytes"),
     ("log_dirs", b"\x00\x00\x01", "struct.error (a response shorter than its correlation id)"),
+    # atheris: a Produce v9 response whose partition error_code is cut after its first (non-zero) byte
+    ("produce", bytes.fromhex("090000f8ff003d002000f8ff003d"), "struct.error at throttle.py _note_error"),
+    # atheris: kio reads a null array as None; the callers iterated it
+    ("log_dirs", bytes.fromhex("0102030400000000000000ff00ffff0100"), "TypeError: brokers is None"),
+    ("log_dirs", bytes.fromhex("01023704000000fd0100000000"), "TypeError: results is None"),
+    ("quota_client", bytes.fromhex("0000000c000000010000000101000000ff00ff00ff01ff0100"),
+     "TypeError: ApiVersions api_keys is None"),
 ]
 
 
@@ -32,3 +40,10 @@ def test_a_short_storage_response_is_a_decode_error(data: bytes) -> None:
         parse_log_dirs(data, 1)
     with pytest.raises(DecodeError, match="correlation_id"):
         parse_brokers(data, 1)
+
+
+def test_a_produce_response_cut_inside_an_error_code_is_a_decode_error() -> None:
+    """The v9+ walk's fast path tested the error code's first byte and read two past the end."""
+    payload = bytes.fromhex("0000f8ff003d002000f8ff003d")
+    with pytest.raises(DecodeError, match="truncated produce v9 response"):
+        produce_response_errors(payload, 9)
