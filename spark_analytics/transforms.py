@@ -318,6 +318,11 @@ def recommend(policy: QuotaPolicy, current: DataFrame | None = None) -> Transfor
              .when(F.abs(change) < F.lit(policy.min_change), F.lit("keep"))
              .when(F.col("recommended") > F.col("current"), F.lit("increase"))
              .otherwise(F.lit("decrease")))
+        # a kept entry recommends the current value, so the plan reads the same as `apply` applies
+        # it; `change` and the reason still tell what the policy computed
+        df = df.withColumn("computed", F.col("recommended")).withColumn(
+            "recommended", F.when(F.col("action") == "keep", F.round(F.col("current")).cast("long"))
+                            .otherwise(F.col("recommended")))
         return df.select(
             "entity", "quota_key", "matched_entity", "current", "current_source", "active_seconds",
             "total_bytes", "mean_rate", "p50", "p95", "p99", "max_rate", "rate_at_percentile",
@@ -350,8 +355,8 @@ def _reason(policy: QuotaPolicy) -> Column:
         parts.append(F.when(F.col("stepped") > F.col("target"), F.format_string(
             f"limited to -{pct} of current %s", _num(F.col("current")))))
     parts.append(F.when(F.col("action") == "create", F.lit("no quota configured now")))
-    parts.append(F.when(F.col("action") == "keep", F.lit(
-        f"within {policy.min_change * 100:g}% of current: keep")))
+    parts.append(F.when(F.col("action") == "keep", F.format_string(
+        f"computed %s, within {policy.min_change * 100:g}%% of current: keep", _num(F.col("computed")))))
     parts.append(F.when(F.col("throttled_share") > 0, F.format_string(
         "throttled in %s%% of active seconds: demand may exceed what was measured",
         F.format_number(F.col("throttled_share") * 100, 0))))

@@ -255,8 +255,9 @@ def test_recommend_max_change_and_min_change(spark: SparkSession) -> None:
          "p95 2,000 B/s × headroom 1.5 = 3,000; limited to +50% of current 1,000"),
         ("user=down", 10000.0, "set on entity", 1500.0, 5000, "decrease",
          "p95 1,000 B/s × headroom 1.5 = 1,500; limited to -50% of current 10,000"),
-        ("user=same", 1500.0, "set on entity", 1530.0, 1530, "keep",
-         "p95 1,020 B/s × headroom 1.5 = 1,530; within 5% of current: keep"),
+        # kept: recommends the current value (what apply leaves in force), says what was computed
+        ("user=same", 1500.0, "set on entity", 1530.0, 1500, "keep",
+         "p95 1,020 B/s × headroom 1.5 = 1,530; computed 1,530, within 5% of current: keep"),
     ], PLAN)
     assertDataFrameEqual(plan(got), expected)
 
