@@ -36,7 +36,7 @@ MAX_LEN = 4096
 # ----------------------------------------------------------------------------- worker (one target)
 
 def worker(name: str, runs: int, workdir: Path, seed: int) -> None:
-    import atheris
+    import atheris  # type: ignore[import-untyped]
 
     with atheris.instrument_imports(include=["protocol"]):
         from protocol.errors import ProtocolError
