@@ -27,6 +27,7 @@ from protocol._wire import encode_i32
 from protocol.apis import api_name, response_header_version
 from protocol.errors import DecodeError, EncodeError, UnsupportedVersion
 from protocol.headers import RequestHeader, response_body_offset
+from protocol.kio_guard import check_entity
 
 _DECODE_FAILURES = (KeyError, ValueError, IndexError, OverflowError, SerialError)
 _ENCODE_FAILURES = (struct.error, ValueError, TypeError, OverflowError, AttributeError, SerialError)
@@ -50,6 +51,8 @@ def response_schema(api_key: int, api_version: int) -> Any:
 
 def _read_entity(entity_cls: Any, payload: bytes, offset: int, what: str) -> Any:
     buffer: bytes | memoryview = payload if isinstance(payload, bytes) else memoryview(payload).toreadonly()
+    # kio's native reader aborts the process on an array count it cannot allocate: check first
+    check_entity(entity_cls, bytes(payload), offset)
     try:
         value, size = entity_reader(entity_cls)(buffer, offset)
     except _DECODE_FAILURES as exc:
