@@ -151,8 +151,8 @@ def main(argv: list[str] | None = None) -> int:
         if requests == written and metric_sum(text, "sluice_access_log_queue_depth") == 0:
             break
         time.sleep(1)
-    log_lines = sum(sum(1 for _ in f.open()) for f in (work / "access-log").rglob("*.jsonl"))
-    sluice.stop()
+    sluice.stop()  # closes the access-log files
+    log_lines = _access_log_rows(work / "access-log")
     cluster.stop()
     errors = [ln for ln in sluice.log().splitlines() if " ERROR " in ln or "Traceback" in ln]
 
@@ -180,6 +180,17 @@ def main(argv: list[str] | None = None) -> int:
     print(json.dumps({k: v for k, v in report.items() if k != "samples"}, indent=2))
     ok = report["flat_within_10pct"] and report["access_log_equals_requests"] and not errors
     return 0 if ok else 1
+
+
+def _access_log_rows(root: Path) -> int:
+    """Records on disk: JSON lines, or Parquet rows (the default format when pyarrow is installed)."""
+    rows = sum(sum(1 for _ in f.open()) for f in root.rglob("*.jsonl"))
+    parquet = list(root.rglob("*.parquet"))
+    if parquet:
+        import pyarrow.parquet as pq
+
+        rows += sum(pq.read_metadata(f).num_rows for f in parquet)
+    return rows
 
 
 def _plot(samples: list[dict[str, float]], warm_s: float, out: Path) -> None:
