@@ -52,7 +52,10 @@ def response_schema(api_key: int, api_version: int) -> Any:
 def _read_entity(entity_cls: Any, payload: bytes, offset: int, what: str) -> Any:
     buffer: bytes | memoryview = payload if isinstance(payload, bytes) else memoryview(payload).toreadonly()
     # kio's native reader aborts the process on an array count it cannot allocate: check first
-    check_entity(entity_cls, bytes(payload), offset)
+    try:
+        check_entity(entity_cls, bytes(payload), offset)
+    except DecodeError as exc:
+        raise DecodeError(f"could not decode {what}: {exc}") from exc
     try:
         value, size = entity_reader(entity_cls)(buffer, offset)
     except _DECODE_FAILURES as exc:
