@@ -23,6 +23,23 @@ FOUND = [
     ("log_dirs", bytes.fromhex("01023704000000fd0100000000"), "TypeError: results is None"),
     ("quota_client", bytes.fromhex("0000000c000000010000000101000000ff00ff00ff01ff0100"),
      "TypeError: ApiVersions api_keys is None"),
+    # atheris: kio 0.6.5's native reader preallocated a declared array length and aborted the whole
+    # process; the length checks of commit 5080350 refuse these before kio sees them
+    ("records", bytes.fromhex(
+        "0c01020304000000000001009d9d9d9d9d9d9d9d0cba0102ffff1201a80000009d9d9d9d9d9d9d9d9d9d9d9d9d9d9d9d636262669d9d9d9d9d9d9d9d9d9d9d9d9d9d9d9d9d9d9dc29d9d9d9d9d9d9d9d9d00000000000000ffffffff0100"),
+     "kio native reader aborted the process (array length it could not allocate)"),
+    ("admin_requests", bytes.fromhex(
+        "d802cfcfcfcf3100"),
+     "kio native reader aborted the process (array length it could not allocate)"),
+    ("admin_responses", bytes.fromhex(
+        "0204010000ffffffffffffff0f00"),
+     "kio native reader aborted the process (array length it could not allocate)"),
+    ("log_dirs", bytes.fromhex(
+        "fa00000000ffffffffffffffff6001"),
+     "kio native reader aborted the process (array length it could not allocate)"),
+    ("quota_client", bytes.fromhex(
+        "0000000c000000010000fdededed1200"),
+     "kio native reader aborted the process (array length it could not allocate)"),
 ]
 
 
