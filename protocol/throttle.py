@@ -29,6 +29,7 @@ from protocol._wire import (
     INT32_MAX,
     read_array_len,
     read_i16,
+    read_i32,
     skip,
     skip_bytes,
     skip_string,
@@ -293,8 +294,16 @@ def _produce_walk_flexible(
 def _is_api_versions_v0_fallback(payload: bytes) -> bool:
     # A broker that does not support the request's ApiVersions version answers UNSUPPORTED_VERSION
     # in the v0 format, which has no throttle_time_ms (Kafka's ApiVersionsResponse.parse falls back
-    # to v0 the same way). The header is always v0, so the error code is at offset 4.
-    return read_i16(payload, 4, "api_versions error_code") == _UNSUPPORTED_VERSION_ERROR
+    # to v0 the same way: it parses the real version first and v0 only if that fails). The header
+    # is always v0, so the error code is at offset 4. A response of the requested version may carry
+    # the same error (then with its throttle field): it is the v0 fallback only if the v0 layout,
+    # error_code and api_keys[] of 6 bytes each, spans exactly the whole payload.
+    if read_i16(payload, 4, "api_versions error_code") != _UNSUPPORTED_VERSION_ERROR:
+        return False
+    if len(payload) < 10:
+        return True
+    count = read_i32(payload, 6, "api_versions api_keys length")
+    return count >= 0 and 10 + 6 * count == len(payload)
 
 
 def _api_versions_offset(payload: bytes, body: int, api_version: int) -> int | None:

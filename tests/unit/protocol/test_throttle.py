@@ -447,3 +447,18 @@ def test_produce_long_arrays_and_names_take_the_slow_paths(api_version: int) -> 
     payload = response_payload(body)
     patched = check_patch(payload, ApiKey.PRODUCE, api_version, existing=17, new=900)
     assert patched == response_payload(with_throttle(body, 900))
+
+
+def test_api_versions_unsupported_version_in_the_requested_version_keeps_its_throttle() -> None:
+    # A v2 response may carry UNSUPPORTED_VERSION itself (then with throttle_time_ms); only a
+    # payload that is exactly the v0 layout is the broker's v0 fallback (found by hypothesis).
+    v2 = b"".join([
+        CORR,                       # correlation_id (response header v0)
+        struct.pack(">h", 35),      # error_code = UNSUPPORTED_VERSION
+        struct.pack(">i", 0),       # api_keys: empty
+        struct.pack(">i", 7),       # throttle_time_ms = 7
+    ])
+    assert throttle_time_offset(v2, ApiKey.API_VERSIONS, 2) == 10
+    check_patch(v2, ApiKey.API_VERSIONS, 2, existing=7, new=100)
+    v0_fallback = v2[:-4]           # the same without the throttle field: the v0 format
+    assert throttle_time_offset(v0_fallback, ApiKey.API_VERSIONS, 2) is None
