@@ -41,30 +41,37 @@ class Timeline:
         got = sum(n for t, n in self.events if first <= t < first + span_s)
         return got / span_s
 
-    def cycle_rate(self, from_s: float, to_s: float, bin_s: float = 0.25) -> float:
-        """Bytes per second over whole throttle cycles within [from_s, to_s): from the first burst
+    def cycle_rate(self, from_s: float, to_s: float, bin_s: float = 0.25, *, or_plain: bool = False) -> float:
+        """Bytes per second over whole throttle cycles within [from_s, to_s]: from the first burst
         that starts in the range to the last one. A client held by Kafka's windowed rate moves in a
         sawtooth (a burst of about one window's quota, then a mute), so a rate over a span that is
-        not a whole number of cycles is off by up to one burst; over whole cycles it is not. A burst
-        starts at a bin of more than twice the range's mean rate with no such bin in the second
-        before it (between bursts a muted client may still trickle a batch now and then). Raises if
-        the range holds fewer than two bursts."""
-        lo = self.started + from_s
-        n = max(1, int((to_s - from_s) / bin_s))
+        not a whole number of cycles is off by up to one burst; over whole cycles it is not. Bursts
+        are found over the whole timeline (so one right at the range's start counts): a burst starts
+        at a bin of more than twice the mean rate of the busy part of the timeline, with no such bin
+        in the second before it (between bursts a muted client may still trickle a batch now and
+        then). With fewer than two burst starts in the range (a client held to a small share can
+        trickle rather than burst) it raises, or with `or_plain` returns the plain rate."""
+        if not self.events:
+            raise AssertionError("no events")
+        last = max(t for t, _ in self.events) - self.started
+        n = max(1, int(last / bin_s) + 1)
         bins = [0] * n
         for t, nbytes in self.events:
-            i = int((t - lo) / bin_s)
+            i = int((t - self.started) / bin_s)
             if 0 <= i < n:
                 bins[i] += nbytes
-        mean = sum(bins) / n
+        lo, hi = int(from_s / bin_s), min(n, int(to_s / bin_s) + 1)
+        mean = sum(bins[lo:hi]) / max(1, hi - lo)
         quiet_bins = max(1, int(1.0 / bin_s))
-        starts = [i for i in range(quiet_bins, n)
-                  if bins[i] > 2 * mean and all(b <= 2 * mean for b in bins[i - quiet_bins:i])]
+        starts = [i for i in range(lo, hi)
+                  if bins[i] > 2 * mean and all(b <= 2 * mean for b in bins[max(0, i - quiet_bins):i])]
+        if len(starts) < 2 and or_plain:
+            return sum(bins[lo:hi]) / ((hi - lo) * bin_s)
         if len(starts) < 2:
             raise AssertionError(f"fewer than two throttle cycles between {from_s:g} s and {to_s:g} s: "
-                                 f"bins {bins}")
-        first, last = starts[0], starts[-1]
-        return sum(bins[first:last]) / ((last - first) * bin_s)
+                                 f"bins {bins[lo:hi]}")
+        first, final = starts[0], starts[-1]
+        return sum(bins[first:final]) / ((final - first) * bin_s)
 
     def rate(self, from_s: float, to_s: float | None = None) -> float:
         """Bytes per second between `from_s` and `to_s` seconds after the start."""
