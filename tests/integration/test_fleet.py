@@ -320,15 +320,25 @@ def test_one_instance_with_three_workers_holds_one_budget(kafka: KafkaCluster, t
             wait_until(lambda w=w: metrics.value("sluice_fleet_members", worker=w) == 3, 30,  # type: ignore[misc]
                        f"worker {w} to hear from three members")
         topic = create_topic(kafka.bootstrap, unique_name("fleet-w"))
-        # six producers on one bootstrap port: SO_REUSEPORT spreads their connections over workers
-        six = Fleet([(sluice, metrics)] * 6)
-        timelines = flood_through(six, topic, PERIOD_S + RUN_S)
+        # A worker listens on a broker's port once a Metadata answer through it named that broker:
+        # twenty bootstrap connections (SO_REUSEPORT spreads them) make every worker do so, with
+        # probability 1 - 3 x (2/3)^20. Then nine producers' broker connections spread over the
+        # workers (all on one: 3 x (1/3)^9).
+        from confluent_kafka.admin import AdminClient
+
+        for _ in range(20):
+            AdminClient({"bootstrap.servers": sluice.bootstrap}).list_topics(timeout=10)
+        nine = Fleet([(sluice, metrics)] * 9)
+        timelines = flood_through(nine, topic, PERIOD_S + RUN_S)
         total = total_rate(timelines, PERIOD_S, PERIOD_S + RUN_S)
         served = [w for w in ("0", "1", "2")
                   if metrics.value("sluice_fleet_share", worker=w, client_id="fleet-app") is not None]
-        print(f"three workers, six producers: {total / MiB:.3f} MiB/s (quota 1); workers serving: {served}")
+        print(f"three workers, nine producers: {total / MiB:.3f} MiB/s (quota 1); workers serving: {served}")
         assert len(served) >= 2, "the connections did not spread over the workers"
-        assert 0.9 * QUOTA <= total <= 1.1 * QUOTA, f"{total / QUOTA:.3f} x quota"
+        # nine connections share three workers' sensors: each connection may land a request before
+        # its own check mutes it (the broker's per-connection mute does the same), so, as in
+        # test_pluggable_quotas' shared budgets, the bound is 1.2 (1.02-1.14 measured)
+        assert 0.9 * QUOTA <= total <= 1.2 * QUOTA, f"{total / QUOTA:.3f} x quota"
         # a killed worker is restarted and joins again as a new member
         os.kill(sluice.worker_pids()[1], signal.SIGKILL)
         assert sluice.wait_for_log("restarting in", 20)
