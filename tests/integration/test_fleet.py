@@ -337,8 +337,9 @@ def test_one_instance_with_three_workers_holds_one_budget(kafka: KafkaCluster, t
         assert len(served) >= 2, "the connections did not spread over the workers"
         # nine connections share three workers' sensors: each connection may land a request before
         # its own check mutes it (the broker's per-connection mute does the same), so, as in
-        # test_pluggable_quotas' shared budgets, the bound is 1.2 (1.02-1.14 measured)
-        assert 0.9 * QUOTA <= total <= 1.2 * QUOTA, f"{total / QUOTA:.3f} x quota"
+        # test_pluggable_quotas' shared budgets, more than one connection's 1.1 (1.14-1.18 measured;
+        # six producers: 1.02-1.05); without the workers' fleet it would be about 3
+        assert 0.9 * QUOTA <= total <= 1.3 * QUOTA, f"{total / QUOTA:.3f} x quota"
         # a killed worker is restarted and joins again as a new member
         os.kill(sluice.worker_pids()[1], signal.SIGKILL)
         assert sluice.wait_for_log("restarting in", 20)
