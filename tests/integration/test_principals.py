@@ -64,7 +64,9 @@ class Sluice:
         self.metrics_port = free_port()
         self.access_dir = workdir / "access"
         self.process = SluiceProcess(upstream_bootstrap, workdir / "sluice", config={
-            "metrics": {"port": self.metrics_port}, "access_log": {"dir": str(self.access_dir)}, **config})
+            "metrics": {"port": self.metrics_port},
+            "access_log": {"dir": str(self.access_dir), "format": "json"},  # read as text below
+            **config})
 
     def __enter__(self) -> Sluice:
         self.process.start()
