@@ -107,11 +107,16 @@ def cap_fetch_max_bytes(payload: bytes, header: RequestHeader, max_bytes: int) -
         raise UnsupportedVersion(ApiKey.FETCH, version, "max_bytes position not verified")
     if version < 3:
         return payload
+    return cap_min_max_bytes(payload, header.body_offset + (4 if version >= 15 else 8), max_bytes, "fetch")
+
+
+def cap_min_max_bytes(payload: bytes, min_pos: int, max_bytes: int, what: str) -> bytes:
+    """Lower the adjacent int32 min_bytes (at `min_pos`) and max_bytes fields of a fetch-like
+    request to at most `max_bytes` (at least 1); `payload` itself when neither is above it."""
     cap = max(1, min(max_bytes, INT32_MAX))
-    min_pos = header.body_offset + (4 if version >= 15 else 8)
     max_pos = min_pos + 4
-    min_bytes = read_i32(payload, min_pos, "fetch min_bytes")
-    current = read_i32(payload, max_pos, "fetch max_bytes")
+    min_bytes = read_i32(payload, min_pos, f"{what} min_bytes")
+    current = read_i32(payload, max_pos, f"{what} max_bytes")
     if current <= cap and min_bytes <= cap:
         return payload
     out = bytearray(payload)

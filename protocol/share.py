@@ -34,10 +34,7 @@ from __future__ import annotations
 from typing import Final
 
 from protocol._wire import (
-    I32,
-    INT32_MAX,
     read_array_len,
-    read_i32,
     skip,
     skip_bytes,
     skip_string,
@@ -45,6 +42,7 @@ from protocol._wire import (
 )
 from protocol.apis import ApiKey
 from protocol.errors import DecodeError, UnsupportedVersion
+from protocol.fetch import cap_min_max_bytes
 from protocol.headers import RequestHeader, response_body_offset
 from protocol.rewrite import (  # the address walker and splicer this package shares
     _NODE_ENDPOINT,
@@ -160,16 +158,6 @@ def cap_share_fetch_max_bytes(payload: bytes, header: RequestHeader, max_bytes: 
     if header.api_key != ApiKey.SHARE_FETCH:
         raise ValueError(f"not a ShareFetch request: api_key={header.api_key}")
     _check(ApiKey.SHARE_FETCH, header.api_version, SHARE_FETCH_MAX_VERSION)
-    cap = max(1, min(max_bytes, INT32_MAX))
     pos = skip_string(payload, header.body_offset, True, "share_fetch group_id")
     pos = skip_string(payload, pos, True, "share_fetch member_id")
-    min_pos = pos + 8  # share_session_epoch, max_wait_ms
-    max_pos = min_pos + 4
-    min_bytes = read_i32(payload, min_pos, "share_fetch min_bytes")
-    current = read_i32(payload, max_pos, "share_fetch max_bytes")
-    if current <= cap and min_bytes <= cap:
-        return payload
-    out = bytearray(payload)
-    I32.pack_into(out, max_pos, min(current, cap))
-    I32.pack_into(out, min_pos, min(min_bytes, cap))
-    return bytes(out)
+    return cap_min_max_bytes(payload, pos + 8, max_bytes, "share_fetch")  # after epoch, max_wait_ms
