@@ -42,62 +42,60 @@ class _Field:
 def check_entity(cls: Any, payload: bytes, pos: int) -> int:
     """Walk `cls` at `pos`; return where it ends, or raise `DecodeError` on a length that cannot be
     true. The payload is otherwise not validated here: kio does that."""
-    return _entity(cls, payload, pos, len(payload))
+    return _entity(cls, payload, pos)
 
 
-def _entity(cls: Any, payload: bytes, pos: int, end: int) -> int:
+def _entity(cls: Any, payload: bytes, pos: int) -> int:
     flexible = bool(getattr(cls, "__flexible__", False))
     fields, tagged = _fields(cls)
     for f in fields:
-        pos = _field(f, flexible, payload, pos, end)
+        pos = _field(f, flexible, payload, pos)
     if flexible:
-        pos = _tags(tagged, payload, pos, end)
+        pos = _tags(tagged, payload, pos)
     return pos
 
 
-def _field(f: _Field, flexible: bool, payload: bytes, pos: int, end: int) -> int:
-    view = payload if end == len(payload) else payload[:end]
+def _field(f: _Field, flexible: bool, payload: bytes, pos: int) -> int:
     if f.is_array:
         min_item = _FIXED_BYTES.get(f.kafka_type or "", 1)
-        count, pos = read_array_len(view, pos, flexible, f.name, min_item)
+        count, pos = read_array_len(payload, pos, flexible, f.name, min_item)
         for _ in range(count):
-            pos = _one(f, flexible, payload, pos, end)
+            pos = _one(f, flexible, payload, pos)
         return pos
-    return _one(f, flexible, payload, pos, end)
+    return _one(f, flexible, payload, pos)
 
 
-def _one(f: _Field, flexible: bool, payload: bytes, pos: int, end: int) -> int:
-    view = payload if end == len(payload) else payload[:end]
+def _one(f: _Field, flexible: bool, payload: bytes, pos: int) -> int:
     if f.entity is not None:
         if f.optional and not f.is_array:
-            marker = skip(view, pos, 1, f.name)
-            if view[pos] == 0xFF:  # int8 -1: null
-                return marker
-            pos = marker
-        return _entity(f.entity, payload, pos, end)
+            after_marker = skip(payload, pos, 1, f.name)
+            if payload[pos] == 0xFF:  # int8 -1: null
+                return after_marker
+            pos = after_marker
+        return _entity(f.entity, payload, pos)
     kind = f.kafka_type or ""
     fixed = _FIXED_BYTES.get(kind)
     if fixed is not None:
-        return skip(view, pos, fixed, f.name)
+        return skip(payload, pos, fixed, f.name)
     if kind == "string":
-        return skip_string(view, pos, flexible, f.name)
+        return skip_string(payload, pos, flexible, f.name)
     if kind in ("bytes", "records"):
-        return skip_bytes(view, pos, flexible, f.name)
+        return skip_bytes(payload, pos, flexible, f.name)
     raise DecodeError(f"{f.name}: unknown kafka_type {kind!r}", pos)
 
 
-def _tags(tagged: dict[int, _Field], payload: bytes, pos: int, end: int) -> int:
-    view = payload if end == len(payload) else payload[:end]
-    count, pos = read_uvarint(view, pos, "tagged fields count")
-    if count > end - pos:
-        raise DecodeError(f"malformed tagged fields: {count} fields cannot fit in {end - pos} bytes", pos)
+def _tags(tagged: dict[int, _Field], payload: bytes, pos: int) -> int:
+    count, pos = read_uvarint(payload, pos, "tagged fields count")
+    if count > len(payload) - pos:
+        raise DecodeError(f"malformed tagged fields: {count} fields cannot fit in {len(payload) - pos} bytes",
+                          pos)
     for _ in range(count):
-        tag, pos = read_uvarint(view, pos, "tag")
-        size, pos = read_uvarint(view, pos, "tagged field size")
-        field_end = skip(view, pos, size, "tagged field")
+        tag, pos = read_uvarint(payload, pos, "tag")
+        size, pos = read_uvarint(payload, pos, "tagged field size")
+        field_end = skip(payload, pos, size, "tagged field")
         known = tagged.get(tag)
-        if known is not None:
-            _field(known, True, payload, pos, field_end)
+        if known is not None:  # walked within its own size: the payload cut at its end
+            _field(known, True, payload[:field_end], pos)
         pos = field_end
     return pos
 
