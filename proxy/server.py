@@ -138,7 +138,8 @@ class ProxyServer:
         log.info("Sluice listening on %s:%d (%s) for %s", sock[0], sock[1], describe_listener(config),
                  ",".join(str(a) for a in config.upstream.bootstrap))
         if config.metrics.port is not None:
-            self.metrics_endpoint = MetricsEndpoint(self.registry_metrics, lambda: not self._draining)
+            self.metrics_endpoint = MetricsEndpoint.for_registry(self.registry_metrics,
+                                                                 lambda: not self._draining)
             if self.worker_index is None:
                 await self.metrics_endpoint.start(config.metrics.host, config.metrics.port)
             else:  # the supervisor serves metrics.port and merges every worker's registry

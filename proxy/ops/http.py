@@ -8,19 +8,36 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
 log = logging.getLogger("sluice.http")
 
 
+Health = Callable[[], tuple[bool, bytes]]   # (healthy?, the body of /healthz)
+
+
 class MetricsEndpoint:
-    def __init__(self, registry: CollectorRegistry, healthy: Callable[[], bool]) -> None:
-        self._registry = registry
-        self._healthy = healthy
+    """Serves `/metrics` from `scrape` and `/healthz` from `health`. A process serves its own
+    registry (`for_registry`); the workers' supervisor serves its merge of theirs."""
+
+    def __init__(self, scrape: Callable[[], Awaitable[bytes]], health: Health) -> None:
+        self._scrape = scrape
+        self._health = health
         self._server: asyncio.Server | None = None
         self.port = 0
+
+    @classmethod
+    def for_registry(cls, registry: CollectorRegistry, healthy: Callable[[], bool]) -> MetricsEndpoint:
+        async def scrape() -> bytes:
+            return generate_latest(registry)
+
+        def health() -> tuple[bool, bytes]:
+            ok = healthy()
+            return ok, b"ok\n" if ok else b"draining\n"
+
+        return cls(scrape, health)
 
     async def start(self, host: str, port: int) -> None:
         self._server = await asyncio.start_server(self._handle, host, port, reuse_address=True)
@@ -40,11 +57,10 @@ class MetricsEndpoint:
             parts = request_line.decode("latin-1").split()
             path = parts[1].split("?", 1)[0] if len(parts) >= 2 else ""
             if path == "/metrics":
-                status, ctype, body = "200 OK", CONTENT_TYPE_LATEST, generate_latest(self._registry)
+                status, ctype, body = "200 OK", CONTENT_TYPE_LATEST, await self._scrape()
             elif path == "/healthz":
-                ok = self._healthy()
-                status = "200 OK" if ok else "503 Service Unavailable"
-                ctype, body = "text/plain", b"ok\n" if ok else b"draining\n"
+                ok, body = self._health()
+                status, ctype = ("200 OK" if ok else "503 Service Unavailable"), "text/plain"
             else:
                 status, ctype, body = "404 Not Found", "text/plain", b"not found\n"
             writer.write(f"HTTP/1.1 {status}\r\nContent-Type: {ctype}\r\nContent-Length: {len(body)}\r\n"

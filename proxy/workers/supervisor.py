@@ -38,12 +38,13 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry
+from prometheus_client import CollectorRegistry
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from proxy.config import ProxyConfig
 from proxy.fleet.local import ENV_HUB, ENV_INDEX, HubServer
+from proxy.ops.http import MetricsEndpoint
 from proxy.workers.merge import merge_expositions, render
 from proxy.workers.policy import RestartBackoff, worker_argv
 from proxy.workers.ports import Reservation, close_quietly, reserve_ports
@@ -91,7 +92,7 @@ class Supervisor:
         self._listen_port = config.listen.port
         self._dir = Path(tempfile.mkdtemp(prefix="sluice-workers-"))
         self.hub = HubServer(self._dir / "hub.sock")
-        self._metrics_server: asyncio.Server | None = None
+        self._metrics: MetricsEndpoint | None = None
         self._all_ready = asyncio.Event()
         self._stopping = False
         self._done = asyncio.Event()
@@ -110,10 +111,10 @@ class Supervisor:
             loop.add_signal_handler(sig, self._on_stop_signal, sig)
         loop.add_signal_handler(signal.SIGHUP, self._forward, signal.SIGHUP)
         if self.config.metrics.port is not None:
-            self._metrics_server = await asyncio.start_server(
-                self._serve_http, self.config.metrics.host, self.config.metrics.port, reuse_address=True)
-            port = self._metrics_server.sockets[0].getsockname()[1]
-            log.info("metrics of all workers on http://%s:%d/metrics", self.config.metrics.host, port)
+            self._metrics = MetricsEndpoint(self.scrape, self.health)
+            await self._metrics.start(self.config.metrics.host, self.config.metrics.port)
+            log.info("metrics of all workers on http://%s:%d/metrics", self.config.metrics.host,
+                     self._metrics.port)
         log.info("starting %d workers", len(self.workers))
         for worker in self.workers:
             await self._start(worker)
@@ -235,8 +236,8 @@ class Supervisor:
             self._done.set()
 
     async def _cleanup(self) -> None:
-        if self._metrics_server is not None:
-            self._metrics_server.close()
+        if self._metrics is not None:
+            await self._metrics.stop()
         await self.hub.close()
         close_quietly(self._reservation)
         shutil.rmtree(self._dir, ignore_errors=True)
@@ -254,32 +255,10 @@ class Supervisor:
     def healthy(self) -> bool:
         return not self._stopping and all(w.up for w in self.workers)
 
-    async def _serve_http(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        try:
-            request_line = await asyncio.wait_for(reader.readline(), 5)
-            while (line := await asyncio.wait_for(reader.readline(), 5)) not in (b"\r\n", b"\n", b""):
-                del line
-            parts = request_line.decode("latin-1").split()
-            path = parts[1].split("?", 1)[0] if len(parts) >= 2 else ""
-            if path == "/metrics":
-                status, ctype, body = "200 OK", CONTENT_TYPE_LATEST, await self.scrape()
-            elif path == "/healthz":
-                ok = self.healthy()
-                up = sum(w.up for w in self.workers)
-                status = "200 OK" if ok else "503 Service Unavailable"
-                ctype, body = "text/plain", f"{'ok' if ok else 'degraded'}: {up}/{len(self.workers)} " \
-                                            f"workers up\n".encode()
-            else:
-                status, ctype, body = "404 Not Found", "text/plain", b"not found\n"
-            writer.write(f"HTTP/1.1 {status}\r\nContent-Type: {ctype}\r\nContent-Length: {len(body)}\r\n"
-                         "Connection: close\r\n\r\n".encode() + body)
-            await writer.drain()
-        except (TimeoutError, ConnectionError, UnicodeDecodeError):
-            pass
-        finally:
-            writer.close()
-            with contextlib.suppress(ConnectionError):
-                await writer.wait_closed()
+    def health(self) -> tuple[bool, bytes]:
+        ok = self.healthy()
+        up = sum(w.up for w in self.workers)
+        return ok, f"{'ok' if ok else 'degraded'}: {up}/{len(self.workers)} workers up\n".encode()
 
 
 class _SupervisorCollector(Collector):
