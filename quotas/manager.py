@@ -304,9 +304,6 @@ class QuotaManager:
                 sensor.share = share
                 sensor.bound = None if sensor.base_bound is None else sensor.base_bound * share
 
-    def share_of(self, key: SensorKey) -> float:
-        return self._shares.get(key, self._standby_share)
-
     def fleet_usage(self) -> Iterator[FleetUsage]:
         """Per live sensor: everything recorded so far, throttles so far (enforced and shadow) and
         the bound before the share; the fleet member turns differences into a usage report."""

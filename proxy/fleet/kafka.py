@@ -42,10 +42,6 @@ class KafkaExchange(Inbox):
         self._producer: Any = None
         self._consumer: Any = None
         self._thread: threading.Thread | None = None
-        self.sent_messages = 0
-        self.sent_bytes = 0
-        self.received_messages = 0
-        self.received_bytes = 0
 
     # ------------------------------------------------------------------ Exchange
 
@@ -66,8 +62,6 @@ class KafkaExchange(Inbox):
             self._producer.produce(self.topic, value=payload, key=self._member.encode(),
                                    on_delivery=self._delivered)
             self._producer.poll(0)
-            self.sent_messages += 1
-            self.sent_bytes += len(payload)
         except Exception as exc:  # BufferError, KafkaException: never let a report hurt the proxy
             self._failed(f"cannot publish a usage report: {exc}")
 
@@ -129,8 +123,6 @@ class KafkaExchange(Inbox):
             if value is None:
                 continue
             self._last_received = time.monotonic()
-            self.received_messages += 1
-            self.received_bytes += len(value)
             self._inbox.append(value)
         self._consumer.close()
 

@@ -243,6 +243,13 @@ class FleetCollector(Collector):
         received = CounterMetricFamily("sluice_fleet_reports_received", "Usage reports read (own included)")
         received.add_metric([], m.reports_received)
         yield received
+        ignored = CounterMetricFamily(
+            "sluice_fleet_reports_ignored",
+            "Payloads on the exchange not taken: not a usage report, or a report of another fleet",
+            labels=["reason"])
+        ignored.add_metric(["malformed"], m.bad_reports)
+        ignored.add_metric(["other_fleet"], m.view.rejected)
+        yield ignored
         sent = CounterMetricFamily("sluice_fleet_reports_sent", "Usage reports published")
         sent.add_metric([], m.reports_sent)
         yield sent

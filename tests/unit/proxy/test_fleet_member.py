@@ -136,6 +136,9 @@ def test_garbage_on_the_exchange_is_counted_and_ignored() -> None:
     exchange.inbox += [b"not a report", peer("b", 1, 1, True)]
     m.tick()
     assert m.bad_reports == 1 and m.decision.members == 2
+    exported = {(metric.name, tuple(s.labels.items())): s.value
+                for metric in FleetCollector(m).collect() for s in metric.samples}
+    assert exported[("sluice_fleet_reports_ignored", (("reason", "malformed"),))] == 1
 
 
 def test_scope_cluster_and_cluster_entries_are_shared_groups_too() -> None:
