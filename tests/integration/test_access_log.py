@@ -41,7 +41,9 @@ def run_traffic(kafka: KafkaCluster, tmp_path: Path, config: dict[str, Any], pro
     try:
         topic = create_topic(sluice.bootstrap, unique_name("al"), partitions=2)
         sent = [f"al-{i}".encode().ljust(value_size, b".") for i in range(produce)]
-        clients.confluent_produce(sluice.bootstrap, topic, sent, {"client.id": client_id})
+        # every record to a random partition (not librdkafka's sticky batches): both partitions get some
+        clients.confluent_produce(sluice.bootstrap, topic, sent,
+                                  {"client.id": client_id, "sticky.partitioning.linger.ms": 0})
         got = clients.confluent_consume(sluice.bootstrap, topic, produce, config={"client.id": client_id})
         assert sorted(got) == sorted(sent)
     finally:
