@@ -38,14 +38,15 @@ from tests.conftest import create_topic, unique_name
 from tests.harness import load
 from tests.harness.kafka import REPO, KafkaCluster, free_port
 from tests.harness.sluice import SluiceProcess
+from tests.harness.wait import wait_until
 from tests.integration.test_fleet import (
     Fleet,
     filled_topic,
     flood_through,
-    java_consumer_rates,
+    group_rate,
+    java_consumer_progress,
     start_fleet,
     total_rate,
-    wait_until,
 )
 from tests.integration.test_quota_enforcement import PERIOD_S, RUN_S, WINDOW, Metrics, MiB
 
@@ -118,9 +119,9 @@ def fetch_case(kafka: KafkaCluster, bootstraps: list[str], name: str, with_fleet
     nbytes = int(QUOTA * (PERIOD_S + run_s))
     topic = filled_topic(kafka, n, nbytes)
     load_before = load_avg()
-    rates = java_consumer_rates(bootstraps, topic, nbytes // 1000, unique_name("bench-jg"), QUOTA // (8 * n),
-                                workdir / unique_name("jc"))
-    total = sum(rates)
+    progress = java_consumer_progress(bootstraps, topic, nbytes // 1000, unique_name("bench-jg"),
+                                      QUOTA // (8 * n), workdir / unique_name("jc"))
+    total, _ = group_rate(progress, PERIOD_S)
     return {"name": name, "client": "java", "workload": "fetch", "instances": n, "workers": None,
             "fleet": with_fleet, "consumers": n, "rate_bytes_per_s": round(total),
             "ratio": round(total / QUOTA, 4), "error": round(abs(total / QUOTA - 1), 4),

@@ -6,7 +6,8 @@
 - `topic` / `topic_factory`: a fresh, uniquely named topic per test on the single node.
 
 Set SLUICE_KAFKA_BOOTSTRAP to run the single-node tests against a cluster you already run.
-When a test that used a broker fails, the tail of every node's log is attached to the report.
+When a test that used a broker fails, every node's last WARN and ERROR lines are attached to the report
+(the whole logs stay under pytest's base temporary directory).
 """
 
 from __future__ import annotations
@@ -103,7 +104,7 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
         for cluster in _CLUSTERS:
             if cluster.nodes:
                 report.sections.append(  # type: ignore[attr-defined]
-                    (f"kafka {cluster.root.name} logs", cluster.logs(60)))
+                    (f"kafka {cluster.root.name} logs", cluster.problems(20)))
     return report
 
 

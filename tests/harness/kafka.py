@@ -142,6 +142,12 @@ class KafkaNode:
     def log_tail(self, lines: int = 80) -> str:
         return "\n".join(self.log_text().splitlines()[-lines:])
 
+    def log_problems(self, lines: int = 20) -> str:
+        """The last WARN and ERROR lines: what a failed test's report needs from a broker (its INFO
+        lines would bury the test's own assertion in a CI log's tail)."""
+        problems = [ln for ln in self.log_text().splitlines() if "] WARN " in ln or "] ERROR " in ln]
+        return "\n".join(problems[-lines:])
+
     def is_running(self) -> bool:
         return self.process is not None and self.process.poll() is None
 
@@ -255,6 +261,10 @@ class KafkaCluster:
     def logs(self, lines: int = 80) -> str:
         return "\n".join(f"===== node {n.node_id} ({n.log_path}) =====\n{n.log_tail(lines)}"
                          for n in self.nodes)
+
+    def problems(self, lines: int = 20) -> str:
+        return "\n".join(f"===== node {n.node_id} ({n.log_path}), WARN and ERROR =====\n"
+                         f"{n.log_problems(lines)}" for n in self.nodes)
 
     # ---------------------------------------------------------------- internals
 

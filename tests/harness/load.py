@@ -21,6 +21,11 @@ class Timeline:
     events: list[tuple[float, int]] = field(default_factory=list)
     started: float = field(default_factory=time.monotonic)
     lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+    errors: dict[str, int] = field(default_factory=dict)  # delivery errors: message -> count
+
+    def fail(self, error: str) -> None:
+        with self.lock:
+            self.errors[error] = self.errors.get(error, 0) + 1
 
     def add(self, nbytes: int, at: float | None = None) -> None:
         with self.lock:
@@ -52,7 +57,7 @@ class Timeline:
         then). With fewer than two burst starts in the range (a client held to a small share can
         trickle rather than burst) it raises, or with `or_plain` returns the plain rate."""
         if not self.events:
-            raise AssertionError("no events")
+            raise AssertionError(f"no events (delivery errors: {self.errors or 'none'})")
         last = max(t for t, _ in self.events) - self.started
         n = max(1, int(last / bin_s) + 1)
         bins = [0] * n
@@ -105,6 +110,8 @@ def confluent_flood(bootstrap: str, topic: str, seconds: float, *, record_size: 
     def delivered(err: object, msg: object) -> None:
         if err is None:
             timeline.add(record_size)
+        else:
+            timeline.fail(str(err))
 
     deadline = timeline.started + seconds
     sent = 0
@@ -202,8 +209,13 @@ class WatermarkSampler:
         self._consumer.close()
 
     def _run(self) -> None:
+        from confluent_kafka import KafkaException
+
         while not self._stop.is_set():
-            _low, high = self._consumer.get_watermark_offsets(self._tp, timeout=5)
+            try:
+                _low, high = self._consumer.get_watermark_offsets(self._tp, timeout=5)
+            except KafkaException:  # a slow answer on a loaded machine: this sample is skipped
+                continue
             self.samples.append((time.monotonic(), high))
             self._stop.wait(self._interval_s)
 

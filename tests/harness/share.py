@@ -11,12 +11,12 @@ from __future__ import annotations
 
 import subprocess
 import threading
-import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 from tests.harness.kafka import REPO, _die_with_parent, java_command
+from tests.harness.wait import poll
 
 SHARE_MEMBER_JAVA = REPO / "tests" / "share" / "ShareGroupMember.java"
 
@@ -166,10 +166,5 @@ def _describe(message: Any) -> str:
     return f"{message.partition()} {message.offset()} {count if count is not None else -1} {value}"
 
 
-def wait_until(condition: Callable[[], bool], timeout_s: float, poll_s: float = 0.2) -> bool:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if condition():
-            return True
-        time.sleep(poll_s)
-    return condition()
+def wait_until(condition: Callable[[], bool], timeout_s: float) -> bool:
+    return poll(condition, timeout_s)

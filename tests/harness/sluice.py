@@ -16,6 +16,7 @@ from typing import Any
 import yaml
 
 from tests.harness.kafka import REPO, _die_with_parent
+from tests.harness.wait import poll
 
 READY = re.compile(r"sluice ready: bootstrap (\S+)")
 WORKER_STARTED = re.compile(r"worker (\d+) started \(pid (\d+)\)")
@@ -79,12 +80,7 @@ class SluiceProcess:
 
     def wait_for_log(self, text: str, timeout_s: float = 10.0) -> bool:
         """Sluice's output reaches us through a pipe, a little after what it describes."""
-        deadline = time.monotonic() + timeout_s
-        while text not in self.log():
-            if time.monotonic() > deadline:
-                return False
-            time.sleep(0.05)
-        return True
+        return poll(lambda: text in self.log(), timeout_s)
 
     def signal(self, sig: int) -> None:
         assert self.process is not None

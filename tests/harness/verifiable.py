@@ -16,11 +16,11 @@ import os
 import signal
 import subprocess
 import threading
-import time
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 
 from tests.harness.kafka import KafkaCluster, _die_with_parent, java_command
+from tests.harness.wait import wait_until
 
 Record = tuple[int, int, str]  # (partition, offset, value)
 
@@ -133,16 +133,18 @@ def partition_leader(bootstrap: str, topic: str, partition: int, timeout_s: floa
 def wait_for_leader(bootstrap: str, topic: str, partition: int, not_in: set[int],
                     timeout_s: float = 60.0) -> int:
     """Poll until the partition has a leader outside `not_in`; its id (AssertionError at the deadline)."""
-    deadline = time.monotonic() + timeout_s
-    while True:
+    found: list[int] = []
+
+    def elected() -> bool:
         try:
             leader = partition_leader(bootstrap, topic, partition)
         except Exception:  # a broker going away: ask again
-            leader = -1
-        if leader >= 0 and leader not in not_in:
-            return leader
-        assert time.monotonic() < deadline, f"no leader for {topic}-{partition} outside {not_in}"
-        time.sleep(0.3)
+            return False
+        found[:] = [leader]
+        return leader >= 0 and leader not in not_in
+
+    wait_until(elected, timeout_s, f"a leader for {topic}-{partition} outside {not_in}")
+    return found[0]
 
 
 def wait_for_full_isr(bootstrap: str, topic: str, replicas: int, timeout_s: float = 90.0) -> None:
@@ -150,16 +152,14 @@ def wait_for_full_isr(bootstrap: str, topic: str, replicas: int, timeout_s: floa
     only then may another broker die without writes stopping at min.insync.replicas."""
     from confluent_kafka.admin import AdminClient
 
-    deadline = time.monotonic() + timeout_s
-    while True:
+    def whole() -> bool:
         try:
             meta = AdminClient({"bootstrap.servers": bootstrap}).list_topics(topic, timeout=10)
-            if all(len(p.isrs) == replicas for p in meta.topics[topic].partitions.values()):
-                return
         except Exception:  # a broker going away: ask again
-            pass
-        assert time.monotonic() < deadline, f"{topic}: the in-sync replicas did not recover"
-        time.sleep(0.5)
+            return False
+        return all(len(p.isrs) == replicas for p in meta.topics[topic].partitions.values())
+
+    wait_until(whole, timeout_s, f"{topic}: the in-sync replicas to recover")
 
 
 @contextlib.contextmanager

@@ -35,17 +35,9 @@ from tests.harness.verifiable import (
     wait_for_full_isr,
     wait_for_leader,
 )
+from tests.harness.wait import poll as until
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
-
-
-def until(condition: Callable[[], bool], timeout_s: float, interval_s: float = 0.2) -> bool:
-    deadline = time.monotonic() + timeout_s
-    while not condition():
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(interval_s)
-    return True
 
 
 _T0 = time.monotonic()

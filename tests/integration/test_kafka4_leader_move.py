@@ -19,7 +19,6 @@ import datetime as dt
 import json
 import subprocess
 import threading
-import time
 import uuid
 from pathlib import Path
 from typing import Any
@@ -32,6 +31,7 @@ from tests.harness.kafka import KafkaCluster, _die_with_parent, java_command
 from tests.harness.rawclient import RawKafkaSocket, metadata_request
 from tests.harness.sluice import SluiceProcess
 from tests.harness.tools import KafkaTools
+from tests.harness.wait import poll, wait_until
 from tests.integration.test_kafka4_clients import api_versions
 
 pytestmark = pytest.mark.integration
@@ -57,11 +57,9 @@ def move_partition_0_to_brokers_2_and_3(cluster: KafkaCluster, topic: str, workd
     reassign = "org.apache.kafka.tools.reassign.ReassignPartitionsCommand"
     tools.run(reassign, "--bootstrap-server", cluster.bootstrap, "--reassignment-json-file", str(plan),
               "--execute").check()
-    deadline = time.monotonic() + 60
-    while "is completed" not in tools.run(reassign, "--bootstrap-server", cluster.bootstrap,
-                                          "--reassignment-json-file", str(plan), "--verify").stdout:
-        assert time.monotonic() < deadline, "reassignment did not complete"
-        time.sleep(1)
+    wait_until(lambda: "is completed" in tools.run(reassign, "--bootstrap-server", cluster.bootstrap,
+                                                   "--reassignment-json-file", str(plan), "--verify").stdout,
+               60, "the reassignment to complete", interval_s=1.0)
 
 
 def metadata(address: str, topic: str) -> tuple[dict[int, tuple[str, int]], uuid.UUID, dict[int, int]]:
@@ -93,10 +91,8 @@ def fetch_v16(address: str, topic_id: uuid.UUID, partitions: list[int]) -> Any:
 
 
 def wait_for_leader(address: str, topic: str, partition: int, leader: int) -> None:
-    deadline = time.monotonic() + 60
-    while metadata(address, topic)[2][partition] != leader:
-        assert time.monotonic() < deadline, f"partition {partition} never moved to broker {leader}"
-        time.sleep(0.5)
+    wait_until(lambda: metadata(address, topic)[2][partition] == leader, 60,
+               f"partition {partition} to move to broker {leader}", interval_s=0.5)
 
 
 class JavaConsumer:
@@ -124,12 +120,7 @@ class JavaConsumer:
             self.values.append(line.rstrip("\n"))
 
     def wait_for(self, values: set[str], timeout_s: float) -> bool:
-        deadline = time.monotonic() + timeout_s
-        while not values <= set(self.values):
-            if time.monotonic() > deadline:
-                return False
-            time.sleep(0.3)
-        return True
+        return poll(lambda: values <= set(self.values), timeout_s, interval_s=0.3)
 
     def stop(self) -> None:
         self.process.terminate()

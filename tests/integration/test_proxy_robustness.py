@@ -6,7 +6,7 @@ import signal
 import struct
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -18,20 +18,12 @@ from tests.harness.kafka import KafkaCluster
 from tests.harness.rawclient import RawKafkaSocket, fetch_request_v12, metadata_request
 from tests.harness.sluice import SluiceProcess
 from tests.harness.tls import TestCA
+from tests.harness.wait import poll as until
 
 pytestmark = pytest.mark.integration
 
 
 # ----------------------------------------------------------------------------- bad frames
-
-def until(condition: Callable[[], bool], timeout_s: float) -> bool:
-    deadline = time.monotonic() + timeout_s
-    while not condition():
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(0.05)
-    return True
-
 
 @pytest.mark.parametrize(("garbage", "reason"), [
     (struct.pack(">i", -7), "negative"),                              # size prefix below zero

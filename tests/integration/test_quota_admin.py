@@ -23,9 +23,9 @@ import sys
 import threading
 import time
 import urllib.request
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 import pytest
 import yaml
@@ -37,13 +37,13 @@ from tests.harness import load
 from tests.harness.kafka import REPO, KafkaCluster, free_port
 from tests.harness.sluice import SluiceProcess
 from tests.harness.tools import KafkaTools, sasl_properties
+from tests.harness.wait import eventually, wait_until
 
 pytestmark = pytest.mark.integration
 
 KiB = 1024
 MiB = 1024 * 1024
 WINDOW = {"samples": 11, "size_ms": 500}
-T = TypeVar("T")
 
 
 def connect(host: str, port: int, timeout_s: float) -> Stream:
@@ -88,18 +88,11 @@ def key(**entity: str | None) -> str:
     return json.dumps({k.replace("_", "-"): v for k, v in entity.items()}, sort_keys=True)
 
 
-def eventually(probe: Callable[[], T], ok: Callable[[T], bool], timeout_s: float = 15.0) -> T:
-    deadline = time.monotonic() + timeout_s
-    while True:
-        value = probe()
-        if ok(value) or time.monotonic() > deadline:
-            return value
-        time.sleep(0.1)
-
-
-def wait_until(monotonic_s: float) -> None:
-    """Let the load run until a point in time (a duration of load, not a wait for a condition)."""
-    time.sleep(max(0.0, monotonic_s - time.monotonic()))
+def load_until(timeline: load.Timeline, monotonic_s: float) -> None:
+    """Let the load run until the producer has delivered something at or after `monotonic_s` (so
+    the span before it is covered by deliveries, however slow the machine)."""
+    wait_until(lambda: any(t >= monotonic_s for t, _ in timeline.events[-50:]),
+               monotonic_s - time.monotonic() + 30, "deliveries past the measured span")
 
 
 def metric(port: int, name: str, **labels: str) -> float | None:
@@ -134,7 +127,8 @@ def test_kafka_configs_and_the_cli_change_a_live_producers_rate(kafka: KafkaClus
         first = eventually(lambda: timeline.count, lambda n: n > 0, timeout_s=60)
         assert first > 0, "the producer delivered nothing through Sluice"
         first_s = min(t for t, _ in timeline.events) - timeline.started
-        wait_until(timeline.started + first_s + 2 * 5.5)  # two whole periods of the sawtooth (11 x 500 ms)
+        # two whole periods of the sawtooth (11 x 500 ms)
+        load_until(timeline, timeline.started + first_s + 2 * 5.5)
         connections = metric(port, "sluice_open_connections", listener="broker 1")
 
         # kafka-configs raises it to 1 MiB/s for this client id. The change applies somewhere between
@@ -145,7 +139,7 @@ def test_kafka_configs_and_the_cli_change_a_live_producers_rate(kafka: KafkaClus
         tools.configs("--alter", "--add-config", f"producer_byte_rate={MiB}", "--entity-type", "clients",
                       "--entity-name", cid).check()
         raised_at = time.monotonic()
-        wait_until(raised_at + 9)
+        load_until(timeline, raised_at + 9)
 
         # `sluice quotas alter` brings it down to 512 KiB/s: a (1 MiB - 512 KiB) / 512 KiB x 5.5 s = 5.5 s
         # mute first (the window still holds 1 MiB/s), then 512 KiB/s
@@ -154,7 +148,7 @@ def test_kafka_configs_and_the_cli_change_a_live_producers_rate(kafka: KafkaClus
                    "--add", f"producer_byte_rate={512 * KiB}")
         assert done.returncode == 0, done.stderr
         lowered_at = time.monotonic()
-        wait_until(lowered_at + 12)
+        load_until(timeline, lowered_at + 12)
         connections_after = metric(port, "sluice_open_connections", listener="broker 1")
         stop.set()
         worker.join(60)

@@ -176,6 +176,7 @@ def test_java_producer_is_held_to_a_topic_prefix_quota(kafka: KafkaCluster, tmp_
                                 props={"acks": "1", "client.id": "java-topic", "batch.size": "16384"})
         records, span_s = sampler.records_between(0, RUN_S)
         achieved = records * 1000 / span_s
+        print(f"java producer, topic prefix quota: {achieved / quota:.3f} x quota over {span_s:.1f} s")
         assert 0.85 * quota <= achieved <= 1.15 * quota, f"{achieved / quota:.3f} x quota"
     finally:
         sluice.stop()

@@ -11,7 +11,6 @@
 from __future__ import annotations
 
 import shutil
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -20,20 +19,12 @@ import pytest
 
 from tests.harness.kafka import KafkaCluster, free_port
 from tests.harness.sluice import SluiceProcess
+from tests.harness.wait import wait_until as wait_for
 from tests.integration.test_quota_enforcement import Metrics
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 GiB = 1024 ** 3
-
-
-def wait_for(predicate: Any, timeout_s: float, what: str) -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if predicate():
-            return
-        time.sleep(0.05)
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 def value_in(text: str, name: str, **labels: str) -> float | None:

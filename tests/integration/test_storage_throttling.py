@@ -24,6 +24,7 @@ from tests.harness import load
 from tests.harness.kafka import KafkaCluster, free_port
 from tests.harness.sluice import SluiceProcess
 from tests.harness.tls import TestCA
+from tests.harness.wait import wait_until as wait_for
 from tests.integration.test_quota_enforcement import Metrics
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
@@ -31,15 +32,6 @@ pytestmark = [pytest.mark.integration, pytest.mark.slow]
 KiB = 1024
 MiB = 1024 * 1024
 GiB = 1024 * MiB
-
-
-def wait_for(predicate: Any, timeout_s: float, what: str) -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if predicate():
-            return
-        time.sleep(0.1)
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 def test_hard_limit_above_free_space_stops_production_and_lifting_it_resumes(

@@ -15,9 +15,9 @@ import signal
 import socket
 import time
 import urllib.request
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
@@ -27,20 +27,11 @@ from tests.conftest import create_topic, unique_name
 from tests.harness.clients import confluent_consume, confluent_produce, values
 from tests.harness.kafka import KafkaCluster, free_port
 from tests.harness.sluice import SluiceProcess
+from tests.harness.wait import eventually
 
 pytestmark = pytest.mark.integration
 
 WORKERS = 3
-T = TypeVar("T")
-
-
-def eventually(fetch: Callable[[], T], ok: Callable[[T], bool], timeout_s: float = 30.0) -> T:
-    deadline = time.monotonic() + timeout_s
-    while True:
-        value = fetch()
-        if ok(value) or time.monotonic() > deadline:
-            return value
-        time.sleep(0.1)
 
 
 class Instance:
@@ -123,7 +114,7 @@ def test_three_workers_serve_clients_and_one_metrics_port(instance: Instance, ka
             out += [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
         return out
 
-    produced = eventually(records, lambda rs: any(r["api_name"] == "Produce" for r in rs))
+    produced = eventually(records, lambda rs: any(r["api_name"] == "Produce" for r in rs), timeout_s=30)
     assert all(r["instance"] == "wk" and r["worker"] in (0, 1, 2) for r in produced)
     for path in instance.access_dir.rglob("*.jsonl"):
         assert path.name.startswith("wk-w"), path.name
@@ -140,7 +131,7 @@ def test_connections_spread_over_more_than_one_worker(instance: Instance) -> Non
             return {lbl["worker"]: v for lbl, v in instance.samples("sluice_open_connections")
                     if lbl["listener"] == "bootstrap" and v > 0}
 
-        spread = eventually(per_worker, lambda got: sum(got.values()) >= 12)
+        spread = eventually(per_worker, lambda got: sum(got.values()) >= 12, timeout_s=30)
         assert sum(spread.values()) >= 12
         assert len(spread) > 1, spread  # all 12 on one of three workers: chance 3 / 3**12
     finally:
@@ -158,7 +149,8 @@ def test_a_quota_altered_through_one_worker_applies_in_every_worker(instance: In
         (outcome,) = admin.alter([AlterEntry((("user", user),), [("producer_byte_rate", 4096.0)])])
     written = time.monotonic()
     assert outcome.error_code == 0
-    got = eventually(lambda: instance.configured(user, "producer_byte_rate"), lambda g: len(g) == WORKERS)
+    got = eventually(lambda: instance.configured(user, "producer_byte_rate"), lambda g: len(g) == WORKERS,
+                     timeout_s=30)
     took_s = time.monotonic() - written
     assert got == {"0": 4096.0, "1": 4096.0, "2": 4096.0}
     print(f"alter through one worker visible in all {WORKERS} workers' /metrics after {took_s * 1000:.0f} ms")
@@ -170,7 +162,7 @@ def test_sighup_with_an_edited_yaml_reaches_every_worker(instance: Instance) -> 
         {"client_id": "wk-flood", "producer_byte_rate": 2_000_000}]}})
     instance.proc.signal(signal.SIGHUP)
     got = eventually(lambda: instance.configured("wk-flood", "producer_byte_rate"),
-                     lambda g: g == {"0": 2e6, "1": 2e6, "2": 2e6})
+                     lambda g: g == {"0": 2e6, "1": 2e6, "2": 2e6}, timeout_s=30)
     assert got == {"0": 2e6, "1": 2e6, "2": 2e6}
     assert instance.proc.wait_for_log("SIGHUP forwarded to 3 workers")
 

@@ -13,6 +13,7 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from tests.harness.kafka import _die_with_parent, free_port
+from tests.harness.wait import poll
 
 MASTER_URL = re.compile(r"Starting Spark master at (spark://[0-9.]+:\d+)")
 REGISTERED = "Successfully registered with master"
@@ -35,16 +36,20 @@ def _wait_for(path: Path, pattern: re.Pattern[str] | str, deadline: float,
               process: subprocess.Popen[bytes]) -> str:
     """The first match of `pattern` in the log at `path`, polled until `deadline` (monotonic)."""
     regex = re.compile(re.escape(pattern)) if isinstance(pattern, str) else pattern
-    while True:
+    text = ""
+
+    def found_or_exited() -> bool:
+        nonlocal text
         text = path.read_text(errors="replace") if path.exists() else ""
-        m = regex.search(text)
-        if m:
-            return m.group(m.lastindex or 0)
-        if process.poll() is not None:
-            raise RuntimeError(f"{path.name}: exited with {process.returncode}:\n{text[-3000:]}")
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"{path.name}: no {regex.pattern!r} in time:\n{text[-3000:]}")
-        time.sleep(0.2)
+        return regex.search(text) is not None or process.poll() is not None
+
+    poll(found_or_exited, max(0.0, deadline - time.monotonic()), interval_s=0.2)
+    m = regex.search(text)
+    if m:
+        return m.group(m.lastindex or 0)
+    if process.poll() is not None:
+        raise RuntimeError(f"{path.name}: exited with {process.returncode}:\n{text[-3000:]}")
+    raise TimeoutError(f"{path.name}: no {regex.pattern!r} in time:\n{text[-3000:]}")
 
 
 class StandaloneCluster:

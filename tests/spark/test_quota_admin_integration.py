@@ -8,9 +8,8 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
-from typing import TypeVar
 
 import pytest
 from pyspark.sql import SparkSession
@@ -29,21 +28,11 @@ from spark_analytics.kafka_quota_client import (
 from tests.conftest import create_topic, unique_name
 from tests.harness.kafka import KafkaCluster
 from tests.harness.tools import KafkaTools
+from tests.harness.wait import eventually
 from tests.spark.logs import T0, produce, write_logs
 
 pytestmark = pytest.mark.integration
 P, C = "producer_byte_rate", "consumer_byte_rate"
-T = TypeVar("T")
-
-
-def eventually(probe: Callable[[], T], ok: Callable[[T], bool], timeout_s: float = 15.0) -> T:
-    """Quota changes reach the broker's metadata image asynchronously (KRaft)."""
-    deadline = time.monotonic() + timeout_s
-    while True:
-        value = probe()
-        if ok(value) or time.monotonic() > deadline:
-            return value
-        time.sleep(0.2)
 
 
 def entries_for(client: KafkaQuotaClient, user: str) -> list[QuotaEntry]:

@@ -177,10 +177,7 @@ async def rig() -> Rig:
     transport = FakeTransport()
     conn.connection_made(transport)  # type: ignore[arg-type]
     assert transport.paused  # until the upstream is connected
-    for _ in range(10):
-        if not transport.paused:
-            break
-        await asyncio.sleep(0)
+    await run_ready_callbacks()           # the fake upstream connects at once, on the loop
     assert not transport.paused
     return Rig(conn, transport, upstream, timers, stage)
 
@@ -194,6 +191,14 @@ def response(correlation_id: int, body: bytes = b"\x00\x00") -> bytes:
     return struct.pack(">i", correlation_id) + body
 
 
+async def run_ready_callbacks() -> None:
+    """Let the event loop run what is already scheduled (no time passes: a fake clock drives time)."""
+    loop = asyncio.get_running_loop()
+    done = loop.create_future()
+    loop.call_soon(done.set_result, None)   # queued after every callback scheduled so far
+    await done
+
+
 async def test_requests_are_forwarded_and_answered_in_order() -> None:
     r = await rig()
     r.send(metadata_request(1), metadata_request(2), metadata_request(3, "later"), metadata_request(4))
@@ -201,7 +206,7 @@ async def test_requests_are_forwarded_and_answered_in_order() -> None:
     r.broker(response(1), response(2), response(4))
     assert [f[:4] for f in r.transport.frames()] == [response(1)[:4], response(2)[:4]]  # 4 waits for 3
     r.stage.later[3].set_result(response(3, b"local"))
-    await asyncio.sleep(0)  # the future's callbacks run on the loop
+    await run_ready_callbacks()  # the future's done-callbacks run on the loop
     assert r.transport.frames() == [response(1), response(2), response(3, b"local"), response(4)]
     assert r.stage.completed == [1, 2, 3, 4]
 

@@ -13,6 +13,7 @@ import pytest
 
 from proxy.fleet.exchange import Exchange, ExchangeError
 from proxy.fleet.local import HubServer, LocalExchange
+from tests.harness.wait import wait_until
 
 
 class HubThread:
@@ -39,13 +40,6 @@ class HubThread:
         self._thread.join(5)
 
 
-def wait_until(check: Callable[[], bool], timeout_s: float = 10.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not check():
-        assert time.monotonic() < deadline, "condition not met in time"
-        time.sleep(0.01)
-
-
 @pytest.fixture
 def hub(tmp_path: Path) -> Iterator[HubThread]:
     h = HubThread(tmp_path / "hub.sock")
@@ -66,7 +60,7 @@ def test_every_member_receives_every_payload_its_own_included(hub: HubThread) ->
     members = [LocalExchange(hub.path) for _ in range(3)]
     for m in members:
         m.start()
-    wait_until(lambda: hub.hub.stats().clients == 3)
+    wait_until(lambda: hub.hub.stats().clients == 3, 10, "three members on the hub")
     exchange: Exchange = members[0]  # the protocol the fleet member uses
     assert exchange.connected and exchange.errors == 0
     big = bytes(range(256)) * 1000  # larger than one socket read
@@ -74,7 +68,7 @@ def test_every_member_receives_every_payload_its_own_included(hub: HubThread) ->
         m.publish(f"report from {i}".encode())
     members[2].publish(big)
     got: list[list[bytes]] = [[], [], []]
-    wait_until(collect(members, 4, got))
+    wait_until(collect(members, 4, got), 10, "every payload at every member")
     for received in got:
         expected = [b"report from 0", b"report from 1", b"report from 2", big]
         assert sorted(received[:4], key=lambda b: (len(b), b)) == expected
@@ -97,18 +91,18 @@ def test_publish_and_drain_do_not_block(hub: HubThread) -> None:
 def test_lost_hub_is_counted_and_reconnected(hub: HubThread) -> None:
     member = LocalExchange(hub.path, reconnect_ms=50)
     member.start()
-    wait_until(lambda: hub.hub.stats().clients == 1)
+    wait_until(lambda: hub.hub.stats().clients == 1, 10, "the member on the hub")
     hub.stop()
-    wait_until(lambda: not member.connected)
+    wait_until(lambda: not member.connected, 10, "the member to see the hub gone")
     assert member.errors >= 1
     errors = member.errors
     member.publish(b"lost")  # while down: counted, not raised
     assert member.errors == errors + 1
     hub.restart()
-    wait_until(lambda: member.connected)
+    wait_until(lambda: member.connected, 10, "the member to reconnect")
     member.publish(b"back")
     got: list[list[bytes]] = [[]]
-    wait_until(collect([member], 1, got))
+    wait_until(collect([member], 1, got), 10, "the payload after reconnecting")
     assert got[0] == [b"back"]
     member.close()
 

@@ -202,7 +202,7 @@ def test_supervisor_scrapes_every_up_worker_and_reports_health() -> None:
             registry = CollectorRegistry()
             counter = Counter("sluice_requests", "Requests by API", ["api"], registry=registry)
             counter.labels("Fetch").inc(requests)
-            endpoint = MetricsEndpoint(registry, lambda: True)
+            endpoint = MetricsEndpoint.for_registry(registry, lambda: True)
             await endpoint.start("127.0.0.1", 0)
             endpoints.append(endpoint)
             worker = supervisor.workers[index]
