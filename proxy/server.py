@@ -21,6 +21,7 @@ from proxy.flow.pipeline import ConnectionContext, Pipeline, ResponseOutcome, St
 from proxy.ops.access_log import AccessLogStage, AccessLogWriter
 from proxy.ops.broker_listeners import BrokerListenerCollector
 from proxy.ops.disk_guard import StorageCollector, StoragePoller
+from proxy.ops.headroom import USAGE_PATH, HeadroomCollector, usage_json, usage_report
 from proxy.ops.http import MetricsEndpoint
 from proxy.ops.metrics import AccessLogCollector, QuotaSensorCollector, SluiceMetrics
 from proxy.pumps.connection import ClientConnection, ConnectionServices, connection_factory
@@ -71,6 +72,7 @@ class ProxyServer:
                 config.upstream.tls.context(), config.upstream.connect_timeout_ms / 1000)
             self.registry_metrics.register(StorageCollector(self.storage))
         self.registry_metrics.register(QuotaSensorCollector(self.quotas, self.clock))
+        self.registry_metrics.register(HeadroomCollector(self.quotas, self.clock))
         self.fleet = make_fleet(config, self.quotas, self.clock, worker_index)  # one budget across processes
         if self.fleet is not None:
             self.registry_metrics.register(FleetCollector(self.fleet))
@@ -138,12 +140,16 @@ class ProxyServer:
         log.info("Sluice listening on %s:%d (%s) for %s", sock[0], sock[1], describe_listener(config),
                  ",".join(str(a) for a in config.upstream.bootstrap))
         if config.metrics.port is not None:
-            self.metrics_endpoint = MetricsEndpoint.for_registry(self.registry_metrics,
-                                                                 lambda: not self._draining)
+            self.metrics_endpoint = MetricsEndpoint.for_registry(
+                self.registry_metrics, lambda: not self._draining, {USAGE_PATH: self._usage})
             if self.worker_index is None:
                 await self.metrics_endpoint.start(config.metrics.host, config.metrics.port)
             else:  # the supervisor serves metrics.port and merges every worker's registry
                 await self.metrics_endpoint.start("127.0.0.1", 0)
+
+    async def _usage(self) -> bytes:
+        """`GET /quotas/usage`: rate, limit in force and headroom of every live sensor."""
+        return usage_json(usage_report(self.quotas, self.clock))
 
     def reload(self, config: ProxyConfig) -> None:
         """SIGHUP: YAML quota edits go to the store and to live sensors (see `reconcile_seed`);

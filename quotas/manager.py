@@ -89,6 +89,19 @@ class FleetUsage(NamedTuple):
     share: float
 
 
+class SensorLimit(NamedTuple):
+    """The limit in force on a sensor and what made it: `bound` = `base_bound` x `share`, where
+    `base_bound` is the callback's limit x the storage factor (`scale`). Bounds are None when
+    the sensor is unlimited; `entity` is the configured entity that applied, when known."""
+
+    bound: float | None
+    base_bound: float | None
+    share: float
+    scale: float
+    shadow: bool
+    entity: QuotaEntity | None
+
+
 class SensorSnapshot(NamedTuple):
     key: SensorKey
     rate: SampledRate
@@ -372,6 +385,14 @@ class QuotaManager:
     def quota_bound(self, key: SensorKey) -> float | None:
         sensor = self._sensors.get(key)
         return None if sensor is None else sensor.bound
+
+    def sensor_limit(self, key: SensorKey) -> SensorLimit | None:
+        """The limit in force on a live sensor, as enforcement uses it; None if there is no sensor."""
+        sensor = self._sensors.get(key)
+        if sensor is None:
+            return None
+        return SensorLimit(sensor.bound, sensor.base_bound, sensor.share, self._scales.get(key.kind, 1.0),
+                           sensor.shadow, sensor.entity)
 
     def throttle_stats(self, key: SensorKey) -> ThrottleStats | None:
         """Enforced (non-shadow) non-zero throttles of a sensor; `None` if there is no sensor."""

@@ -7,12 +7,17 @@ AlterClientQuotas through `protocol.quota_client`:
                            [--prefix user=team-]
     sluice quotas describe --bootstrap-server HOST:PORT --names user=alice,client-id=app
                            [--include-overrides]
+    sluice quotas describe --usage --url http://HOST:METRICS_PORT [--names user=alice,...]
     sluice quotas alter    --bootstrap-server HOST:PORT --names user=alice [--defaults client-id]
                            [--add producer_byte_rate=1048576,...] [--delete consumer_byte_rate,...]
                            [--validate-only]
 
 `describe` resolves the effective quota of a caller client-side, from every configured entry, with
-the precedence enforcement uses (`quotas.effective`, i.e. `DefaultQuotaCallback`). `--output json`
+the precedence enforcement uses (`quotas.effective`, i.e. `DefaultQuotaCallback`).
+`describe --usage` recomputes nothing: it reads ``GET /quotas/usage`` on the running proxy's
+metrics port (`--url`) and shows, per live sensor, the windowed rate, the limit in force (after
+the callback, cluster entries, the fleet share and the storage factor) and the headroom
+(`quotas.headroom`). `--output json`
 prints one JSON document for scripts (default entity names are JSON null there). Exit status: 0
 done, 1 the server refused or could not be reached (nothing changed), 2 bad usage (nothing sent).
 """
@@ -23,6 +28,8 @@ import json
 import socket
 import ssl
 import sys
+import urllib.error
+import urllib.request
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -47,6 +54,7 @@ from quotas.config import QuotaConfig
 from quotas.effective import EffectiveQuota, QuotaSource, effective_quotas, effective_topic_quotas
 from quotas.entity import CLIENT_ID, CLIENT_ID_PREFIX, TOPIC, TOPIC_PREFIX, USER, ClientIdentity, QuotaEntity
 from quotas.errors import QuotaConfigError
+from quotas.headroom import KIND_LABEL, KIND_UNIT, UsageEntry, UsageFormatError, UsageReport, select
 from quotas.stats import RateModel
 from quotas.table import TOKEN_BUCKET_KEY, QuotaTable, format_value
 
@@ -90,7 +98,7 @@ class Connection:
 
 def connection_options(fn: F) -> F:
     options = [
-        click.option("--bootstrap-server", "bootstrap", required=True, envvar="SLUICE_BOOTSTRAP_SERVER",
+        click.option("--bootstrap-server", "bootstrap", envvar="SLUICE_BOOTSTRAP_SERVER",
                      metavar="HOST:PORT[,...]", help="Sluice's bootstrap address (or a broker's)"),
         click.option("--output", type=click.Choice(["text", "json"]), default="text", show_default=True),
         click.option("--sasl-mechanism", type=click.Choice(MECHANISMS), help="authenticate (as an admin)"),
@@ -108,8 +116,10 @@ def connection_options(fn: F) -> F:
     return fn
 
 
-def _connection(bootstrap: str, output: str, sasl_mechanism: str | None, sasl_username: str | None,
+def _connection(bootstrap: str | None, output: str, sasl_mechanism: str | None, sasl_username: str | None,
                 sasl_password: str | None, tls: bool, ca_file: Path | None, timeout_s: float) -> Connection:
+    if not bootstrap:
+        raise Usage("Missing option '--bootstrap-server' (or SLUICE_BOOTSTRAP_SERVER)")
     sasl = None
     if sasl_mechanism is not None:
         if not sasl_username:
@@ -288,24 +298,41 @@ def _sort_key(components: Sequence[Component]) -> tuple[object, ...]:
 
 
 @quotas.command("describe")
-@click.option("--names", metavar="user=NAME[,client-id=NAME][,topic=NAME]", required=True,
+@click.option("--names", metavar="user=NAME[,client-id=NAME][,topic=NAME]",
               help="the caller: its principal and client id (a missing user is ANONYMOUS, a missing "
                    "client id is empty, as Kafka sees unauthenticated callers and null client ids); "
-                   "with topic=NAME also the topic quotas of that topic, which apply beside the caller's")
+                   "with topic=NAME also the topic quotas of that topic, which apply beside the caller's. "
+                   "Required, but with --usage optional: a filter (default: every sensor)")
 @click.option("--include-overrides", is_flag=True, help="also show the less specific entries overridden "
                                                         "(marked *)")
+@click.option("--usage", is_flag=True, help="live rate, limit in force and headroom per sensor, read "
+                                            "from the running proxy's metrics port (--url)")
+@click.option("--url", envvar="SLUICE_METRICS_URL", metavar="http://HOST:PORT",
+              help="with --usage: the proxy's metrics port (or SLUICE_METRICS_URL); --bootstrap-server "
+                   "is not used then")
 @connection_options
-def describe_command(names: str, include_overrides: bool, **conn_args: Any) -> None:
+def describe_command(names: str | None, include_overrides: bool, usage: bool, url: str | None,
+                     **conn_args: Any) -> None:
     """The effective quotas of a caller: each quota's value and the entry it comes from (with its
-    rate model when it is the token bucket); with topic=NAME, the topic's quotas too."""
-    conn = _connection(**conn_args)
+    rate model when it is the token bucket); with topic=NAME, the topic's quotas too. With --usage:
+    what the running proxy enforces, per sensor: rate, limit in force, headroom and its ratio."""
     who = parse_pairs(names, "--names")
-    if not who:
-        raise Usage("--names: give user=NAME, client-id=NAME and/or topic=NAME")
     bad = sorted(set(who) - {USER, CLIENT_ID, TOPIC})
     if bad:
         raise Usage(f"--names: {', '.join(bad)}: a caller is a user, a client-id and a topic it writes "
                     f"or reads")
+    if usage:
+        if include_overrides:
+            raise Usage("--include-overrides does not apply to --usage")
+        if not url:
+            raise Usage("--usage needs --url http://HOST:PORT (the proxy's metrics port)")
+        _describe_usage(url, who, conn_args["output"], conn_args["timeout_s"])
+        return
+    if url:
+        raise Usage("--url is for --usage")
+    conn = _connection(**conn_args)
+    if not who:
+        raise Usage("--names: give user=NAME, client-id=NAME and/or topic=NAME")
     identity = ClientIdentity.of(who.get(USER), who.get(CLIENT_ID))
     try:
         with conn.client() as client:
@@ -337,6 +364,82 @@ def describe_command(names: str, include_overrides: bool, **conn_args: Any) -> N
             lines += ["*" + _source_line(quota.kind.value, s, config) for s in quota.overridden]
     if lines:
         click.echo("\n".join(lines))
+
+
+#: Where the proxy serves its usage report on the metrics port (`proxy.ops.headroom.USAGE_PATH`).
+USAGE_PATH = "/quotas/usage"
+
+
+def usage_url(url: str) -> str:
+    """``http://host:port`` -> ``http://host:port/quotas/usage``; a URL with that path stays."""
+    base = url.rstrip("/")
+    return base if base.endswith(USAGE_PATH) else base + USAGE_PATH
+
+
+def fetch_usage(url: str, timeout_s: float) -> UsageReport:
+    """Read the running proxy's usage report (raises OSError, ValueError or UsageFormatError)."""
+    if not url.startswith(("http://", "https://")):
+        raise ValueError(f"--url: {url!r} is not an http:// or https:// URL")
+    with urllib.request.urlopen(usage_url(url), timeout=timeout_s) as response:
+        return UsageReport.from_json(json.loads(response.read().decode()))
+
+
+def _describe_usage(url: str, who: Mapping[str, str], output: str, timeout_s: float) -> None:
+    try:
+        report = fetch_usage(url, timeout_s)
+    except (OSError, ValueError, UsageFormatError) as exc:
+        reason = exc.reason if isinstance(exc, urllib.error.URLError) else exc
+        message = f"cannot read {usage_url(url)}: {reason}"
+        if output == "json":
+            _emit({"error": {"message": message, "code": None, "name": None}})
+        else:
+            click.echo(f"Error: {message}", err=True)
+        sys.exit(1)
+    entries = select(report.entries, who.get(USER), who.get(CLIENT_ID), who.get(TOPIC))
+    entries.sort(key=_usage_order)
+    if output == "json":
+        _emit({**report.to_json(), "entries": [e.to_json() for e in entries]})
+        return
+    rows = [["BROKER", "KIND", "USER", "CLIENT-ID", "TOPIC", "RATE", "LIMIT", "HEADROOM", "RATIO", "UNIT",
+             "NOTES"]]
+    rows += [_usage_row(e) for e in entries]
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    numeric = {5, 6, 7, 8}
+    for row in rows:
+        cells = [c.rjust(w) if i in numeric else c.ljust(w)
+                 for i, (c, w) in enumerate(zip(row, widths, strict=True))]
+        click.echo("  ".join(cells).rstrip())
+    workers = f", {report.workers} workers merged" if report.workers else ""
+    click.echo(f"(rates over the last {report.window_ms} ms, scope {report.scope}{workers})")
+
+
+def _usage_order(entry: UsageEntry) -> tuple[object, ...]:
+    broker = entry.broker
+    return (not broker.isdigit(), int(broker) if broker.isdigit() else 0, broker,
+            list(KIND_LABEL).index(entry.kind), entry.user, entry.client_id, entry.topic)
+
+
+def _number(value: float | None, digits: int = 1) -> str:
+    return "unlimited" if value is None else f"{value:.{digits}f}"
+
+
+def _usage_row(e: UsageEntry) -> list[str]:
+    notes = []
+    if e.shadow:
+        notes.append("shadow")
+    if e.entity:
+        notes.append(f"entry {e.entity}")
+    if e.share < 1.0:
+        notes.append(f"share {e.share:.3f}")
+    if e.storage_factor < 1.0:
+        notes.append(f"storage factor {e.storage_factor:.3f}")
+    if e.workers:
+        notes.append("workers " + ",".join(str(w.worker) for w in e.workers))
+    ratio = e.headroom_ratio
+    return [e.broker, KIND_LABEL[e.kind], format_name(e.user) if e.user else "-",
+            format_name(e.client_id) if e.client_id else "-", format_name(e.topic) if e.topic else "-",
+            _number(e.rate), _number(e.limit), _number(e.headroom) if e.limit is not None else "-",
+            "-" if ratio is None else f"{ratio:.3f}", KIND_UNIT[e.kind], "; ".join(notes)]
 
 
 def _table(found: Sequence[DescribedEntity]) -> QuotaTable:

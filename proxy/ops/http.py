@@ -1,4 +1,6 @@
-"""A minimal HTTP endpoint on the metrics port: `/metrics` (Prometheus text) and `/healthz`.
+"""A minimal HTTP endpoint on the metrics port: `/metrics` (Prometheus text), `/healthz`, and
+JSON documents such as `/quotas/usage` (`json_routes`). No authentication, as for `/metrics`:
+bind `metrics.host` to a private interface.
 
 asyncio-native so it shares the proxy's loop; prometheus-client renders the exposition format.
 """
@@ -8,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
@@ -16,20 +18,24 @@ log = logging.getLogger("sluice.http")
 
 
 Health = Callable[[], tuple[bool, bytes]]   # (healthy?, the body of /healthz)
+JsonRoute = Callable[[], Awaitable[bytes]]  # the body of a JSON document
 
 
 class MetricsEndpoint:
     """Serves `/metrics` from `scrape` and `/healthz` from `health`. A process serves its own
     registry (`for_registry`); the workers' supervisor serves its merge of theirs."""
 
-    def __init__(self, scrape: Callable[[], Awaitable[bytes]], health: Health) -> None:
+    def __init__(self, scrape: Callable[[], Awaitable[bytes]], health: Health,
+                 json_routes: Mapping[str, JsonRoute] | None = None) -> None:
         self._scrape = scrape
         self._health = health
+        self._json = dict(json_routes or {})
         self._server: asyncio.Server | None = None
         self.port = 0
 
     @classmethod
-    def for_registry(cls, registry: CollectorRegistry, healthy: Callable[[], bool]) -> MetricsEndpoint:
+    def for_registry(cls, registry: CollectorRegistry, healthy: Callable[[], bool],
+                     json_routes: Mapping[str, JsonRoute] | None = None) -> MetricsEndpoint:
         async def scrape() -> bytes:
             return generate_latest(registry)
 
@@ -37,7 +43,7 @@ class MetricsEndpoint:
             ok = healthy()
             return ok, b"ok\n" if ok else b"draining\n"
 
-        return cls(scrape, health)
+        return cls(scrape, health, json_routes)
 
     async def start(self, host: str, port: int) -> None:
         self._server = await asyncio.start_server(self._handle, host, port, reuse_address=True)
@@ -58,6 +64,8 @@ class MetricsEndpoint:
             path = parts[1].split("?", 1)[0] if len(parts) >= 2 else ""
             if path == "/metrics":
                 status, ctype, body = "200 OK", CONTENT_TYPE_LATEST, await self._scrape()
+            elif (route := self._json.get(path)) is not None:
+                status, ctype, body = "200 OK", "application/json", await route()
             elif path == "/healthz":
                 ok, body = self._health()
                 status, ctype = ("200 OK" if ok else "503 Service Unavailable"), "text/plain"

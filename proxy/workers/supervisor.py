@@ -14,6 +14,8 @@ Sluice port with SO_REUSEPORT, so the kernel spreads new connections over them. 
   once all have exited, killing stragglers after `drain_timeout_ms` and a grace period;
 * serves `metrics.port`: `/metrics` is every worker's exposition merged with a `worker` label
   (`proxy.workers.merge`) plus its own families; `/healthz` is 200 while every worker is up;
+  `/quotas/usage` is the workers' usage reports merged per sharing group
+  (`quotas.headroom.merge_worker_reports`: rates summed, the limit the instance's part of the budget);
 * runs the workers' relay for usage reports (`proxy.fleet.local.HubServer`), whose socket path
   each worker finds in `SLUICE_WORKER_HUB`.
 
@@ -26,6 +28,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import ctypes
+import json
 import logging
 import os
 import shutil
@@ -44,11 +47,13 @@ from prometheus_client.registry import Collector
 
 from proxy.config import ProxyConfig
 from proxy.fleet.local import ENV_HUB, ENV_INDEX, HubServer
+from proxy.ops.headroom import USAGE_PATH, usage_json
 from proxy.ops.http import MetricsEndpoint
 from proxy.workers.merge import merge_expositions, render
 from proxy.workers.policy import RestartBackoff, worker_argv
 from proxy.workers.ports import Reservation, close_quietly, reserve_ports
 from proxy.workers.status import ENV_LISTEN_PORT, ENV_STATUS_FD, WorkerStatus, parse_status
+from quotas.headroom import UsageFormatError, UsageReport, merge_worker_reports
 
 log = logging.getLogger("sluice.workers")
 
@@ -111,7 +116,7 @@ class Supervisor:
             loop.add_signal_handler(sig, self._on_stop_signal, sig)
         loop.add_signal_handler(signal.SIGHUP, self._forward, signal.SIGHUP)
         if self.config.metrics.port is not None:
-            self._metrics = MetricsEndpoint(self.scrape, self.health)
+            self._metrics = MetricsEndpoint(self.scrape, self.health, {USAGE_PATH: self.usage})
             await self._metrics.start(self.config.metrics.host, self.config.metrics.port)
             log.info("metrics of all workers on http://%s:%d/metrics", self.config.metrics.host,
                      self._metrics.port)
@@ -251,6 +256,22 @@ class Supervisor:
         texts = await asyncio.gather(*(_http_get("127.0.0.1", port, "/metrics") for _, port in up))
         expositions = {index: text for (index, _), text in zip(up, texts, strict=True) if text is not None}
         return render(merge_expositions(expositions), self.registry)
+
+    async def usage(self) -> bytes:
+        """`/quotas/usage`: every up worker's report, merged per sharing group (a worker that does
+        not answer in time is left out; `workers` lists who answered per entry)."""
+        up = [(w.index, w.status.metrics_port) for w in self.workers
+              if w.up and w.status is not None and w.status.metrics_port is not None]
+        texts = await asyncio.gather(*(_http_get("127.0.0.1", port, USAGE_PATH) for _, port in up))
+        reports: dict[int, UsageReport] = {}
+        for (index, _), text in zip(up, texts, strict=True):
+            if text is None:
+                continue
+            try:
+                reports[index] = UsageReport.from_json(json.loads(text))
+            except (ValueError, UsageFormatError) as exc:
+                log.warning("worker %d: bad usage report: %s", index, exc)
+        return usage_json(merge_worker_reports(reports, len(self.workers)))
 
     def healthy(self) -> bool:
         return not self._stopping and all(w.up for w in self.workers)

@@ -1,0 +1,72 @@
+"""Headroom of every live quota sensor, from the running managers (issue 14).
+
+`usage_report` reads what enforcement uses, nothing recomputed: each sensor's windowed rate
+(Kafka's measure, as `sluice_quota_*_rate`) and its limit in force (`QuotaManager.sensor_limit`:
+the callback's limit, the storage factor, the fleet share; cluster entries are their own manager,
+``broker="cluster"``). It is served as JSON at ``GET /quotas/usage`` on the metrics port
+(`usage_json`) and `HeadroomCollector` exports ``sluice_quota_headroom_ratio`` per sensor with a
+limit (``(limit - rate) / limit``: 1 idle, 0 at the limit, below 0 over it).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+
+from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from proxy.stages.quota import QuotaManagers
+from quotas.clock import Clock
+from quotas.headroom import KIND_LABEL, UsageEntry, UsageReport
+from quotas.manager import QuotaManager
+
+#: The path of the JSON document on the metrics port.
+USAGE_PATH = "/quotas/usage"
+_LABELS = ["kind", "broker", "user", "client_id", "topic"]
+
+
+def _entries(broker: str, manager: QuotaManager, now_ms: int, *, limited_only: bool) -> Iterator[UsageEntry]:
+    for snap in manager.sensors():
+        limit = manager.sensor_limit(snap.key)
+        if limit is None or (limited_only and limit.bound is None):
+            continue
+        yield UsageEntry.of_sensor(
+            broker, snap.key, snap.rate.measure(now_ms), limit.bound, limit.base_bound, limit.share,
+            limit.scale, limit.shadow, None if limit.entity is None else limit.entity.describe())
+
+
+def usage_report(managers: QuotaManagers, clock: Clock) -> UsageReport:
+    """Every live client sensor (limited or not) and every topic sensor a topic entry limits (as
+    `sluice_quota_topic_*`), per broker scope."""
+    now_ms = clock.now_ms()
+    entries: list[UsageEntry] = []
+    for broker, manager in managers.labelled():
+        entries += _entries(broker, manager, now_ms, limited_only=False)
+    for broker, manager in managers.topic_labelled():
+        entries += _entries(broker, manager, now_ms, limited_only=True)
+    return UsageReport(managers.config.window.retention_ms, managers.scope, tuple(entries))
+
+
+def usage_json(report: UsageReport) -> bytes:
+    return json.dumps(report.to_json(), separators=(",", ":")).encode() + b"\n"
+
+
+class HeadroomCollector(Collector):
+    """``sluice_quota_headroom_ratio{kind, broker, user, client_id, topic}`` for every sensor with
+    a limit (client sensors with ``topic=""``, topic sensors with ``user="" client_id=""``)."""
+
+    def __init__(self, managers: QuotaManagers, clock: Clock) -> None:
+        self._managers = managers
+        self._clock = clock
+
+    def collect(self) -> Iterator[Metric]:
+        family = GaugeMetricFamily(
+            "sluice_quota_headroom_ratio", "(limit in force - windowed rate) / limit in force, per quota "
+            "sensor: 1 idle, 0 at the limit, below 0 over it", labels=_LABELS)
+        for entry in usage_report(self._managers, self._clock).entries:
+            ratio = entry.headroom_ratio
+            if ratio is not None:
+                family.add_metric([KIND_LABEL[entry.kind], entry.broker, entry.user, entry.client_id,
+                                   entry.topic], ratio)
+        yield family
