@@ -43,6 +43,10 @@ KIND_UNIT: Mapping[QuotaKind, str] = {
 }
 _BY_LABEL = {label: kind for kind, label in KIND_LABEL.items()}
 
+#: A configured entity as Kafka's components, e.g. ``(("user", "alice"), ("client-id", None))``
+#: (None: the default); in JSON an object, as `sluice quotas describe --output json` prints one.
+Entity = tuple[tuple[str, str | None], ...]
+
 
 class UsageFormatError(ValueError):
     """A document that is not a usage report of this format."""
@@ -87,7 +91,8 @@ class WorkerUsage:
 class UsageEntry:
     """One sensor: `broker` is the metrics label (a broker id, ``bootstrap``, ``all`` or
     ``cluster``); `user`, `client_id` and `topic` are the sensor's tags as the metrics show them
-    (empty when unused, ``PREFIX*`` for a shared prefix). `base_limit` is the limit before the
+    (empty when unused, ``PREFIX*`` for a shared prefix). `entity` is the configured entry whose
+    value applied, when the callback can tell. `base_limit` is the limit before the
     fleet share (after the callback and the storage factor); `limit` = `base_limit` x `share`."""
 
     broker: str
@@ -101,13 +106,13 @@ class UsageEntry:
     share: float = 1.0
     storage_factor: float = 1.0
     shadow: bool = False
-    entity: str | None = None
+    entity: Entity | None = None
     workers: tuple[WorkerUsage, ...] = field(default=())
 
     @classmethod
     def of_sensor(cls, broker: str, key: SensorKey, rate: float, limit: float | None,
                   base_limit: float | None = None, share: float = 1.0, storage_factor: float = 1.0,
-                  shadow: bool = False, entity: str | None = None) -> UsageEntry:
+                  shadow: bool = False, entity: Entity | None = None) -> UsageEntry:
         return cls(broker, key.kind, key.user, client_label(key), topic_label(key), rate, limit,
                    limit if base_limit is None else base_limit, share, storage_factor, shadow, entity)
 
@@ -131,7 +136,7 @@ class UsageEntry:
             "unit": KIND_UNIT[self.kind], "rate": self.rate, "limit": self.limit,
             "headroom": self.headroom, "headroom_ratio": self.headroom_ratio,
             "base_limit": self.base_limit, "share": self.share, "storage_factor": self.storage_factor,
-            "shadow": self.shadow, "entity": self.entity}
+            "shadow": self.shadow, "entity": None if self.entity is None else dict(self.entity)}
         if self.workers:
             out["workers"] = [{"worker": w.worker, "rate": w.rate, "limit": w.limit, "share": w.share}
                               for w in self.workers]
@@ -146,10 +151,15 @@ class UsageEntry:
             return cls(str(data["broker"]), kind, str(data["user"]), str(data["client_id"]),
                        str(data["topic"]), float(data["rate"]), _opt(data["limit"]),
                        _opt(data["base_limit"]), float(data["share"]), float(data["storage_factor"]),
-                       bool(data["shadow"]), None if data["entity"] is None else str(data["entity"]),
-                       workers)
+                       bool(data["shadow"]), _entity(data["entity"]), workers)
         except (KeyError, TypeError, ValueError) as exc:
             raise UsageFormatError(f"not a usage entry: {exc!r}") from None
+
+
+def _entity(value: Any) -> Entity | None:
+    if value is None:
+        return None
+    return tuple((str(t), None if n is None else str(n)) for t, n in dict(value).items())
 
 
 def _opt(value: Any) -> float | None:

@@ -428,7 +428,7 @@ def _usage_row(e: UsageEntry) -> list[str]:
     if e.shadow:
         notes.append("shadow")
     if e.entity:
-        notes.append(f"entry {e.entity}")
+        notes.append(f"entry {format_entity(e.entity)}")
     if e.share < 1.0:
         notes.append(f"share {e.share:.3f}")
     if e.storage_factor < 1.0:

@@ -33,7 +33,7 @@ def _entries(broker: str, manager: QuotaManager, now_ms: int, *, limited_only: b
             continue
         yield UsageEntry.of_sensor(
             broker, snap.key, snap.rate.measure(now_ms), limit.bound, limit.base_bound, limit.share,
-            limit.scale, limit.shadow, None if limit.entity is None else limit.entity.describe())
+            limit.scale, limit.shadow, None if limit.entity is None else tuple(limit.entity.to_kafka()))
 
 
 def usage_report(managers: QuotaManagers, clock: Clock) -> UsageReport:
