@@ -309,7 +309,7 @@ def _sort_key(components: Sequence[Component]) -> tuple[object, ...]:
                                             "from the running proxy's metrics port (--url)")
 @click.option("--url", envvar="SLUICE_METRICS_URL", metavar="http://HOST:PORT",
               help="with --usage: the proxy's metrics port (or SLUICE_METRICS_URL); --bootstrap-server "
-                   "is not used then")
+                   "is not used then; ignored without --usage")
 @connection_options
 def describe_command(names: str | None, include_overrides: bool, usage: bool, url: str | None,
                      **conn_args: Any) -> None:
@@ -328,8 +328,6 @@ def describe_command(names: str | None, include_overrides: bool, usage: bool, ur
             raise Usage("--usage needs --url http://HOST:PORT (the proxy's metrics port)")
         _describe_usage(url, who, conn_args["output"], conn_args["timeout_s"])
         return
-    if url:
-        raise Usage("--url is for --usage")
     conn = _connection(**conn_args)
     if not who:
         raise Usage("--names: give user=NAME, client-id=NAME and/or topic=NAME")

@@ -240,7 +240,8 @@ def test_describe_usage_fails_cleanly(monkeypatch: pytest.MonkeyPatch) -> None:
     assert "cannot read http://h:1/quotas/usage: connection refused" in result.output
     result = CliRunner().invoke(main, ["quotas", "describe", "--usage"])
     assert result.exit_code == 2 and "--usage needs --url" in result.output
-    result = CliRunner().invoke(main, ["quotas", "describe", "--names", "user=a"])
+    result = CliRunner().invoke(main, ["quotas", "describe", "--names", "user=a"],
+                                env={"SLUICE_METRICS_URL": "http://h:1"})  # without --usage: the store's view
     assert result.exit_code == 2 and "--bootstrap-server" in result.output
     fake_usage(monkeypatch, {"version": 7})
     result = CliRunner().invoke(main, ["quotas", "describe", "--usage", "--url", "http://h:1",
