@@ -37,11 +37,12 @@ QUOTA = 256 * KiB
 WINDOW_S = 11 * 0.3   # samples x size: the whole rate window
 #: The held producer's mean headroom ratio over one whole window, sampled every 100 ms. Kafka's
 #: windowed rate of a client that is always over its quota is at or *above* the bound most of the
-#: time: while the oldest retained sample is younger than (N - 1) x W the rate is divided by that
-#: fixed minimum, so a throttle does not bring it back down and each admitted request adds to it,
-#: until old samples leave the window and the rate drops (the sawtooth of
-#: test_quota_enforcement). Measured here (16 KiB requests, one in flight): means of -0.11 to
-#: -0.14, single readings from -0.25 to +0.85 (the drop). An idle client reads 1, one at half its
+#: time: while the oldest retained sample is younger than (N - 1) x W the window is padded to
+#: (N - 1) x W plus the time into the current sample, so a throttle lowers the rate less than its
+#: formula assumes and each admitted request adds to it, until old samples leave the window and
+#: the rate drops (the sawtooth of test_quota_enforcement; docs/kafka-quota-semantics.md 2.3).
+#: Measured here (16 KiB requests, one in flight): means of -0.11 to -0.14, single readings from
+#: -0.25 to +0.85 (the drop). An idle client reads 1, one at half its
 #: quota 0.5; the bounds below leave 0.1 of margin on the measured means.
 HELD_MIN, HELD_MAX = -0.25, 0.1
 
