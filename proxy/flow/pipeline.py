@@ -28,12 +28,13 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Protocol
 
 from protocol.errors import ProtocolError
 from protocol.headers import RequestHeader
 from protocol.throttle import read_throttle_time_ms
+from proxy.flow.connection_stats import ConnectionStats
 from proxy.flow.inflight import InFlight
 
 
@@ -48,6 +49,7 @@ class ConnectionContext:
     principal: str = "ANONYMOUS"
     client_software_name: str | None = None
     client_software_version: str | None = None
+    stats: ConnectionStats = field(default_factory=ConnectionStats)  # the connection inventory's
 
 
 # ---------------------------------------------------------------------- request outcomes

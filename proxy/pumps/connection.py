@@ -31,6 +31,7 @@ from protocol.framing import FrameSplitter, size_prefix
 from protocol.headers import RequestHeader, read_request_header, read_response_correlation_id
 from protocol.produce import read_produce_acks
 from protocol.sasl import SASL_API_KEYS
+from proxy.flow.connection_stats import ConnectionStats
 from proxy.flow.inflight import CorrelationMismatch, InFlight, InFlightRequests
 from proxy.flow.pipeline import AnswerHere, AnswerLater, Close, ConnectionContext, Forward, Pipeline
 from proxy.pumps.fetch_stream import FetchStream
@@ -68,7 +69,8 @@ class ClientConnection(asyncio.Protocol):
         self._reading_paused = self._upstream_backpressure = self._draining = False
         self._processing = self.closed = False
         self._close_reason: str | None = None
-        self.ctx = ConnectionContext(next(_ids), "?", target.describe(), target.node_id)
+        self.ctx = ConnectionContext(next(_ids), "?", target.describe(), target.node_id,
+                                     stats=ConnectionStats(self._clock.now_ms()))
         self._real_address = real_address           # the client behind a PROXY-protocol hop
         self._client_frame: FrameHandler = self._on_request
         self._broker_frame: FrameHandler = self._on_response
@@ -80,6 +82,11 @@ class ClientConnection(asyncio.Protocol):
     @property
     def in_flight(self) -> int:
         return len(self._inflight)
+
+    @property
+    def mute_state(self) -> ChannelMuteState:
+        """Kafka's channel mute state now (`proxy.pumps.muting`): NOT_MUTED unless throttled."""
+        return self._mute.state
 
     # ------------------------------------------------------------------ client side
 
