@@ -107,6 +107,55 @@ class MetricsConfig(BaseModel):
     port: int | None = Field(default=None, ge=0, le=65535)
 
 
+CONNECTIONS_TOKEN_ENV = "SLUICE_CONNECTIONS_TOKEN"
+"""The conventional variable for `connections_endpoint.token_env` (never read as a config key)."""
+
+
+class ConnectionsEndpointConfig(BaseModel):
+    """`GET /connections` on the metrics port (README: Connections). Off unless enabled; with
+    `token_env` or `token_file` a request needs ``Authorization: Bearer <token>``. The token itself
+    is never part of the configuration (nor of any log line)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    enabled: bool = False
+    token_env: str | None = Field(default=None, min_length=1,
+                                  description="the environment variable holding the bearer token")
+    token_file: Path | None = Field(default=None, description="a file holding the bearer token")
+    window_ms: int = Field(default=10_000, ge=1_000, le=300_000,
+                           description="rates and throttle time cover this last stretch")
+
+    @model_validator(mode="after")
+    def _token_source(self) -> ConnectionsEndpointConfig:
+        if self.token_env is not None and self.token_file is not None:
+            raise ValueError("give token_env or token_file, not both")
+        env = self.token_env
+        if env is not None and env.startswith(ENV_PREFIX) and env != CONNECTIONS_TOKEN_ENV:
+            raise ValueError(f"token_env: {env}: other {ENV_PREFIX}* variables are configuration keys; "
+                             f"use {CONNECTIONS_TOKEN_ENV} or a name without the prefix")
+        if self.enabled:
+            self.token()  # a named source that yields no token fails at start
+        return self
+
+    def token(self) -> str | None:
+        """The bearer token, or None when none is required. Raises ValueError (naming the source,
+        never the value) when a configured source is unset, unreadable or empty."""
+        if self.token_env is not None:
+            value = os.environ.get(self.token_env, "").strip()
+            if not value:
+                raise ValueError(f"token_env: the environment variable {self.token_env} is not set or empty")
+            return value
+        if self.token_file is not None:
+            try:
+                value = self.token_file.read_text().strip()
+            except OSError as exc:
+                raise ValueError(f"token_file: cannot read {self.token_file}: {exc.strerror}") from None
+            if not value:
+                raise ValueError(f"token_file: {self.token_file} is empty")
+            return value
+        return None
+
+
 class AccessLogConfig(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
@@ -203,6 +252,9 @@ class ProxyConfig(BaseModel):
                                                             "the config file's directory); the image sets "
                                                             "SLUICE_DATA_DIR=/var/lib/sluice")
     metrics: MetricsConfig = MetricsConfig()
+    connections_endpoint: ConnectionsEndpointConfig = Field(
+        default_factory=ConnectionsEndpointConfig,
+        description="GET /connections on the metrics port: every open client connection (README)")
     access_log: AccessLogConfig = AccessLogConfig()
     max_frame_bytes: int = Field(default=100 * 1024 * 1024, ge=1024)
     drain_timeout_ms: int = Field(default=30_000, ge=0)
@@ -306,7 +358,8 @@ def env_overrides(environ: Mapping[str, str]) -> dict[str, Any]:
     """SLUICE_UPSTREAM__BOOTSTRAP=a:1,b:2 -> {"upstream": {"bootstrap": "a:1,b:2"}}."""
     out: dict[str, Any] = {}
     for name, value in environ.items():
-        if not name.startswith(ENV_PREFIX) or name in {"SLUICE_KAFKA_LIBS", "SLUICE_KAFKA_BOOTSTRAP"}:
+        if not name.startswith(ENV_PREFIX) or name in {"SLUICE_KAFKA_LIBS", "SLUICE_KAFKA_BOOTSTRAP",
+                                                        CONNECTIONS_TOKEN_ENV}:
             continue
         if name.startswith("SLUICE_WORKER_"):  # a worker's role, set by its supervisor (proxy.fleet.local)
             continue

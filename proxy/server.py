@@ -6,7 +6,7 @@ import asyncio
 import contextlib
 import logging
 import os
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 
 from prometheus_client import CollectorRegistry
 
@@ -20,6 +20,7 @@ from proxy.flow.inflight import InFlight
 from proxy.flow.pipeline import ConnectionContext, Pipeline, ResponseOutcome, Stage, StageBase
 from proxy.ops.access_log import AccessLogStage, AccessLogWriter
 from proxy.ops.broker_listeners import BrokerListenerCollector
+from proxy.ops.connections import SAMPLE_INTERVAL_MS, BearerToken, ConnectionInventory
 from proxy.ops.disk_guard import StorageCollector, StoragePoller
 from proxy.ops.headroom import USAGE_PATH, HeadroomCollector, usage_json, usage_report
 from proxy.ops.http import MetricsEndpoint
@@ -32,6 +33,7 @@ from proxy.settings import describe as describe_listener
 from proxy.stages.addresses import REWRITTEN_APIS, ResponseRewriter
 from proxy.stages.callbacks import ClusterMetadataFeed, ClusterMetadataStage
 from proxy.stages.client_software import ClientSoftwareStage
+from proxy.stages.connection_stats import ConnectionStatsStage
 from proxy.stages.quota import DecisionObserver, QuotaManagers, QuotaStage
 from quotas.clock import Clock, SystemClock
 from quotas.fleet import DEFAULT_HEADROOM, FleetFallback, FleetView
@@ -77,6 +79,8 @@ class ProxyServer:
         if self.fleet is not None:
             self.registry_metrics.register(FleetCollector(self.fleet))
         self.metrics_endpoint: MetricsEndpoint | None = None
+        self.inventory: ConnectionInventory | None = None  # GET /connections, when enabled
+        self._sampler: asyncio.Task[None] | None = None
         self.access_log = make_access_log(config, worker_index)
         if self.access_log is not None:
             self.registry_metrics.register(AccessLogCollector(self.access_log))
@@ -122,6 +126,11 @@ class ProxyServer:
             stages.append(AccessLogStage(self.access_log, self.clock))
         stages += [QuotaAdminStage(self.quota_service, config.admins),
                    QuotaStage(self.quotas, self._decision_observer()), *self._extra_stages, self.metrics]
+        if config.connections_endpoint.enabled:  # after the quota stage: it reads what that decided
+            stages.append(ConnectionStatsStage())
+            self.inventory = ConnectionInventory(lambda: self.connections, self.clock, self.worker_index,
+                                                 config.connections_endpoint.window_ms)
+            self._sampler = loop.create_task(self._sample_connections(self.inventory))
         pipeline = Pipeline(stages)
         self.services = ConnectionServices(
             pipeline=pipeline, registry=self.registry, clock=self.clock,
@@ -140,12 +149,25 @@ class ProxyServer:
         log.info("Sluice listening on %s:%d (%s) for %s", sock[0], sock[1], describe_listener(config),
                  ",".join(str(a) for a in config.upstream.bootstrap))
         if config.metrics.port is not None:
+            inventory, token = self.inventory, BearerToken.configured(config.connections_endpoint)
             self.metrics_endpoint = MetricsEndpoint.for_registry(
-                self.registry_metrics, lambda: not self._draining, {USAGE_PATH: self._usage})
+                self.registry_metrics, lambda: not self._draining, {USAGE_PATH: self._usage},
+                connections=None if inventory is None else _async(inventory.render), token=token)
             if self.worker_index is None:
                 await self.metrics_endpoint.start(config.metrics.host, config.metrics.port)
             else:  # the supervisor serves metrics.port and merges every worker's registry
                 await self.metrics_endpoint.start("127.0.0.1", 0)
+            if inventory is not None:
+                log.info("connection inventory on http://%s:%d/connections (%s)", config.metrics.host,
+                         config.metrics.port, "bearer token required" if token is not None else "NO token: "
+                         "anyone who reaches the metrics port may list connections")
+        elif self.inventory is not None:
+            log.warning("connections_endpoint.enabled needs metrics.port: there is no /connections")
+
+    async def _sample_connections(self, inventory: ConnectionInventory) -> None:
+        while True:
+            await asyncio.sleep(SAMPLE_INTERVAL_MS / 1000)
+            inventory.tick()
 
     async def _usage(self) -> bytes:
         """`GET /quotas/usage`: rate, limit in force and headroom of every live sensor."""
@@ -216,6 +238,8 @@ class ProxyServer:
             conn.close(f"drain timeout with {conn.in_flight} request(s) in flight")
         for server in servers:
             await server.wait_closed()
+        if self._sampler is not None:
+            self._sampler.cancel()
         if self.metrics_endpoint is not None:
             await self.metrics_endpoint.stop()
         if self.access_log is not None:
@@ -240,6 +264,13 @@ class DecisionObservers(DecisionObserver):
     def on_violation(self, ctx: ConnectionContext, decision: ThrottleDecision) -> None:
         for observer in self._observers:
             observer.on_violation(ctx, decision)
+
+
+def _async(render: Callable[[], bytes]) -> Callable[[], Awaitable[bytes]]:
+    async def call() -> bytes:
+        return render()
+
+    return call
 
 
 def fleet_member_name(config: ProxyConfig, worker_index: int | None) -> str:

@@ -1,6 +1,7 @@
-"""A minimal HTTP endpoint on the metrics port: `/metrics` (Prometheus text), `/healthz`, and
-JSON documents such as `/quotas/usage` (`json_routes`). No authentication, as for `/metrics`:
-bind `metrics.host` to a private interface.
+"""A minimal HTTP endpoint on the metrics port: `/metrics` (Prometheus text), `/healthz`, JSON
+documents such as `/quotas/usage` (`json_routes`; no authentication, as for `/metrics`: bind
+`metrics.host` to a private interface) and, when enabled, `/connections` (JSON,
+`proxy.ops.connections`; 404 when not enabled, 401 without the bearer token when one is configured).
 
 asyncio-native so it shares the proxy's loop; prometheus-client renders the exposition format.
 """
@@ -14,28 +15,34 @@ from collections.abc import Awaitable, Callable, Mapping
 
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
+from proxy.ops.connections import BearerToken
+
 log = logging.getLogger("sluice.http")
 
 
 Health = Callable[[], tuple[bool, bytes]]   # (healthy?, the body of /healthz)
-JsonRoute = Callable[[], Awaitable[bytes]]  # the body of a JSON document
+Render = Callable[[], Awaitable[bytes]]    # the body of a document
+_MAX_HEADER_LINES = 100
 
 
 class MetricsEndpoint:
     """Serves `/metrics` from `scrape` and `/healthz` from `health`. A process serves its own
     registry (`for_registry`); the workers' supervisor serves its merge of theirs."""
 
-    def __init__(self, scrape: Callable[[], Awaitable[bytes]], health: Health,
-                 json_routes: Mapping[str, JsonRoute] | None = None) -> None:
+    def __init__(self, scrape: Render, health: Health, json_routes: Mapping[str, Render] | None = None, *,
+                 connections: Render | None = None, token: BearerToken | None = None) -> None:
         self._scrape = scrape
         self._health = health
         self._json = dict(json_routes or {})
+        self._connections = connections
+        self._token = token
         self._server: asyncio.Server | None = None
         self.port = 0
 
     @classmethod
     def for_registry(cls, registry: CollectorRegistry, healthy: Callable[[], bool],
-                     json_routes: Mapping[str, JsonRoute] | None = None) -> MetricsEndpoint:
+                     json_routes: Mapping[str, Render] | None = None, *, connections: Render | None = None,
+                     token: BearerToken | None = None) -> MetricsEndpoint:
         async def scrape() -> bytes:
             return generate_latest(registry)
 
@@ -43,7 +50,7 @@ class MetricsEndpoint:
             ok = healthy()
             return ok, b"ok\n" if ok else b"draining\n"
 
-        return cls(scrape, health, json_routes)
+        return cls(scrape, health, json_routes, connections=connections, token=token)
 
     async def start(self, host: str, port: int) -> None:
         self._server = await asyncio.start_server(self._handle, host, port, reuse_address=True)
@@ -58,10 +65,17 @@ class MetricsEndpoint:
     async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         try:
             request_line = await asyncio.wait_for(reader.readline(), 5)
-            while (line := await asyncio.wait_for(reader.readline(), 5)) not in (b"\r\n", b"\n", b""):
-                del line
+            authorization: str | None = None
+            for _ in range(_MAX_HEADER_LINES):
+                line = await asyncio.wait_for(reader.readline(), 5)
+                if line in (b"\r\n", b"\n", b""):
+                    break
+                name, _sep, value = line.decode("latin-1").partition(":")
+                if name.strip().lower() == "authorization":
+                    authorization = value.strip()
             parts = request_line.decode("latin-1").split()
             path = parts[1].split("?", 1)[0] if len(parts) >= 2 else ""
+            extra = ""
             if path == "/metrics":
                 status, ctype, body = "200 OK", CONTENT_TYPE_LATEST, await self._scrape()
             elif (route := self._json.get(path)) is not None:
@@ -69,10 +83,16 @@ class MetricsEndpoint:
             elif path == "/healthz":
                 ok, body = self._health()
                 status, ctype = ("200 OK" if ok else "503 Service Unavailable"), "text/plain"
+            elif path == "/connections" and self._connections is not None:
+                if self._token is not None and not self._token.allows(authorization):
+                    status, ctype, body = "401 Unauthorized", "text/plain", b"unauthorized\n"
+                    extra = 'WWW-Authenticate: Bearer realm="sluice"\r\n'
+                else:
+                    status, ctype, body = "200 OK", "application/json", await self._connections()
             else:
                 status, ctype, body = "404 Not Found", "text/plain", b"not found\n"
             writer.write(f"HTTP/1.1 {status}\r\nContent-Type: {ctype}\r\nContent-Length: {len(body)}\r\n"
-                         "Connection: close\r\n\r\n".encode() + body)
+                         f"{extra}Connection: close\r\n\r\n".encode() + body)
             await writer.drain()
         except (TimeoutError, ConnectionError, UnicodeDecodeError):
             pass

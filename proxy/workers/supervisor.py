@@ -47,6 +47,7 @@ from prometheus_client.registry import Collector
 
 from proxy.config import ProxyConfig
 from proxy.fleet.local import ENV_HUB, ENV_INDEX, HubServer
+from proxy.ops.connections import BearerToken, merge_workers
 from proxy.ops.headroom import USAGE_PATH, usage_json
 from proxy.ops.http import MetricsEndpoint
 from proxy.workers.merge import merge_expositions, render
@@ -98,6 +99,7 @@ class Supervisor:
         self._dir = Path(tempfile.mkdtemp(prefix="sluice-workers-"))
         self.hub = HubServer(self._dir / "hub.sock")
         self._metrics: MetricsEndpoint | None = None
+        self._token: BearerToken | None = None  # GET /connections, here and on each worker
         self._all_ready = asyncio.Event()
         self._stopping = False
         self._done = asyncio.Event()
@@ -116,7 +118,11 @@ class Supervisor:
             loop.add_signal_handler(sig, self._on_stop_signal, sig)
         loop.add_signal_handler(signal.SIGHUP, self._forward, signal.SIGHUP)
         if self.config.metrics.port is not None:
-            self._metrics = MetricsEndpoint(self.scrape, self.health, {USAGE_PATH: self.usage})
+            endpoint = self.config.connections_endpoint
+            self._token = BearerToken.configured(endpoint)
+            self._metrics = MetricsEndpoint(self.scrape, self.health, {USAGE_PATH: self.usage},
+                                            connections=self.connections if endpoint.enabled else None,
+                                            token=self._token)
             await self._metrics.start(self.config.metrics.host, self.config.metrics.port)
             log.info("metrics of all workers on http://%s:%d/metrics", self.config.metrics.host,
                      self._metrics.port)
@@ -249,22 +255,27 @@ class Supervisor:
 
     # ------------------------------------------------------------------ metrics endpoint
 
-    async def scrape(self) -> bytes:
-        """`/metrics`: every up worker's exposition merged, then the supervisor's own families."""
+    async def _ask_workers(self, path: str, headers: dict[str, str] | None = None) -> dict[int, str | None]:
+        """GET `path` from every worker's own endpoint at once: each worker's body, None for a
+        worker that is down or does not answer in time."""
         up = [(w.index, w.status.metrics_port) for w in self.workers
               if w.up and w.status is not None and w.status.metrics_port is not None]
-        texts = await asyncio.gather(*(_http_get("127.0.0.1", port, "/metrics") for _, port in up))
-        expositions = {index: text for (index, _), text in zip(up, texts, strict=True) if text is not None}
+        bodies = await asyncio.gather(*(_http_get("127.0.0.1", port, path, headers) for _, port in up))
+        found: dict[int, str | None] = {w.index: None for w in self.workers}
+        found.update({index: body for (index, _), body in zip(up, bodies, strict=True)})
+        return found
+
+    async def scrape(self) -> bytes:
+        """`/metrics`: every up worker's exposition merged, then the supervisor's own families."""
+        found = await self._ask_workers("/metrics")
+        expositions = {index: text for index, text in found.items() if text is not None}
         return render(merge_expositions(expositions), self.registry)
 
     async def usage(self) -> bytes:
         """`/quotas/usage`: every up worker's report, merged per sharing group (a worker that does
         not answer in time is left out; `workers` lists who answered per entry)."""
-        up = [(w.index, w.status.metrics_port) for w in self.workers
-              if w.up and w.status is not None and w.status.metrics_port is not None]
-        texts = await asyncio.gather(*(_http_get("127.0.0.1", port, USAGE_PATH) for _, port in up))
         reports: dict[int, UsageReport] = {}
-        for (index, _), text in zip(up, texts, strict=True):
+        for index, text in (await self._ask_workers(USAGE_PATH)).items():
             if text is None:
                 continue
             try:
@@ -272,6 +283,12 @@ class Supervisor:
             except (ValueError, UsageFormatError) as exc:
                 log.warning("worker %d: bad usage report: %s", index, exc)
         return usage_json(merge_worker_reports(reports, len(self.workers)))
+
+    async def connections(self) -> bytes:
+        """`/connections`: every worker's list, each entry with its `worker` (`merge_workers`)."""
+        headers = {} if self._token is None else {"Authorization": self._token.header()}
+        found: dict[int, bytes | str | None] = dict(await self._ask_workers("/connections", headers))
+        return merge_workers(self.config.connections_endpoint.window_ms, found)
 
     def healthy(self) -> bool:
         return not self._stopping and all(w.up for w in self.workers)
@@ -307,14 +324,15 @@ def _describe_exit(code: int) -> str:
     return f"exit status {code}"
 
 
-async def _http_get(host: str, port: int, path: str) -> str | None:
-    """The body of a worker's endpoint, or None when it does not answer in time."""
+async def _http_get(host: str, port: int, path: str, headers: dict[str, str] | None = None) -> str | None:
+    """The body of a worker's endpoint, or None when it does not answer in time (or not 200)."""
     try:
         reader, writer = await asyncio.wait_for(asyncio.open_connection(host, port), SCRAPE_TIMEOUT_S)
     except (OSError, TimeoutError):
         return None
     try:
-        writer.write(f"GET {path} HTTP/1.0\r\nHost: {host}\r\n\r\n".encode())
+        extra = "".join(f"{name}: {value}\r\n" for name, value in (headers or {}).items())
+        writer.write(f"GET {path} HTTP/1.0\r\nHost: {host}\r\n{extra}\r\n".encode())
         data = await asyncio.wait_for(reader.read(), SCRAPE_TIMEOUT_S)
     except (OSError, TimeoutError):
         return None
