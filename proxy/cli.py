@@ -81,3 +81,13 @@ def _register_quotas() -> None:
 
 
 _register_quotas()
+
+
+def _register_connections() -> None:
+    """`sluice connections`: the open client connections, from the metrics port's /connections."""
+    from proxy.ops.connections_cli import connections
+
+    main.add_command(connections)
+
+
+_register_connections()
