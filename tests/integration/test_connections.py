@@ -121,3 +121,32 @@ def test_connections_list_a_throttled_producer_and_an_idle_admin(kafka: KafkaClu
         finally:
             stop.set()
             flood.join(15)
+
+
+def test_with_workers_the_supervisor_lists_every_workers_connections(kafka: KafkaCluster,
+                                                                     tmp_path: Path) -> None:
+    """`--workers 2`: connections spread over the workers by the kernel all show in the supervisor's
+    /connections, each naming its worker."""
+    from confluent_kafka.admin import AdminClient
+
+    port = free_port()
+    config = {"metrics": {"port": port},
+              "connections_endpoint": {"enabled": True, "token_env": "SLUICE_CONNECTIONS_TOKEN"}}
+    with SluiceProcess(kafka.bootstrap, tmp_path / "sluice", config=config, workers=2,
+                       env={"SLUICE_CONNECTIONS_TOKEN": TOKEN}).start() as sluice:
+        ids = [f"conn-w{i}" for i in range(8)]
+        admins = [AdminClient({"bootstrap.servers": sluice.bootstrap, "client.id": cid}) for cid in ids]
+        for admin in admins:
+            admin.list_topics(timeout=10)
+
+        def all_listed(body: str) -> bool:
+            return set(ids) <= set(by_client(body))
+
+        body = eventually(lambda: get(port, TOKEN)[1], all_listed, timeout_s=15.0, interval_s=0.25)
+        assert all_listed(body), body
+        doc = json.loads(body)
+        assert "unavailable_workers" not in doc
+        workers = {c["worker"] for c in doc["connections"] if c["client_id"] in ids}
+        assert workers <= {0, 1} and workers, workers
+        assert get(port, None)[0] == 401
+        del admins
