@@ -247,7 +247,7 @@ def parse_metrics(text: str) -> dict[str, float]:
             out["fetch_response_bytes"] = value
         elif name == "sluice_requests_total" and api in ("Produce", "Fetch"):
             out[f"{api.lower()}_requests"] = value
-        elif name == "sluice_quota_throttled_requests" and labels.get("kind") in ("produce", "fetch"):
+        elif name == "sluice_quota_throttled_requests_total" and labels.get("kind") in ("produce", "fetch"):
             out[f"throttled_{labels['kind']}"] += value
     return out
 

@@ -105,6 +105,9 @@ class MetricsConfig(BaseModel):
 
     host: str = "127.0.0.1"
     port: int | None = Field(default=None, ge=0, le=65535)
+    max_series_per_metric: int = Field(
+        default=2000, ge=1, description="per-entity series of each sluice_quota_* metric; sensors beyond it "
+                                        "are folded into user/client_id=\"__overflow__\" (README: Metrics)")
 
 
 CONNECTIONS_TOKEN_ENV = "SLUICE_CONNECTIONS_TOKEN"

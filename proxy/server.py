@@ -73,8 +73,9 @@ class ProxyServer:
                 config.storage, self.quotas, [(a.host, a.port) for a in config.upstream.bootstrap],
                 config.upstream.tls.context(), config.upstream.connect_timeout_ms / 1000)
             self.registry_metrics.register(StorageCollector(self.storage))
-        self.registry_metrics.register(QuotaSensorCollector(self.quotas, self.clock))
-        self.registry_metrics.register(HeadroomCollector(self.quotas, self.clock))
+        sensor_collector = QuotaSensorCollector(self.quotas, self.clock, config.metrics.max_series_per_metric)
+        self.registry_metrics.register(sensor_collector)  # before headroom: it places the sensors
+        self.registry_metrics.register(HeadroomCollector(self.quotas, self.clock, sensor_collector.cap))
         self.fleet = make_fleet(config, self.quotas, self.clock, worker_index)  # one budget across processes
         if self.fleet is not None:
             self.registry_metrics.register(FleetCollector(self.fleet))

@@ -42,8 +42,17 @@ from quotas.manager import (
     SensorSnapshot,
     ThrottleDecision,
     ThrottleStats,
+    ThrottleTime,
 )
-from quotas.stats import BucketShape, RateConfig, RateModel, SampledRate, TokenBucket
+from quotas.stats import (
+    METRIC_WINDOW,
+    BucketShape,
+    RateConfig,
+    RateModel,
+    SampledAvgMax,
+    SampledRate,
+    TokenBucket,
+)
 from quotas.throttle import (
     MAX_THROTTLE_TIME_MS,
     bounded_throttle_time_ms,
@@ -56,6 +65,7 @@ __all__ = [
     "DEFAULT",
     "DEFAULT_SENSOR_IDLE_EXPIRY_MS",
     "MAX_THROTTLE_TIME_MS",
+    "METRIC_WINDOW",
     "NO_LEADER",
     "SENSOR_SWEEP_INTERVAL_MS",
     "UNAUTHENTICATED_PRINCIPAL",
@@ -79,12 +89,14 @@ __all__ = [
     "RateConfig",
     "RateModel",
     "RecordObserver",
+    "SampledAvgMax",
     "SampledRate",
     "SensorKey",
     "SensorSnapshot",
     "SystemClock",
     "ThrottleDecision",
     "ThrottleStats",
+    "ThrottleTime",
     "TokenBucket",
     "bounded_throttle_time_ms",
     "bucket_throttle_time_ms",

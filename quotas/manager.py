@@ -27,7 +27,7 @@ from quotas.cluster import ClusterView
 from quotas.config import QuotaConfig
 from quotas.entity import ClientIdentity, QuotaEntity, QuotaKind, SensorKey
 from quotas.errors import QuotaConfigError
-from quotas.stats import RateConfig, SampledRate, TokenBucket
+from quotas.stats import METRIC_WINDOW, RateConfig, SampledAvgMax, SampledRate, TokenBucket
 from quotas.throttle import bucket_throttle_time_ms, throttle_time_ms
 
 #: Kafka's `INACTIVE_SENSOR_EXPIRATION_TIME_SECONDS`.
@@ -79,6 +79,16 @@ class ThrottleStats:
     def avg_ms(self) -> float:
         """Mean of the non-zero throttles, NaN when there were none (as Kafka's `throttle-time`)."""
         return self.total_ms / self.count if self.count else math.nan
+
+
+@dataclass(frozen=True, slots=True)
+class ThrottleTime:
+    """Non-zero throttle times of one sensor within Kafka's metric window (`METRIC_WINDOW`, 2 x 30 s
+    unless configured): mean, maximum (ms) and how many; NaN means and count 0 when none."""
+
+    avg_ms: float
+    max_ms: float
+    count: int
 
 
 class FleetUsage(NamedTuple):
@@ -136,18 +146,30 @@ class _Sensor:
 
 
 class _ThrottleCounter:
-    __slots__ = ("count", "max_ms", "total_ms")
+    """Non-zero throttles since the sensor was created, and within the metric window (the windowed
+    stat is made at the first throttle, so a sensor that never throttles costs none)."""
+
+    __slots__ = ("count", "max_ms", "total_ms", "windowed")
 
     def __init__(self) -> None:
         self.count = 0
         self.total_ms = 0
         self.max_ms = 0
+        self.windowed: SampledAvgMax | None = None
 
-    def add(self, ms: int) -> None:
+    def add(self, ms: int, now_ms: int, window: RateConfig) -> None:
         self.count += 1
         self.total_ms += ms
         if ms > self.max_ms:
             self.max_ms = ms
+        if self.windowed is None:
+            self.windowed = SampledAvgMax(window)
+        self.windowed.record(ms, now_ms)
+
+    def in_window(self, now_ms: int) -> ThrottleTime:
+        if self.windowed is None:
+            return ThrottleTime(math.nan, math.nan, 0)
+        return ThrottleTime(*self.windowed.measure(now_ms))
 
     def snapshot(self) -> ThrottleStats:
         return ThrottleStats(self.count, self.total_ms, self.max_ms)
@@ -163,13 +185,14 @@ class QuotaManager:
     def __init__(self, config: QuotaConfig, clock: Clock, rate_config: RateConfig | None = None,
                  callback: QuotaCallback | None = None,
                  sensor_idle_expiry_ms: int = DEFAULT_SENSOR_IDLE_EXPIRY_MS,
-                 *, sticky_quotas_enabled: bool = True) -> None:
+                 *, sticky_quotas_enabled: bool = True, metric_window: RateConfig = METRIC_WINDOW) -> None:
         if sensor_idle_expiry_ms < 0:
             raise ValueError(f"sensor_idle_expiry_ms must be >= 0, got {sensor_idle_expiry_ms}")
         self._clock = clock
         self._rate_config = config.window if rate_config is None else rate_config
         self._window_ms = self._rate_config.window_ms
         self._expiry_ms = sensor_idle_expiry_ms
+        self._metric_window = metric_window
         self._install(DefaultQuotaCallback(sticky_levels=sticky_quotas_enabled)
                       if callback is None else callback)
         self._sensors: dict[SensorKey, _Sensor] = {}
@@ -399,6 +422,12 @@ class QuotaManager:
         sensor = self._sensors.get(key)
         return None if sensor is None else sensor.throttles.snapshot()
 
+    def throttle_time(self, key: SensorKey) -> ThrottleTime | None:
+        """Enforced non-zero throttles of a sensor within the metric window (Kafka's `throttle-time`
+        avg, and max); `None` if there is no sensor."""
+        sensor = self._sensors.get(key)
+        return None if sensor is None else sensor.throttles.in_window(self._clock.now_ms())
+
     def shadow_throttle_stats(self, key: SensorKey) -> ThrottleStats | None:
         """Non-zero throttles computed but not enforced because the decision was shadow."""
         sensor = self._sensors.get(key)
@@ -450,7 +479,8 @@ class QuotaManager:
                 # factor or share going back up.
                 throttle_ms = min(throttle_ms, self._rate_config.retention_ms)
             if count and throttle_ms > 0:
-                (sensor.shadow_throttles if sensor.shadow else sensor.throttles).add(throttle_ms)
+                (sensor.shadow_throttles if sensor.shadow else sensor.throttles).add(
+                    throttle_ms, now, self._metric_window)
         return ThrottleDecision(kind, sensor.key, throttle_ms, observed, bound, sensor.shadow, sensor.entity)
 
     def _unlimited(self, kind: QuotaKind, identity: ClientIdentity) -> ThrottleDecision:

@@ -21,6 +21,7 @@ Side effects are Kafka's too: measuring an empty stat creates a sample starting 
 from __future__ import annotations
 
 import enum
+import math
 from dataclasses import dataclass
 
 from quotas.errors import QuotaConfigError
@@ -249,3 +250,80 @@ def check_burst_ms(window: RateConfig, burst_ms: object) -> int:
         raise QuotaConfigError("burst_ms", f"{burst_ms} is larger than the window allows "
                                            f"(samples x size_ms = {window.retention_ms})")
     return burst_ms
+
+
+#: Kafka's default `MetricConfig` (broker `metrics.num.samples` = 2, `metrics.sample.window.ms` =
+#: 30 000): the window of its `throttle-time` sensors, 2 x 30 s.
+METRIC_WINDOW = RateConfig(samples=2, window_ms=30_000)
+
+
+class SampledAvgMax:
+    """Kafka's `Avg` and `Max` stats of one sensor over its sampled window (`SampledStat`).
+
+    The ring is `SampledRate`'s (at most N+1 samples, a window starts at the first event after the
+    previous one closed, a sample whose last event is ``>= N*W`` old is purged); each sample keeps
+    the sum, the count and the largest value of its events. `avg` is ``sum / count`` and `max` the
+    largest value over the retained samples, both NaN when the window holds no event (Kafka's
+    `Avg.combine` and `Max.combine`). This is the broker's `throttle-time` (an `Avg` over
+    `METRIC_WINDOW`), with the client's `throttle-time-max` next to it.
+    """
+
+    __slots__ = ("_counts", "_current", "_expire_age_ms", "_lasts", "_max_slots", "_maxes", "_starts",
+                 "_sums", "_window_ms")
+
+    def __init__(self, config: RateConfig = METRIC_WINDOW) -> None:
+        self._window_ms = config.window_ms
+        self._max_slots = config.samples + 1
+        self._expire_age_ms = config.samples * config.window_ms
+        self._sums: list[float] = []
+        self._counts: list[int] = []
+        self._maxes: list[float] = []
+        self._starts: list[int] = []
+        self._lasts: list[int] = []
+        self._current = 0
+
+    def record(self, value: float, now_ms: int) -> None:
+        if not self._sums:
+            self._append(now_ms)
+        i = self._current
+        if now_ms - self._starts[i] >= self._window_ms:
+            i = (i + 1) % self._max_slots
+            self._current = i
+            if i >= len(self._sums):
+                self._append(now_ms)
+            else:
+                self._reset(i, now_ms)
+        self._sums[i] += value
+        self._counts[i] += 1
+        if value > self._maxes[i]:
+            self._maxes[i] = value
+        self._lasts[i] = now_ms
+
+    def measure(self, now_ms: int) -> tuple[float, float, int]:
+        """Purge, then ``(avg, max, count)`` over the retained samples (NaN, NaN, 0 when empty)."""
+        total = 0.0
+        count = 0
+        largest = -math.inf
+        for i in range(len(self._sums)):
+            if now_ms - self._lasts[i] >= self._expire_age_ms:
+                self._reset(i, now_ms)
+            total += self._sums[i]
+            count += self._counts[i]
+            largest = max(largest, self._maxes[i])
+        if count == 0:
+            return math.nan, math.nan, 0
+        return total / count, largest, count
+
+    def _append(self, now_ms: int) -> None:
+        self._sums.append(0.0)
+        self._counts.append(0)
+        self._maxes.append(-math.inf)
+        self._starts.append(now_ms)
+        self._lasts.append(now_ms)
+
+    def _reset(self, i: int, now_ms: int) -> None:
+        self._sums[i] = 0.0
+        self._counts[i] = 0
+        self._maxes[i] = -math.inf
+        self._starts[i] = now_ms
+        self._lasts[i] = now_ms

@@ -11,13 +11,15 @@ limit (``(limit - rate) / limit``: 1 idle, 0 at the limit, below 0 over it).
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from proxy.ops.metrics import SeriesCap
 from proxy.stages.quota import QuotaManagers
 from quotas.clock import Clock
+from quotas.entity import SensorKey
 from quotas.headroom import KIND_LABEL, UsageEntry, UsageReport
 from quotas.manager import QuotaManager
 
@@ -26,8 +28,14 @@ USAGE_PATH = "/quotas/usage"
 _LABELS = ["kind", "broker", "user", "client_id", "topic"]
 
 
-def _entries(broker: str, manager: QuotaManager, now_ms: int, *, limited_only: bool) -> Iterator[UsageEntry]:
+Keep = Callable[[str, SensorKey], bool]  # (broker label, sensor): is it reported?
+
+
+def _entries(broker: str, manager: QuotaManager, now_ms: int, *, limited_only: bool,
+             keep: Keep | None = None) -> Iterator[UsageEntry]:
     for snap in manager.sensors():
+        if keep is not None and not keep(broker, snap.key):
+            continue
         limit = manager.sensor_limit(snap.key)
         if limit is None or (limited_only and limit.bound is None):
             continue
@@ -36,13 +44,13 @@ def _entries(broker: str, manager: QuotaManager, now_ms: int, *, limited_only: b
             limit.scale, limit.shadow, None if limit.entity is None else tuple(limit.entity.to_kafka()))
 
 
-def usage_report(managers: QuotaManagers, clock: Clock) -> UsageReport:
-    """Every live client sensor (limited or not) and every topic sensor a topic entry limits (as
-    `sluice_quota_topic_*`), per broker scope."""
+def usage_report(managers: QuotaManagers, clock: Clock, keep_client: Keep | None = None) -> UsageReport:
+    """Every live client sensor (limited or not; those `keep_client` keeps) and every topic sensor a
+    topic entry limits (as `sluice_quota_topic_*`), per broker scope."""
     now_ms = clock.now_ms()
     entries: list[UsageEntry] = []
     for broker, manager in managers.labelled():
-        entries += _entries(broker, manager, now_ms, limited_only=False)
+        entries += _entries(broker, manager, now_ms, limited_only=False, keep=keep_client)
     for broker, manager in managers.topic_labelled():
         entries += _entries(broker, manager, now_ms, limited_only=True)
     return UsageReport(managers.config.window.retention_ms, managers.scope, tuple(entries))
@@ -54,17 +62,22 @@ def usage_json(report: UsageReport) -> bytes:
 
 class HeadroomCollector(Collector):
     """``sluice_quota_headroom_ratio{kind, broker, user, client_id, topic}`` for every sensor with
-    a limit (client sensors with ``topic=""``, topic sensors with ``user="" client_id=""``)."""
+    a limit (client sensors with ``topic=""``, topic sensors with ``user="" client_id=""``).
 
-    def __init__(self, managers: QuotaManagers, clock: Clock) -> None:
+    With `cap` (the `sluice_quota_*` series cap) a client sensor folded into the overflow there
+    has no headroom series (a ratio does not add up over sensors), so client-id churn cannot grow
+    this metric past `metrics.max_series_per_metric` either."""
+
+    def __init__(self, managers: QuotaManagers, clock: Clock, cap: SeriesCap | None = None) -> None:
         self._managers = managers
         self._clock = clock
+        self._keep: Keep | None = None if cap is None else (lambda broker, key: not cap.folds((broker, key)))
 
     def collect(self) -> Iterator[Metric]:
         family = GaugeMetricFamily(
             "sluice_quota_headroom_ratio", "(limit in force - windowed rate) / limit in force, per quota "
             "sensor: 1 idle, 0 at the limit, below 0 over it", labels=_LABELS)
-        for entry in usage_report(self._managers, self._clock).entries:
+        for entry in usage_report(self._managers, self._clock, self._keep).entries:
             ratio = entry.headroom_ratio
             if ratio is not None:
                 family.add_metric([KIND_LABEL[entry.kind], entry.broker, entry.user, entry.client_id,

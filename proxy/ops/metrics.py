@@ -23,7 +23,7 @@ from proxy.ops.access_log import AccessLogWriter
 from proxy.stages.quota import DecisionObserver, QuotaManagers
 from quotas.clock import Clock
 from quotas.entity import QuotaKind, SensorKey
-from quotas.manager import ThrottleDecision
+from quotas.manager import QuotaManager, SensorSnapshot, ThrottleDecision
 
 _KIND_NAME = {
     QuotaKind.PRODUCE: "produce",
@@ -48,6 +48,10 @@ _SENSOR_LABELS = ["broker", "user", "client_id"]
 _TOPIC_LABELS = ["kind", "broker", "topic"]
 
 
+def _group_order(item: tuple[tuple[str, QuotaKind], object]) -> tuple[str, str]:
+    return item[0][0], item[0][1].value
+
+
 def _client_label(key: SensorKey) -> str:
     """The client_id label: the client id, or ``PREFIX*`` for a client-id prefix shared by its members."""
     return key.client_id_prefix + "*" if key.client_id_prefix else key.client_id
@@ -58,10 +62,99 @@ def _topic_label(key: SensorKey) -> str:
     return key.topic_prefix + "*" if key.topic_prefix else key.topic
 
 
+#: The label value that stands for every sensor beyond `metrics.max_series_per_metric`.
+OVERFLOW = "__overflow__"
+#: `metrics.max_series_per_metric`'s default.
+DEFAULT_MAX_SERIES_PER_METRIC = 2000
+
+_Member = tuple[str, SensorKey]  # (broker label, sensor)
+
+
+class SeriesCap:
+    """Which sensors get series of their own: at most `limit` (per broker label and sensor key).
+
+    A sensor that comes while `limit` have their own series is *folded*: its values go into the
+    ``user="__overflow__", client_id="__overflow__"`` series of its broker and kind, and it is
+    counted once in `folded_total`. A sensor keeps its own series until it expires (an hour
+    without a record); a freed place goes to a folded sensor first (the most recently active one:
+    `live` lists the least recently active first, as the managers keep their sensors), then to a
+    newcomer. Nothing ever moves from its own series into
+    the overflow, so series do not flap and counters stay monotonic; client-id churn within the
+    hour only grows the overflow, never the number of series.
+    """
+
+    def __init__(self, limit: int) -> None:
+        if limit < 1:
+            raise ValueError(f"max_series_per_metric must be >= 1, got {limit}")
+        self.limit = limit
+        self.folded_total = 0
+        self._own: set[_Member] = set()
+        self._folded: set[_Member] = set()
+
+    def folds(self, member: _Member) -> bool:
+        """Whether `member` was folded into the overflow at the last `split`."""
+        return member in self._folded
+
+    def split(self, live: list[_Member]) -> set[_Member]:
+        """Forget the sensors no longer `live`, place the others; returns the folded ones."""
+        present = set(live)
+        self._own &= present
+        self._folded &= present
+        own, folded = self._own, self._folded
+        if len(own) < self.limit:
+            for member in [m for m in reversed(live) if m in folded]:
+                if len(own) >= self.limit:
+                    break
+                folded.discard(member)
+                own.add(member)
+        for member in live:
+            if member in own or member in folded:
+                continue
+            if len(own) < self.limit:
+                own.add(member)
+            else:
+                folded.add(member)
+                self.folded_total += 1
+        return folded
+
+
+class _Overflow:
+    """The folded sensors' sums per (broker, kind), and their throttle counters kept monotonic
+    (each folded sensor's increase since the last scrape is added; an expired one's total stays)."""
+
+    def __init__(self) -> None:
+        self.throttled: dict[tuple[str, QuotaKind], int] = {}
+        self.shadow: dict[tuple[str, QuotaKind], int] = {}
+        self._seen: dict[_Member, tuple[int, int]] = {}
+
+    def count(self, member: _Member, throttled: int, shadow: int) -> None:
+        before_throttled, before_shadow = self._seen.get(member, (0, 0))
+        group = (member[0], member[1].kind)
+        if throttled > before_throttled:
+            self.throttled[group] = self.throttled.get(group, 0) + throttled - before_throttled
+        if shadow > before_shadow:
+            self.shadow[group] = self.shadow.get(group, 0) + shadow - before_shadow
+        self._seen[member] = (throttled, shadow)
+
+    def forget_except(self, folded: set[_Member]) -> None:
+        if len(self._seen) > len(folded):
+            self._seen = {m: c for m, c in self._seen.items() if m in folded}
+
+
 class QuotaSensorCollector(Collector):
-    def __init__(self, managers: QuotaManagers, clock: Clock) -> None:
+    """The `sluice_quota_*` series, read from the live sensors at scrape time.
+
+    Throttle time avg and max are Kafka's `throttle-time` over its metric window (2 x 30 s), not
+    over the sensor's life; counts of throttled requests are counters. Sensors beyond
+    `max_series_per_metric` are folded (`SeriesCap`).
+    """
+
+    def __init__(self, managers: QuotaManagers, clock: Clock,
+                 max_series_per_metric: int = DEFAULT_MAX_SERIES_PER_METRIC) -> None:
         self._managers = managers
         self._clock = clock
+        self.cap = SeriesCap(max_series_per_metric)
+        self._overflow = _Overflow()
 
     def collect(self) -> Iterator[Metric]:
         rates = {kind: GaugeMetricFamily(name, doc, labels=_SENSOR_LABELS)
@@ -70,36 +163,73 @@ class QuotaSensorCollector(Collector):
         limit = GaugeMetricFamily("sluice_quota_limit", "The quota bound applying to a sensor "
                                   "(bytes/s, requests/s or percent)", labels=kind_labels)
         t_avg = GaugeMetricFamily("sluice_quota_throttle_time_avg_ms",
-                                  "Average of non-zero throttle times (ms)", labels=kind_labels)
+                                  "Average of the non-zero throttle times within Kafka's metric window "
+                                  "(2 x 30 s, as the broker's throttle-time), ms", labels=kind_labels)
         t_max = GaugeMetricFamily("sluice_quota_throttle_time_max_ms",
-                                  "Largest throttle time (ms)", labels=kind_labels)
-        t_count = GaugeMetricFamily("sluice_quota_throttled_requests",
-                                    "Requests throttled so far, per live sensor", labels=kind_labels)
-        shadow = GaugeMetricFamily("sluice_quota_shadow_would_throttle",
-                                   "Requests that would have been throttled (shadow mode), per live sensor",
-                                   labels=kind_labels)
+                                  "Largest throttle time within Kafka's metric window (2 x 30 s), ms",
+                                  labels=kind_labels)
+        t_count = CounterMetricFamily("sluice_quota_throttled_requests",
+                                      "Requests throttled, per sensor (since it was created)",
+                                      labels=kind_labels)
+        shadow = CounterMetricFamily("sluice_quota_shadow_would_throttle",
+                                     "Requests that would have been throttled (shadow mode), per sensor",
+                                     labels=kind_labels)
         sensors = GaugeMetricFamily("sluice_quota_sensors", "Live quota sensors", labels=["broker"])
         now_ms = self._clock.now_ms()
+        live: list[tuple[str, QuotaManager, SensorSnapshot]] = []
         for broker, manager in self._managers.labelled():
             sensors.add_metric([broker], manager.sensor_count)
-            for snap in manager.sensors():
-                key = snap.key
-                labels = [broker, key.user, _client_label(key)]
-                klabels = [_KIND_NAME[key.kind], *labels]
-                rates[key.kind].add_metric(labels, snap.rate.measure(now_ms))
-                bound = manager.quota_bound(key)
-                if bound is not None:
-                    limit.add_metric(klabels, bound)
-                stats = manager.throttle_stats(key)
-                if stats is not None and stats.count:
-                    t_avg.add_metric(klabels, stats.avg_ms)
-                    t_max.add_metric(klabels, stats.max_ms)
-                    t_count.add_metric(klabels, stats.count)
-                shadow_stats = manager.shadow_throttle_stats(key)
-                if shadow_stats is not None and shadow_stats.count:
-                    shadow.add_metric(klabels, shadow_stats.count)
+            live.extend((broker, manager, snap) for snap in manager.sensors())
+        folded = self.cap.split([(broker, snap.key) for broker, _, snap in live])
+        overflow = self._overflow
+        folded_rates: dict[tuple[str, QuotaKind], float] = {}
+        folded_times: dict[tuple[str, QuotaKind], tuple[float, float, int]] = {}  # sum, max, count
+        for broker, manager, snap in live:
+            key = snap.key
+            rate = snap.rate.measure(now_ms)
+            stats = manager.throttle_stats(key)
+            window = manager.throttle_time(key)
+            shadow_stats = manager.shadow_throttle_stats(key)
+            if (broker, key) in folded:
+                group = (broker, key.kind)
+                folded_rates[group] = folded_rates.get(group, 0.0) + rate
+                if window is not None and window.count:
+                    total, largest, count = folded_times.get(group, (0.0, -math.inf, 0))
+                    folded_times[group] = (total + window.avg_ms * window.count, max(largest, window.max_ms),
+                                           count + window.count)
+                overflow.count((broker, key), stats.count if stats else 0,
+                               shadow_stats.count if shadow_stats else 0)
+                continue
+            labels = [broker, key.user, _client_label(key)]
+            klabels = [_KIND_NAME[key.kind], *labels]
+            rates[key.kind].add_metric(labels, rate)
+            bound = manager.quota_bound(key)
+            if bound is not None:
+                limit.add_metric(klabels, bound)
+            if window is not None and window.count:
+                t_avg.add_metric(klabels, window.avg_ms)
+                t_max.add_metric(klabels, window.max_ms)
+            if stats is not None and stats.count:
+                t_count.add_metric(klabels, stats.count)
+            if shadow_stats is not None and shadow_stats.count:
+                shadow.add_metric(klabels, shadow_stats.count)
+        overflow.forget_except(folded)
+        for (broker, kind), rate in sorted(folded_rates.items(), key=_group_order):
+            rates[kind].add_metric([broker, OVERFLOW, OVERFLOW], rate)
+        for (broker, kind), (total, largest, count) in sorted(folded_times.items(), key=_group_order):
+            t_avg.add_metric([_KIND_NAME[kind], broker, OVERFLOW, OVERFLOW], total / count)
+            t_max.add_metric([_KIND_NAME[kind], broker, OVERFLOW, OVERFLOW], largest)
+        for family, counts in ((t_count, overflow.throttled), (shadow, overflow.shadow)):
+            for (broker, kind), n in sorted(counts.items(), key=_group_order):
+                family.add_metric([_KIND_NAME[kind], broker, OVERFLOW, OVERFLOW], n)
         yield from rates.values()
         yield from (limit, t_avg, t_max, t_count, shadow, sensors)
+        yield CounterMetricFamily("sluice_metrics_series_folded",
+                                  "Quota sensors folded into the __overflow__ series because "
+                                  "metrics.max_series_per_metric were live", value=self.cap.folded_total)
+        yield GaugeMetricFamily("sluice_metrics_folded_sensors",
+                                "Live quota sensors currently folded into the __overflow__ series",
+                                value=len(folded))
         yield from self._topics(now_ms)
         yield self._configured()
 
@@ -111,10 +241,10 @@ class QuotaSensorCollector(Collector):
                                  labels=_TOPIC_LABELS)
         limit = GaugeMetricFamily("sluice_quota_topic_limit", "The topic quota bound applying to a topic "
                                   "sensor", labels=_TOPIC_LABELS)
-        throttled = GaugeMetricFamily("sluice_quota_topic_throttled_requests",
-                                      "Requests throttled by a topic quota so far, per live topic sensor",
-                                      labels=_TOPIC_LABELS)
-        shadow = GaugeMetricFamily("sluice_quota_topic_shadow_would_throttle",
+        throttled = CounterMetricFamily("sluice_quota_topic_throttled_requests",
+                                        "Requests throttled by a topic quota, per topic sensor",
+                                        labels=_TOPIC_LABELS)
+        shadow = CounterMetricFamily("sluice_quota_topic_shadow_would_throttle",
                                    "Requests a shadow topic quota would have throttled, per live topic "
                                    "sensor",
                                    labels=_TOPIC_LABELS)

@@ -149,7 +149,7 @@ def test_the_image_command_runs_as_the_non_root_user_with_a_read_only_config(
                                         batch_bytes=32 * KiB)
         achieved = timeline.rate(0, run_s)
         assert 0.7 * quota <= achieved <= 1.15 * quota, f"{achieved / quota:.2f} x quota"
-        throttled = Metrics(metrics_port).value("sluice_quota_throttled_requests", client_id="image",
+        throttled = Metrics(metrics_port).value("sluice_quota_throttled_requests_total", client_id="image",
                                                 kind="produce")
         assert throttled is not None and throttled > 0
 

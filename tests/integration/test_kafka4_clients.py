@@ -104,7 +104,7 @@ def check_group_outcome(produced: set[str], members: list[Any], leaver: Any) -> 
 def check_throttled(metrics: Metrics, client_id: str) -> None:
     """The member that consumed the bulk was throttled (the one that left early took less than its
     first window allows, so it need not have been)."""
-    throttled = metrics.value("sluice_quota_throttled_requests", client_id=client_id, kind="fetch")
+    throttled = metrics.value("sluice_quota_throttled_requests_total", client_id=client_id, kind="fetch")
     assert throttled is not None and throttled > 0, f"{client_id} was never throttled"
     share_fetches = metrics.value("sluice_requests_total", api="ShareFetch")
     assert share_fetches is not None and share_fetches > 0

@@ -80,7 +80,7 @@ def test_group_members_share_one_budget(kafka: KafkaCluster, tmp_path: Path) -> 
               f"{results['pay-b'].rate(0, RUN_S) / MiB:.2f} = {total / MiB:.2f} MiB/s (budget 1)")
         assert 0.8 * MiB <= total <= 1.15 * MiB, total / MiB
         assert metrics.value("sluice_quota_limit", user="<group:payments>", kind="produce") == MiB
-        assert metrics.value("sluice_quota_throttled_requests", user="<group:payments>", kind="produce")
+        assert metrics.value("sluice_quota_throttled_requests_total", user="<group:payments>", kind="produce")
     finally:
         sluice.stop()
 

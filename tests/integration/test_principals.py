@@ -199,12 +199,12 @@ def test_per_user_quota_holds_alice_and_only_alice(kafka: KafkaCluster, tmp_path
         alice, bob = results["alice"].rate(0, RUN_S), results["bob"].rate(0, RUN_S)
         assert 0.85 * quota <= alice <= 1.15 * quota, f"alice at {alice / quota:.2f} x quota"
         assert bob > 4 * quota, f"bob at {bob / quota:.2f} x alice's quota: he has none"
-        assert (sluice.metric("sluice_quota_throttled_requests", user="alice", kind="produce") or 0) > 0
+        assert (sluice.metric("sluice_quota_throttled_requests_total", user="alice", kind="produce") or 0) > 0
         assert sluice.metric("sluice_quota_limit", user="alice", kind="produce") == quota
         # bob's traffic is measured under his own name (Kafka's metric tags), and nothing bounds it
         assert (sluice.metric("sluice_quota_produce_byte_rate", user="bob") or 0) > 4 * quota
         assert sluice.metric("sluice_quota_limit", user="bob", kind="produce") is None
-        assert sluice.metric("sluice_quota_throttled_requests", user="bob", kind="produce") is None
+        assert sluice.metric("sluice_quota_throttled_requests_total", user="bob", kind="produce") is None
     by_client = principals_by_client(sluice.records())
     assert by_client["same-app"] == {"alice", "bob"}         # never ANONYMOUS once authenticated
     throttled = [r for r in sluice.records() if r["api_name"] == "Produce" and r["throttle_time_ms"] > 0]
@@ -491,7 +491,7 @@ def test_client_behind_a_proxy_hop_is_attributed_to_its_real_address(kafka: Kafk
         topic = create_topic(kafka.bootstrap, unique_name("pp"))
         timeline = load.confluent_flood(bootstrap, topic, 6, client_id="behind-lb", batch_bytes=16 * KiB)
         assert timeline.count > 0 and hop.connections >= 2          # bootstrap and broker, both via the hop
-        assert (sluice.metric("sluice_quota_throttled_requests", user=real[0], kind="produce") or 0) > 0
+        assert (sluice.metric("sluice_quota_throttled_requests_total", user=real[0], kind="produce") or 0) > 0
         with RawKafkaSocket(f"127.0.0.2:{port}") as sock:            # straight in, without the header
             sock.send(metadata_request(None, 12))
             assert sock.at_eof(5)

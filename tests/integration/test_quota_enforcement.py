@@ -97,7 +97,8 @@ def test_librdkafka_producer_holds_its_quota(kafka: KafkaCluster, tmp_path: Path
         achieved = timeline.rate(0, RUN_S)
         # record bytes are a little less than request bytes (headers, batch overhead)
         assert 0.85 * quota <= achieved <= 1.15 * quota, f"{achieved / quota:.3f} x quota"
-        throttled = metrics.value("sluice_quota_throttled_requests", client_id="ck-flood", kind="produce")
+        throttled = metrics.value("sluice_quota_throttled_requests_total",
+                                  client_id="ck-flood", kind="produce")
         assert throttled is not None and throttled > 0
         assert metrics.value("sluice_quota_limit", client_id="ck-flood", kind="produce") == quota
     finally:
@@ -175,7 +176,7 @@ def test_librdkafka_consumer_holds_its_quota_and_loses_nothing(kafka: KafkaClust
         assert 0.85 * quota <= achieved <= 1.15 * quota, f"{achieved / quota:.3f} x quota"
         # throttled fetches were answered empty and fetched again: what arrived is an exact prefix
         assert got == produced[:len(got)]
-        assert metrics.value("sluice_quota_throttled_requests", client_id="ck-drain", kind="fetch")
+        assert metrics.value("sluice_quota_throttled_requests_total", client_id="ck-drain", kind="fetch")
     finally:
         sluice.stop()
 
@@ -212,8 +213,8 @@ def test_consumed_equals_produced_under_throttling(kafka: KafkaCluster, tmp_path
                                         timeout_s=60)
         assert sorted(got) == sorted(sent) and len(got) == len(sent)
         # ~3.2 MB each way at 512 KiB/s: both sides were throttled, so the equality held under throttling
-        produced = metrics.value("sluice_quota_throttled_requests", client_id="e2e-p", kind="produce")
-        fetched = metrics.value("sluice_quota_throttled_requests", client_id="e2e-c", kind="fetch")
+        produced = metrics.value("sluice_quota_throttled_requests_total", client_id="e2e-p", kind="produce")
+        fetched = metrics.value("sluice_quota_throttled_requests_total", client_id="e2e-c", kind="fetch")
         assert produced is not None and produced > 0, "the producer was never throttled"
         assert fetched is not None and fetched > 0, "the consumer was never throttled"
     finally:
@@ -229,9 +230,11 @@ def test_shadow_mode_measures_without_throttling(kafka: KafkaCluster, tmp_path: 
         timeline = load.confluent_flood(sluice.bootstrap, topic, WARMUP_S + 3, client_id="shadowed",
                                         batch_bytes=32 * KiB)
         assert timeline.rate(WARMUP_S) > 4 * quota                      # nothing was held back
-        would = metrics.value("sluice_quota_shadow_would_throttle", client_id="shadowed", kind="produce")
+        would = metrics.value("sluice_quota_shadow_would_throttle_total",
+                              client_id="shadowed", kind="produce")
         assert would is not None and would > 0
-        assert metrics.value("sluice_quota_throttled_requests", client_id="shadowed", kind="produce") is None
+        assert metrics.value("sluice_quota_throttled_requests_total",
+                             client_id="shadowed", kind="produce") is None
         assert metrics.value("sluice_quota_violations_total", kind="produce", mode="shadow")
     finally:
         sluice.stop()

@@ -157,7 +157,7 @@ def test_topic_quota_holds_one_topic_while_the_other_flows(kafka: KafkaCluster, 
         assert 0.85 * quota <= held_rate <= 1.15 * quota, f"{held_rate / quota:.3f} x quota"
         # the other topic is not limited: it carries its 4 shares, far past the held topic's quota
         assert free_rate >= 3 * quota, f"{free_rate / quota:.3f} x quota"
-        lines = metric_lines(port, "sluice_quota_topic_throttled_requests")
+        lines = metric_lines(port, "sluice_quota_topic_throttled_requests_total")
         assert any(f'topic="{held}"' in line for line in lines), lines
         assert not any(f'topic="{free}"' in line for line in lines), lines
     finally:
@@ -197,7 +197,7 @@ def test_records_per_second_quota_holds_a_producer_of_small_records(kafka: Kafka
         achieved = records / RUN_S
         print(f"{achieved:.0f} records/s against {quota}")
         assert 0.85 * quota <= achieved <= 1.15 * quota, f"{achieved / quota:.3f} x quota"
-        lines = metric_lines(port, "sluice_quota_throttled_requests")
+        lines = metric_lines(port, "sluice_quota_throttled_requests_total")
         assert any('kind="producer_record_rate"' in line and 'client_id="small"' in line for line in lines)
     finally:
         sluice.stop()

@@ -41,7 +41,8 @@ def test_request_rate_holds_a_client_to_its_requests_per_second(kafka: KafkaClus
         per_s = timeline.rate(0, RUN_S) / record  # records/s = produce requests/s
         # Kafka's windowed rate over three whole periods; Metadata requests count too
         assert 0.5 * limit <= per_s <= 1.2 * limit, f"{per_s:.1f} requests/s against {limit}"
-        throttled = metrics.value("sluice_quota_throttled_requests", client_id="chatty", kind="request_rate")
+        throttled = metrics.value("sluice_quota_throttled_requests_total",
+                                  client_id="chatty", kind="request_rate")
         assert throttled is not None and throttled > 0
         assert metrics.value("sluice_quota_limit", client_id="chatty", kind="request_rate") == limit
     finally:
@@ -71,7 +72,7 @@ def test_request_percentage_trips_on_a_client_that_keeps_the_upstream_busy(kafka
                              client_id="busy", batch_bytes=1000, config=ONE_PER_REQUEST)
         stop.set()
         sampler.join(10)
-        throttled = metrics.value("sluice_quota_throttled_requests", client_id="busy",
+        throttled = metrics.value("sluice_quota_throttled_requests_total", client_id="busy",
                                   kind="request_percentage")
         assert throttled is not None and throttled > 0, "request_percentage never throttled"
         assert metrics.value("sluice_quota_limit", client_id="busy", kind="request_percentage") == limit
@@ -107,12 +108,15 @@ def test_per_entry_shadow_counts_a_flood_without_throttling_it(kafka: KafkaClust
         enforced = results["enforced"].rate(WARMUP_S, WARMUP_S + RUN_S)
         assert shadowed > 3 * quota, f"the shadowed flood was held back: {shadowed / quota:.2f} x quota"
         assert enforced <= 1.15 * quota, f"the neighbour was not held: {enforced / quota:.2f} x quota"
-        would = metrics.value("sluice_quota_shadow_would_throttle", client_id="shadowed", kind="produce")
+        would = metrics.value("sluice_quota_shadow_would_throttle_total",
+                              client_id="shadowed", kind="produce")
         assert would is not None and would > 0  # counted
-        assert not metrics.value("sluice_quota_throttled_requests", client_id="shadowed", kind="produce")
-        enforced_throttled = metrics.value("sluice_quota_throttled_requests", client_id="enforced",
+        assert not metrics.value("sluice_quota_throttled_requests_total",
+                                 client_id="shadowed", kind="produce")
+        enforced_throttled = metrics.value("sluice_quota_throttled_requests_total", client_id="enforced",
                                            kind="produce")
         assert enforced_throttled is not None and enforced_throttled > 0
-        assert not metrics.value("sluice_quota_shadow_would_throttle", client_id="enforced", kind="produce")
+        assert not metrics.value("sluice_quota_shadow_would_throttle_total",
+                                 client_id="enforced", kind="produce")
     finally:
         sluice.stop()

@@ -247,3 +247,20 @@ def test_describe_usage_fails_cleanly(monkeypatch: pytest.MonkeyPatch) -> None:
     result = CliRunner().invoke(main, ["quotas", "describe", "--usage", "--url", "http://h:1",
                                        "--output", "json"])
     assert result.exit_code == 1 and json.loads(result.output)["error"]["message"].startswith("cannot read")
+
+
+def test_headroom_series_follow_the_metrics_cap() -> None:
+    clock = FakeClock()
+    managers = managers_for({"entries": [{"client_id": "<default>", "producer_byte_rate": 1000}]}, clock)
+    for i in range(5):
+        managers.for_broker(0).record_and_check(P, ClientIdentity("u", f"c{i}"), 0)
+    registry = CollectorRegistry()
+    sensors = QuotaSensorCollector(managers, clock, max_series_per_metric=2)
+    registry.register(sensors)
+    registry.register(HeadroomCollector(managers, clock, sensors.cap))
+    ratios = samples(registry, "sluice_quota_headroom_ratio")
+    # two client ids have series of their own; the other three are folded and have no ratio
+    assert sorted(dict(labels)["client_id"] for labels in ratios) == ["c0", "c1"]
+    assert len(samples(registry, "sluice_quota_produce_byte_rate")) == 3  # c0, c1 and the overflow
+    # /quotas/usage is not capped: it answers about every sensor
+    assert len(usage_report(managers, clock).entries) == 5

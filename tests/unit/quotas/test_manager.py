@@ -20,6 +20,7 @@ from quotas import (
     SensorKey,
     ThrottleDecision,
     ThrottleStats,
+    ThrottleTime,
 )
 
 P = QuotaKind.PRODUCE
@@ -425,3 +426,27 @@ def test_sensors_export() -> None:
     exported = {key: (rate.total(clock.now_ms()), last) for key, rate, last in m.sensors()}
     assert exported == {SensorKey(P, "", "a"): (10.0, 0), SensorKey(P, "", "b"): (20.0, 7)}
     assert m.quota_bound(SensorKey(P, "", "a")) == 100.0
+
+
+def test_throttle_time_is_over_the_metric_window() -> None:
+    """Kafka's `throttle-time` (avg, and max) covers the metric window (2 x 30 s), so a client that
+    was throttled hard a minute ago and lightly now shows the light throttle only; the
+    counts since creation stay in `throttle_stats`."""
+    m, clock = manager((QuotaEntity(user="u"), {P: 100}))
+    u = ClientIdentity("u", "a")
+    key = SensorKey(P, "u", "")
+    m.record_and_check(P, u, 700)   # 70 B/s: none
+    none = m.throttle_time(key)
+    assert none is not None and none.count == 0 and math.isnan(none.avg_ms) and math.isnan(none.max_ms)
+    m.record_and_check(P, u, 500)   # 120 B/s: 2000 ms
+    m.record_and_check(P, u, 300)   # 150 B/s: 5000 ms
+    assert m.throttle_time(key) == ThrottleTime(3500.0, 5000.0, 2)
+    clock.advance(60_000)           # N x W after the last throttle: out of the window
+    gone = m.throttle_time(key)
+    assert gone is not None and gone.count == 0 and math.isnan(gone.avg_ms)
+    clock.advance(10_000)           # the rate's window has emptied as well: 1100 B over 10 s
+    decision = m.record_and_check(P, u, 1100)
+    assert decision.throttle_time_ms == 1000
+    assert m.throttle_time(key) == ThrottleTime(1000.0, 1000.0, 1)
+    assert m.throttle_stats(key) == ThrottleStats(count=3, total_ms=8000, max_ms=5000)
+    assert m.throttle_time(SensorKey(P, "nobody", "")) is None

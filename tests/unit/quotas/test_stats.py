@@ -3,11 +3,13 @@ event, padding to (N-1)*W, 1 ms floor. Defaults N=11, W=1000 ms unless stated.""
 
 from __future__ import annotations
 
+import math
+
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from quotas import QuotaConfigError, RateConfig, SampledRate
+from quotas import METRIC_WINDOW, QuotaConfigError, RateConfig, SampledAvgMax, SampledRate
 
 
 def test_defaults_match_kafka() -> None:
@@ -235,3 +237,33 @@ def test_matches_the_spec_model(samples: int, window_ms: int, steps: list[tuple[
         else:
             rate.record(value, now)
             model.record(value, now)
+
+
+# ---- SampledAvgMax: Kafka's Avg and Max over the metric window (throttle-time) ----
+
+def test_avg_max_over_the_metric_window_not_the_life() -> None:
+
+    assert (METRIC_WINDOW.samples, METRIC_WINDOW.window_ms) == (2, 30_000)  # Kafka's MetricConfig
+    stat = SampledAvgMax()
+    nan_avg, nan_max, none = stat.measure(0)
+    assert math.isnan(nan_avg) and math.isnan(nan_max) and none == 0
+    stat.record(100, 0)
+    stat.record(500, 10_000)           # same sample (started at 0, 30 s long)
+    stat.record(300, 31_000)           # a new sample
+    assert stat.measure(40_000) == (300.0, 500.0, 3)
+    # The first sample's last event (10 s) is N x W = 60 s old at 70 s: purged with its 500 ms max.
+    assert stat.measure(70_000) == (300.0, 300.0, 1)
+    avg, largest, count = stat.measure(91_000)   # everything purged: NaN, as Kafka
+    assert math.isnan(avg) and math.isnan(largest) and count == 0
+    stat.record(50, 95_000)
+    assert stat.measure(95_000) == (50.0, 50.0, 1)
+
+
+def test_avg_max_ring_reuses_samples() -> None:
+
+    stat = SampledAvgMax(RateConfig(samples=2, window_ms=1000))
+    for t in range(0, 10_000, 500):   # one event every 500 ms, values rising
+        stat.record(t, t)
+    # Three slots (N+1) hold samples starting at 7000, 8000 and 9000; the first one's last event
+    # (7500) is N x W = 2 s old at 9500, so it is purged: 8000, 8500, 9000 and 9500 remain.
+    assert stat.measure(9_500) == (8750.0, 9500.0, 4)
