@@ -3,8 +3,10 @@
 Per-quota metrics (`sluice_quota_*`) are read from the live quota sensors at scrape time by a
 custom collector, with the sensor's tags as labels (`user`, `client_id`, empty when the tag is not
 used, as Kafka's quota metric tags) plus `broker`. A sensor idle for an hour expires in the quota
-manager and its series disappear, so client-id churn cannot grow the label set without bound.
-Per-API counters are labelled by API name only.
+manager and its series disappear; within the hour `SeriesCap` (`metrics.max_series_per_metric`)
+folds sensors beyond the cap into one ``__overflow__`` series per broker and kind, so client-id
+churn cannot grow the label set without bound. Throttle time avg/max cover Kafka's metric window
+(2 x 30 s), counts are counters. Per-API counters are labelled by API name only.
 """
 
 from __future__ import annotations

@@ -24,6 +24,7 @@ def test_file_then_env_then_flags(tmp_path: Path) -> None:
                          environ={"SLUICE_METRICS__PORT": "2", "SLUICE_LISTEN": "127.0.0.1:2000"})
     assert config.upstream.bootstrap[0].host == "file"
     assert config.metrics.port == 2                      # env beats the file
+    assert config.metrics.max_series_per_metric == 2000  # the default cap on per-sensor series
     assert config.listen.port == 3000                    # flags beat env
 
 
@@ -33,6 +34,8 @@ def test_file_then_env_then_flags(tmp_path: Path) -> None:
     ("upstream: {bootstrap: 'a:1'}\nlisten: nope", "listen", "expected HOST:PORT"),
     ("upstream: {bootstrap: 'a:1'}\nlisten_port: 1", "listen_port", "Extra inputs"),
     ("upstream: {bootstrap: 'a:1', tls: {cert_file: /etc/hostname}}", "upstream.tls", "go together"),
+    ("upstream: {bootstrap: 'a:1'}\nmetrics: {max_series_per_metric: 0}", "metrics.max_series_per_metric",
+     "greater than or equal"),
 ])
 def test_bad_config_names_the_key(tmp_path: Path, text: str, key: str, why: str) -> None:
     path = tmp_path / "bad.yaml"
