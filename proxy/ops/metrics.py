@@ -50,6 +50,10 @@ _SENSOR_LABELS = ["broker", "user", "client_id"]
 _TOPIC_LABELS = ["kind", "broker", "topic"]
 
 
+def _last_record(entry: tuple[str, QuotaManager, SensorSnapshot]) -> int:
+    return entry[2].last_record_ms
+
+
 def _group_order(item: tuple[tuple[str, QuotaKind], object]) -> tuple[str, str]:
     return item[0][0], item[0][1].value
 
@@ -79,10 +83,9 @@ class SeriesCap:
     ``user="__overflow__", client_id="__overflow__"`` series of its broker and kind, and it is
     counted once in `folded_total`. A sensor keeps its own series until it expires (an hour
     without a record); a freed place goes to a folded sensor first (the most recently active one:
-    `live` lists the least recently active first, as the managers keep their sensors), then to a
-    newcomer. Nothing ever moves from its own series into
-    the overflow, so series do not flap and counters stay monotonic; client-id churn within the
-    hour only grows the overflow, never the number of series.
+    `live` lists the least recently active first), then to a newcomer. Nothing ever moves from its
+    own series into the overflow, so series do not flap and counters stay monotonic; client-id
+    churn within the hour only grows the overflow, never the number of series.
     """
 
     def __init__(self, limit: int) -> None:
@@ -182,6 +185,7 @@ class QuotaSensorCollector(Collector):
         for broker, manager in self._managers.labelled():
             sensors.add_metric([broker], manager.sensor_count)
             live.extend((broker, manager, snap) for snap in manager.sensors())
+        live.sort(key=_last_record)  # least recently active first, as `SeriesCap.split` wants
         folded = self.cap.split([(broker, snap.key) for broker, _, snap in live])
         overflow = self._overflow
         folded_rates: dict[tuple[str, QuotaKind], float] = {}
