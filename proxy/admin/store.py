@@ -438,18 +438,36 @@ class KafkaStore(_Subscribers):
         """Read the topic from the beginning up to its end as of now."""
         from confluent_kafka import OFFSET_BEGINNING, TopicPartition
 
-        ends = {}
-        for p in self._partitions:
-            _low, high = self._consumer.get_watermark_offsets(TopicPartition(self.topic, p),
-                                                              timeout=self._timeout_s)
-            ends[p] = high
-        self._consumer.assign([TopicPartition(self.topic, p, OFFSET_BEGINNING) for p in self._partitions])
         deadline = time.monotonic() + timeout_s
+        ends = {p: self._end_offset(p, deadline) for p in self._partitions}
+        self._consumer.assign([TopicPartition(self.topic, p, OFFSET_BEGINNING) for p in self._partitions])
         while any(self._position.get(p, 0) < end for p, end in ends.items()):
             if time.monotonic() > deadline:
                 raise StoreError(f"could not read the quota store topic {self.topic} to its end "
                                  f"within {timeout_s:g} s")
             self._poll_once(notify=False)
+
+    def _end_offset(self, partition: int, deadline: float) -> int:
+        """The partition's high watermark. A retriable error (a topic just created whose leader the
+        broker does not know yet: NOT_LEADER_FOR_PARTITION, LEADER_NOT_AVAILABLE) is retried until
+        `deadline`; any other error, or the deadline, is a `StoreError`."""
+        from confluent_kafka import KafkaError, KafkaException, TopicPartition
+
+        transient = {KafkaError.NOT_LEADER_FOR_PARTITION, KafkaError.LEADER_NOT_AVAILABLE,
+                     KafkaError.UNKNOWN_TOPIC_OR_PART, KafkaError._TIMED_OUT, KafkaError._TRANSPORT}
+        while True:
+            try:
+                _low, high = self._consumer.get_watermark_offsets(TopicPartition(self.topic, partition),
+                                                                  timeout=self._timeout_s)
+                return int(high)
+            except KafkaException as exc:
+                error = exc.args[0]
+                if not (error.retriable() or error.code() in transient) or time.monotonic() > deadline:
+                    raise StoreError(f"cannot read the end of the quota store topic {self.topic}: "
+                                     f"{error.str()}") from exc
+                log.info("quota store topic %s partition %d: %s; retrying", self.topic, partition,
+                         error.str())
+                time.sleep(0.2)
 
     def _poll_once(self, notify: bool) -> None:
         msg = self._consumer.poll(self._poll_s)
