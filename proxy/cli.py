@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import faulthandler
+import signal
 import sys
 from pathlib import Path
 from typing import Any
@@ -54,6 +56,9 @@ def proxy(upstream: str | None, listen: str | None, advertised_host: str | None,
         click.echo(f"sluice: {exc}", err=True)
         sys.exit(2)
     from proxy.app import run
+
+    # `kill -USR1 <pid>`: every thread's stack on stderr, to see where a stuck process is
+    faulthandler.register(signal.SIGUSR1, all_threads=True)
 
     def reload() -> ProxyConfig:
         return load_config(config_file, overrides)
