@@ -38,7 +38,7 @@ from tests.conftest import create_topic, unique_name
 from tests.harness import load
 from tests.harness.kafka import REPO, KafkaCluster, free_port
 from tests.harness.sluice import SluiceProcess
-from tests.harness.wait import wait_until
+from tests.harness.wait import Sampler, wait_until
 from tests.integration.test_fleet import (
     Fleet,
     filled_topic,
@@ -130,35 +130,17 @@ def fetch_case(kafka: KafkaCluster, bootstraps: list[str], name: str, with_fleet
 
 # ------------------------------------------------------------------------------------ convergence
 
-class ShareSampler:
-    """Samples each member's `sluice_fleet_share` of the produce quota every `interval_s`."""
-
-    def __init__(self, fleet: Fleet, interval_s: float = 0.2) -> None:
-        self.fleet, self.interval_s = fleet, interval_s
-        self.rows: list[tuple[float, list[float | None]]] = []
-        self.started = time.monotonic()
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
-
-    def __enter__(self) -> ShareSampler:
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._stop.set()
-        self._thread.join(5)
-
-    def _run(self) -> None:
-        while not self._stop.is_set():
-            row: list[float | None] = []
-            for i in range(len(self.fleet.members)):
-                try:
-                    row.append(self.fleet.metrics(i).value("sluice_fleet_share", client_id=CLIENT,
-                                                           kind="producer_byte_rate"))
-                except OSError:
-                    row.append(None)   # a killed member
-            self.rows.append((time.monotonic() - self.started, row))
-            self._stop.wait(self.interval_s)
+def share_row(fleet: Fleet, started: float) -> tuple[float, list[float | None]]:
+    """Seconds since `started` and each member's `sluice_fleet_share` of the produce quota (None
+    for a member without one, or killed)."""
+    row: list[float | None] = []
+    for i in range(len(fleet.members)):
+        try:
+            row.append(fleet.metrics(i).value("sluice_fleet_share", client_id=CLIENT,
+                                              kind="producer_byte_rate"))
+        except OSError:
+            row.append(None)
+    return time.monotonic() - started, row
 
 
 def share_settle_s(rows: list[tuple[float, list[float | None]]], members: list[int], event_s: float,
@@ -201,7 +183,8 @@ def shift_case(kafka: KafkaCluster, workdir: Path, kill: bool, after_s: float) -
         topic = create_topic(kafka.bootstrap, unique_name("fs"))
         event_s = 3 * PERIOD_S
         stops = [threading.Event() for _ in range(3)]
-        with ShareSampler(fleet) as sampler:
+        sampled_from = time.monotonic()
+        with Sampler(lambda: share_row(fleet, sampled_from), interval_s=0.2) as sampler:
             t0 = time.monotonic()
             if kill:
                 timers = [threading.Timer(event_s, lambda: fleet.sluices[2].signal(signal.SIGKILL))]
@@ -210,10 +193,10 @@ def shift_case(kafka: KafkaCluster, workdir: Path, kill: bool, after_s: float) -
             for tm in timers:
                 tm.start()
             timelines = flood_through(fleet, topic, event_s + after_s, stops)
-        offset = t0 - sampler.started    # sampler time of the producers' start (~0)
+        offset = t0 - sampled_from    # sampler time of the producers' start (~0)
         remaining = [0, 1] if kill else [0]
         ev = event_s + offset
-        settle, final = share_settle_s(sampler.rows, remaining, ev)
+        settle, final = share_settle_s(sampler.samples, remaining, ev)
         live = [timelines[i] for i in remaining]
         before, _ = cycle_total(live, PERIOD_S, event_s)
         after, method = cycle_total(live, event_s + 3, event_s + after_s)
@@ -223,7 +206,7 @@ def shift_case(kafka: KafkaCluster, workdir: Path, kill: bool, after_s: float) -
                 "before_ratio": round(before / QUOTA, 3),
                 "after_ratio": round(after / QUOTA, 3), "rate_method": method,
                 "per_second_ratio": per_second(live, event_s + after_s),
-                "shares": [[round(t - offset, 2), r] for t, r in sampler.rows], "load_avg": load_before}
+                "shares": [[round(t - offset, 2), r] for t, r in sampler.samples], "load_avg": load_before}
     finally:
         fleet.stop()
 

@@ -64,12 +64,15 @@ class SluiceProcess:
 
     def _pump(self) -> None:
         assert self.process is not None and self.process.stdout is not None
-        for line in self.process.stdout:
-            self._lines.append(line)
-            m = READY.search(line)
-            if m:
-                self.bootstrap = m.group(1)
-                self._ready.set()
+        with open(self.workdir / "sluice.log", "a") as kept:  # kept after the test, for a post-mortem
+            for line in self.process.stdout:
+                kept.write(line)
+                kept.flush()
+                self._lines.append(line)
+                m = READY.search(line)
+                if m:
+                    self.bootstrap = m.group(1)
+                    self._ready.set()
 
     def log(self) -> str:
         return "".join(self._lines)
