@@ -31,6 +31,7 @@ flexible; v0 was 4.0's early access, removed in 4.1 and laid out as v1 without t
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Final
 
 from protocol._wire import (
@@ -67,49 +68,51 @@ def _skip_leader(payload: bytes, pos: int, what: str) -> int:
     return skip_tagged_fields(payload, pos, f"{what} current_leader tags")
 
 
-def _share_fetch_endpoints_offset(payload: bytes, body: int, api_version: int) -> int:
-    pos = skip(payload, body, 6, "share_fetch throttle_time_ms, error_code")
-    pos = skip_string(payload, pos, True, "share_fetch error_message")
-    if api_version >= 1:
-        pos = skip(payload, pos, 4, "share_fetch acquisition_lock_timeout_ms")
-    n_topics, pos = read_array_len(payload, pos, True, "share_fetch responses", 18)
+def _endpoints_offset(payload: bytes, body: int, api: str, lock_timeout: bool, min_partition_bytes: int,
+                      partition: Callable[[bytes, int, str], int]) -> int:
+    """Where the node_endpoints of a ShareFetch or ShareAcknowledge response start: past the
+    header fields and every topic's partitions (each walked by `partition`, its tags after)."""
+    pos = skip(payload, body, 6, f"{api} throttle_time_ms, error_code")
+    pos = skip_string(payload, pos, True, f"{api} error_message")
+    if lock_timeout:
+        pos = skip(payload, pos, 4, f"{api} acquisition_lock_timeout_ms")
+    n_topics, pos = read_array_len(payload, pos, True, f"{api} responses", 18)
     for _ in range(n_topics):
-        pos = skip(payload, pos, 16, "share_fetch topic_id")
-        n_partitions, pos = read_array_len(payload, pos, True, "share_fetch partitions", 21)
+        pos = skip(payload, pos, 16, f"{api} topic_id")
+        n_partitions, pos = read_array_len(payload, pos, True, f"{api} partitions", min_partition_bytes)
         for _ in range(n_partitions):
-            what = "share_fetch partition"
-            pos = skip(payload, pos, 6, what)  # partition_index, error_code
-            pos = skip_string(payload, pos, True, f"{what} error_message")
-            pos = skip(payload, pos, 2, f"{what} acknowledge_error_code")
-            pos = skip_string(payload, pos, True, f"{what} acknowledge_error_message")
-            pos = _skip_leader(payload, pos, what)
-            pos = skip_bytes(payload, pos, True, f"{what} records")
-            n_acquired, pos = read_array_len(payload, pos, True, f"{what} acquired_records", 19)
-            for _ in range(n_acquired):
-                pos = skip(payload, pos, 18, f"{what} acquired_records entry")
-                pos = skip_tagged_fields(payload, pos, f"{what} acquired_records tags")
+            what = f"{api} partition"
+            pos = partition(payload, skip(payload, pos, 6, what), what)  # partition_index, error_code
             pos = skip_tagged_fields(payload, pos, f"{what} tags")
-        pos = skip_tagged_fields(payload, pos, "share_fetch topic tags")
+        pos = skip_tagged_fields(payload, pos, f"{api} topic tags")
     return pos
+
+
+def _share_fetch_partition(payload: bytes, pos: int, what: str) -> int:
+    pos = skip_string(payload, pos, True, f"{what} error_message")
+    pos = skip(payload, pos, 2, f"{what} acknowledge_error_code")
+    pos = skip_string(payload, pos, True, f"{what} acknowledge_error_message")
+    pos = _skip_leader(payload, pos, what)
+    pos = skip_bytes(payload, pos, True, f"{what} records")
+    n_acquired, pos = read_array_len(payload, pos, True, f"{what} acquired_records", 19)
+    for _ in range(n_acquired):
+        pos = skip(payload, pos, 18, f"{what} acquired_records entry")
+        pos = skip_tagged_fields(payload, pos, f"{what} acquired_records tags")
+    return pos
+
+
+def _share_acknowledge_partition(payload: bytes, pos: int, what: str) -> int:
+    pos = skip_string(payload, pos, True, f"{what} error_message")
+    return _skip_leader(payload, pos, what)
+
+
+def _share_fetch_endpoints_offset(payload: bytes, body: int, api_version: int) -> int:
+    return _endpoints_offset(payload, body, "share_fetch", api_version >= 1, 21, _share_fetch_partition)
 
 
 def _share_acknowledge_endpoints_offset(payload: bytes, body: int, api_version: int) -> int:
-    pos = skip(payload, body, 6, "share_acknowledge throttle_time_ms, error_code")
-    pos = skip_string(payload, pos, True, "share_acknowledge error_message")
-    if api_version >= 2:
-        pos = skip(payload, pos, 4, "share_acknowledge acquisition_lock_timeout_ms")
-    n_topics, pos = read_array_len(payload, pos, True, "share_acknowledge responses", 18)
-    for _ in range(n_topics):
-        pos = skip(payload, pos, 16, "share_acknowledge topic_id")
-        n_partitions, pos = read_array_len(payload, pos, True, "share_acknowledge partitions", 17)
-        for _ in range(n_partitions):
-            what = "share_acknowledge partition"
-            pos = skip(payload, pos, 6, what)  # partition_index, error_code
-            pos = skip_string(payload, pos, True, f"{what} error_message")
-            pos = _skip_leader(payload, pos, what)
-            pos = skip_tagged_fields(payload, pos, f"{what} tags")
-        pos = skip_tagged_fields(payload, pos, "share_acknowledge topic tags")
-    return pos
+    return _endpoints_offset(payload, body, "share_acknowledge", api_version >= 2, 17,
+                             _share_acknowledge_partition)
 
 
 def _rewrite_endpoints(payload: bytes, pos: int, mapper: AddressMapper,
