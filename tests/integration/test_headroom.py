@@ -76,8 +76,8 @@ def test_held_producer_has_no_headroom_idle_one_all_and_describe_agrees_with_met
                                          "config": {"max.in.flight.requests.per.connection": 1}},
                                  daemon=True)
         flood.start()
-        wait_until(lambda: (metrics.value("sluice_quota_throttled_requests", client_id="flood") or 0) > 0,
-                   15, "the flood to be throttled")
+        wait_until(lambda: (metrics.value("sluice_quota_throttled_requests_total", client_id="flood") or 0)
+                   > 0, 15, "the flood to be throttled")
 
         def flood_ratios() -> tuple[float, float, float | None]:
             """(when, the ratio in /quotas/usage, sluice_quota_headroom_ratio)"""
