@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import faulthandler
 import signal
 import sys
@@ -57,8 +58,11 @@ def proxy(upstream: str | None, listen: str | None, advertised_host: str | None,
         sys.exit(2)
     from proxy.app import run
 
-    # `kill -USR1 <pid>`: every thread's stack on stderr, to see where a stuck process is
-    faulthandler.register(signal.SIGUSR1, all_threads=True)
+    # `kill -USR1 <pid>`: every thread's stack on stderr, to see where a stuck process is (not
+    # where there is no stderr file, e.g. under a test runner that captures it)
+    if sys.__stderr__ is not None:
+        with contextlib.suppress(ValueError, OSError):
+            faulthandler.register(signal.SIGUSR1, file=sys.__stderr__, all_threads=True)
 
     def reload() -> ProxyConfig:
         return load_config(config_file, overrides)
