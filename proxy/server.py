@@ -24,8 +24,9 @@ from proxy.ops.connections import SAMPLE_INTERVAL_MS, BearerToken, ConnectionInv
 from proxy.ops.disk_guard import StorageCollector, StoragePoller
 from proxy.ops.headroom import USAGE_PATH, HeadroomCollector, usage_json, usage_report
 from proxy.ops.http import MetricsEndpoint
-from proxy.ops.metrics import AccessLogCollector, QuotaSensorCollector, SluiceMetrics
+from proxy.ops.metrics import AccessLogCollector, LimitsCollector, QuotaSensorCollector, SluiceMetrics
 from proxy.pumps.connection import ClientConnection, ConnectionServices, connection_factory
+from proxy.pumps.limits import ConnectionLimits, LimitSettings
 from proxy.pumps.upstreams import BrokerRegistry, UpstreamTarget, schedule_server
 from proxy.quota_service import QuotaService
 from proxy.settings import auth_settings, listener_settings
@@ -36,6 +37,7 @@ from proxy.stages.client_software import ClientSoftwareStage
 from proxy.stages.connection_stats import ConnectionStatsStage
 from proxy.stages.quota import DecisionObserver, QuotaManagers, QuotaStage
 from quotas.clock import Clock, SystemClock
+from quotas.connection_limits import BufferBudget, ConnectionLimiter, IpConnectionRates
 from quotas.fleet import DEFAULT_HEADROOM, FleetFallback, FleetView
 from quotas.manager import ThrottleDecision
 
@@ -85,6 +87,8 @@ class ProxyServer:
         self.access_log = make_access_log(config, worker_index)
         if self.access_log is not None:
             self.registry_metrics.register(AccessLogCollector(self.access_log))
+        self.limits = make_limits(config, self.clock)
+        self.registry_metrics.register(LimitsCollector(self.limits))
         self._servers: list[asyncio.Server] = []
         self._bootstrap_server: asyncio.Server | None = None
         self.services: ConnectionServices | None = None
@@ -140,7 +144,7 @@ class ProxyServer:
             connect_timeout_s=config.upstream.connect_timeout_ms / 1000,
             max_frame_bytes=config.max_frame_bytes, on_close=self._connection_closed,
             on_open=lambda c: self.metrics.connection_opened(c.ctx.listener),
-            auth=auth_settings(config, self.registry_metrics), listener=listener)
+            auth=auth_settings(config, self.registry_metrics), listener=listener, limits=self.limits)
         self._bootstrap_server = await loop.create_server(
             connection_factory(self.services)(UpstreamTarget(None)), config.listen.host, config.listen.port,
             reuse_address=True, reuse_port=True if self.worker_index is not None else None,
@@ -308,6 +312,19 @@ def make_fleet(config: ProxyConfig, quotas: QuotaManagers, clock: Clock,
     view.expect_members(expected)
     claims = FleetClaims(clock, ("all", "cluster"), hold_ms=2 * interval_ms)
     return FleetMember(view, exchange, quotas, clock, claims, interval_ms)
+
+
+def make_limits(config: ProxyConfig, clock: Clock) -> ConnectionLimits:
+    """The `limits:` section and the ip entries of `quotas:` (KIP-612), for every connection.
+    The creation rate is measured over the quota window (Kafka's quota.window.num/size)."""
+    cfg = config.limits
+    rates = IpConnectionRates(config.ip_connection_rates(), config.quota_config().window)
+    settings = LimitSettings(handshake_timeout_ms=cfg.handshake_timeout_ms,
+                             idle_timeout_ms=cfg.idle_timeout_ms,
+                             max_buffered_bytes_per_connection=cfg.max_buffered_bytes_per_connection,
+                             max_in_flight_requests_per_connection=cfg.max_in_flight_requests_per_connection)
+    limiter = ConnectionLimiter(cfg.max_connections, cfg.max_connections_per_ip, rates)
+    return ConnectionLimits(settings, limiter, BufferBudget(cfg.max_buffered_bytes_total), clock)
 
 
 #: Workers of one instance without `fleet:` report to each other this often over the local hub.
