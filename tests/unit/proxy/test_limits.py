@@ -110,7 +110,8 @@ def world(settings: LimitSettings = DEFAULTS, *, max_connections: int = 100, per
 
     registry = BrokerRegistry("127.0.0.1", "127.0.0.1", lambda n: 0, lambda s, t: None)
     services = ConnectionServices(pipeline=Pipeline([Scripted()]), registry=registry, clock=clock,
-                                  bootstrap=[], connect_upstream=connect, call_later=timers.call_later, limits=limits)
+                                  bootstrap=[], connect_upstream=connect, call_later=timers.call_later,
+                                  limits=limits)
     return World(clock, timers, limits, services, upstreams)
 
 
