@@ -168,8 +168,11 @@ class ClientConnection(asyncio.Protocol):
                 self._upstream.resume_reading()
 
     def _limit_close(self, cause: str, detail: str) -> None:
+        """A watchdog's limit: counted and logged once per cause, so the close itself is quiet."""
         self._limits.log.hit(cause, f"connection from {self.ctx.client_address}: {detail}")
-        self.close(f"{cause}: {detail}")
+        log.debug("connection %d from %s closed: %s: %s", self.ctx.connection_id, self.ctx.client_address,
+                  cause, detail)
+        self.close()
 
     def close(self, reason: str | None = None) -> None:
         if reason is not None and self._close_reason is None:
