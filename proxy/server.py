@@ -119,7 +119,9 @@ class ProxyServer:
         self.registry = BrokerRegistry(
             config.listen.host, config.advertised, config.broker_port,
             schedule_server(loop, self._servers, start_listener_factory,  # type: ignore[arg-type]
-                            tls=listener.server_ssl), reuse_port=self.worker_index is not None)
+                            tls=listener.server_ssl,
+                            tls_handshake_timeout_s=listener.server_ssl_handshake_timeout),
+            reuse_port=self.worker_index is not None)
         self.registry_metrics.register(BrokerListenerCollector(self.registry))  # unbindable ports
         self.rewriter = ResponseRewriter(self.registry, on_failure=self.metrics.rewrite_failures.inc)
         stages: list[Stage] = [ClientSoftwareStage(), RewriteStage(self.rewriter),
@@ -148,7 +150,7 @@ class ProxyServer:
         self._bootstrap_server = await loop.create_server(
             connection_factory(self.services)(UpstreamTarget(None)), config.listen.host, config.listen.port,
             reuse_address=True, reuse_port=True if self.worker_index is not None else None,
-            ssl=listener.server_ssl)
+            ssl=listener.server_ssl, ssl_handshake_timeout=listener.server_ssl_handshake_timeout)
         sock = self._bootstrap_server.sockets[0].getsockname()
         self.bootstrap_address = (sock[0], sock[1])
         log.info("Sluice listening on %s:%d (%s) for %s", sock[0], sock[1], describe_listener(config),

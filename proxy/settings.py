@@ -13,7 +13,8 @@ from proxy.pumps.principals import AuthSettings
 
 def listener_settings(config: ProxyConfig) -> ListenerSettings:
     tls = config.listen_tls.context() if config.listen_tls is not None else None
-    return ListenerSettings(tls=tls, proxy_versions=PROXY_VERSIONS[config.proxy_protocol])
+    return ListenerSettings(tls=tls, proxy_versions=PROXY_VERSIONS[config.proxy_protocol],
+                            tls_handshake_timeout_s=config.limits.handshake_timeout_ms / 1000)
 
 
 def auth_settings(config: ProxyConfig, registry: CollectorRegistry | None = None) -> AuthSettings:

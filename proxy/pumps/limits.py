@@ -82,7 +82,7 @@ class ConnectionLimits:
         self.budget = budget
         self.clock = clock
         self.log = LimitLog()
-        self._call_later: CallLater = call_later or _loop_call_later
+        self.call_later: CallLater = call_later or _loop_call_later
         self._buffers: dict[int, ClientBuffer] = {}
         self._refresh: TimerHandle | None = None
 
@@ -103,7 +103,7 @@ class ConnectionLimits:
         if change.pause or change.resume:
             self._apply(change.pause, change.resume)
         if held_bytes and self._refresh is None:
-            self._refresh = self._call_later(REFRESH_INTERVAL_S, self._refresh_holders)
+            self._refresh = self.call_later(REFRESH_INTERVAL_S, self._refresh_holders)
 
     def forget(self, key: int) -> None:
         self._buffers.pop(key, None)
@@ -130,7 +130,7 @@ class ConnectionLimits:
             if buffer is not None:
                 buffer.measure()
         if self.budget.holders() and self._refresh is None:
-            self._refresh = self._call_later(REFRESH_INTERVAL_S, self._refresh_holders)
+            self._refresh = self.call_later(REFRESH_INTERVAL_S, self._refresh_holders)
 
 
 def _loop_call_later(delay_s: float, callback: Callable[[], None]) -> TimerHandle:
@@ -168,7 +168,7 @@ class AdmissionGate(asyncio.Protocol):
             limits.log.hit(reason, f"connections from {ip} over connection_creation_rate {quota:g}/s: held "
                                    f"{admission.throttle_ms} ms, then closed")
             tr.pause_reading()
-            self._timer = limits._call_later(admission.throttle_ms / 1000, tr.close)
+            self._timer = limits.call_later(admission.throttle_ms / 1000, tr.close)
             return
         limit = limiter.max_connections if reason == "max_connections" else limiter.max_connections_per_ip
         limits.log.hit(reason, f"connection from {ip} refused: {reason} {limit} reached")

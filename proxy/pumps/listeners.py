@@ -38,6 +38,12 @@ class ListenerSettings:
     tls: ssl.SSLContext | None = None
     proxy_versions: frozenset[int] = frozenset()
     header_timeout_s: float = HEADER_TIMEOUT_S
+    tls_handshake_timeout_s: float | None = None  # limits.handshake_timeout_ms (None: asyncio's 60 s)
+
+    @property
+    def server_ssl_handshake_timeout(self) -> float | None:
+        """The `ssl_handshake_timeout` of `create_server` (given only with its `ssl`)."""
+        return self.tls_handshake_timeout_s if self.server_ssl is not None else None
 
     @property
     def server_ssl(self) -> ssl.SSLContext | None:
@@ -86,7 +92,7 @@ class ProxyHeaderReader(asyncio.Protocol):
             if rest:
                 connection.data_received(rest)
         else:
-            start_tls(transport, connection, self._settings.tls, rest)
+            start_tls(transport, connection, self._settings.tls, rest, self._settings.tls_handshake_timeout_s)
 
     def eof_received(self) -> bool:
         return False
@@ -110,13 +116,14 @@ class ProxyHeaderReader(asyncio.Protocol):
 
 
 def start_tls(transport: asyncio.Transport, app: asyncio.Protocol, context: ssl.SSLContext,
-              initial: bytes) -> None:
+              initial: bytes, handshake_timeout_s: float | None = None) -> None:
     """Server-side TLS on an open transport, starting with bytes already read from it (what
     `loop.start_tls` cannot do). The app protocol's `connection_made` follows the handshake."""
     loop = asyncio.get_running_loop()
     waiter: asyncio.Future[None] = loop.create_future()
     waiter.add_done_callback(lambda f: f.cancelled() or f.exception())  # a failed handshake closes
-    tls = sslproto.SSLProtocol(loop, app, context, waiter, server_side=True)
+    tls = sslproto.SSLProtocol(loop, app, context, waiter, server_side=True,
+                               ssl_handshake_timeout=handshake_timeout_s)  # type: ignore[arg-type]  # a float works
     transport.set_protocol(tls)
     tls.connection_made(transport)
     view = memoryview(initial)

@@ -4,15 +4,17 @@ bytes per connection and in total. No socket and no real time."""
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import struct
 from dataclasses import dataclass
+from pathlib import Path
 
 import pytest
 
 from protocol.apis import ApiKey
 from proxy.flow.pipeline import Pipeline
-from proxy.pumps.connection import ClientConnection, ConnectionServices
+from proxy.pumps.connection import ClientConnection, ConnectionServices, connection_factory
 from proxy.pumps.limits import (
     HANDSHAKE_TIMEOUT,
     IDLE_TIMEOUT,
@@ -23,6 +25,7 @@ from proxy.pumps.limits import (
     ConnectionLimits,
     LimitSettings,
 )
+from proxy.pumps.listeners import ListenerSettings
 from proxy.pumps.services import Upstream
 from proxy.pumps.upstreams import BrokerRegistry, UpstreamTarget
 from quotas.clock import FakeClock
@@ -33,6 +36,7 @@ from quotas.connection_limits import (
     ConnectionLimiter,
     IpConnectionRates,
 )
+from tests.harness.tls import TestCA
 from tests.unit.proxy.test_connection import (
     FakeTimers,
     FakeTransport,
@@ -41,6 +45,7 @@ from tests.unit.proxy.test_connection import (
     response,
     run_ready_callbacks,
 )
+from tests.unit.proxy.test_principals import server_tls
 
 
 class PeerTransport(FakeTransport):
@@ -284,3 +289,28 @@ async def test_closing_releases_the_admission(caplog: pytest.LogCaptureFixture) 
     assert w.limits.limiter.total == 0
     again, _ = await w.connect("127.0.0.9")
     assert again is not None
+
+
+# ---------------------------------------------------------------- the TLS handshake
+
+
+@pytest.mark.parametrize("proxy_header", [b"", b"PROXY TCP4 203.0.113.7 127.0.0.1 4711 9092\r\n"])
+async def test_a_tls_handshake_that_never_completes_is_closed(tmp_path: Path, proxy_header: bytes) -> None:
+    # handshake_timeout_ms bounds the TLS handshake too (asyncio's own default is 60 s): a client
+    # that sends the start of a ClientHello and then nothing is closed. Real sockets; the wait is
+    # a deadline, not a sleep.
+    listener = ListenerSettings(tls=server_tls(TestCA(tmp_path)), tls_handshake_timeout_s=0.2,
+                                proxy_versions=frozenset({1}) if proxy_header else frozenset())
+    w = world()
+    w.services.listener = listener
+    loop = asyncio.get_running_loop()
+    server = await loop.create_server(connection_factory(w.services)(UpstreamTarget(None)), "127.0.0.1", 0,
+                                      ssl=listener.server_ssl,
+                                      ssl_handshake_timeout=listener.server_ssl_handshake_timeout)
+    try:
+        reader, writer = await asyncio.open_connection("127.0.0.1", server.sockets[0].getsockname()[1])
+        writer.write(proxy_header + b"\x16\x03\x01\x02\x00")  # a TLS record header, then silence
+        assert await asyncio.wait_for(reader.read(), 10.0) == b""  # closed by Sluice
+        writer.close()
+    finally:
+        server.close()
