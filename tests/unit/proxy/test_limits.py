@@ -314,3 +314,28 @@ async def test_a_tls_handshake_that_never_completes_is_closed(tmp_path: Path, pr
         writer.close()
     finally:
         server.close()
+
+
+# ---------------------------------------------------------------- metrics
+
+
+async def test_limits_collector_exposes_hits_buffered_bytes_and_limits() -> None:
+    from prometheus_client import CollectorRegistry, generate_latest
+
+    from proxy.ops.metrics import LimitsCollector
+
+    w = world(LimitSettings(handshake_timeout_ms=10_000), per_ip=1)
+    conn, transport = await w.connect("127.0.0.2")
+    refused, _ = await w.connect("127.0.0.2")
+    assert conn is not None and refused is None
+    conn.data_received(frame(metadata_request(1)))
+    transport.buffered = 1234  # the client has not read this much
+    conn.on_upstream_frame(response(1))
+    registry = CollectorRegistry()
+    registry.register(LimitsCollector(w.limits))
+    text = generate_latest(registry).decode()
+    assert 'sluice_limit_hits_total{cause="max_connections_per_ip"} 1.0' in text
+    assert 'sluice_limit_hits_total{cause="idle_timeout"} 0.0' in text  # every cause, from 0
+    assert "sluice_limit_buffered_bytes 1234.0" in text
+    assert "sluice_limit_admitted_connections 1.0" in text
+    assert 'sluice_limit{limit="max_connections_per_ip"} 1.0' in text
