@@ -264,15 +264,22 @@ def split_ip_entries(quotas: Mapping[str, object],
     return rates, {**quotas, "entries": rest}
 
 
+def canonical_ip(text: str) -> str:
+    """One spelling per address: compressed IPv6, and an IPv4-mapped IPv6 address (a dual-stack
+    socket's view of an IPv4 client) as its IPv4 form. Raises ValueError if `text` is no address."""
+    address = ipaddress.ip_address(text)
+    if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped is not None:
+        return str(address.ipv4_mapped)
+    return str(address)
+
+
 def _ip_name(value: object, key: str, problems: list[tuple[str, str]]) -> str | None:
     if value == DEFAULT_IP:
         return DEFAULT_IP
     try:
-        return str(ipaddress.ip_address(str(value))) if isinstance(value, str) else _bad_ip(value)
+        if not isinstance(value, str):
+            raise ValueError(value)
+        return canonical_ip(value)
     except ValueError:
         problems.append((key, f"must be \"<default>\" or an IP address, got {value!r}"))
         return None
-
-
-def _bad_ip(value: object) -> str:
-    raise ValueError(value)

@@ -30,7 +30,7 @@ from typing import cast
 from protocol.apis import ApiKey
 from proxy.pumps.throttle_timer import CallLater, TimerHandle
 from quotas.clock import Clock
-from quotas.connection_limits import BufferBudget, ConnectionLimiter
+from quotas.connection_limits import BufferBudget, ConnectionLimiter, canonical_ip
 
 log = logging.getLogger("sluice.limits")
 
@@ -133,6 +133,15 @@ class ConnectionLimits:
             self._refresh = self.call_later(REFRESH_INTERVAL_S, self._refresh_holders)
 
 
+def _ip_of(peer: tuple[str, int] | None) -> str:
+    if not peer:
+        return "?"
+    try:
+        return canonical_ip(str(peer[0]))
+    except ValueError:  # not an IP address (a Unix socket, say): counted under its own name
+        return str(peer[0])
+
+
 def _loop_call_later(delay_s: float, callback: Callable[[], None]) -> TimerHandle:
     return asyncio.get_running_loop().call_later(delay_s, callback)
 
@@ -151,7 +160,7 @@ class AdmissionGate(asyncio.Protocol):
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         tr = cast(asyncio.Transport, transport)
         peer = self._real_address or transport.get_extra_info("peername")
-        ip = str(peer[0]) if peer else "?"
+        ip = _ip_of(peer)
         limits = self._limits
         admission = limits.limiter.admit(ip, limits.clock.now_ms())
         if admission.allowed:

@@ -137,11 +137,12 @@ async def test_per_ip_count_closes_only_the_offenders_connection(caplog: pytest.
     second, _ = await w.connect("127.0.0.2")
     refused, t3 = await w.connect("127.0.0.2")
     again, t4 = await w.connect("127.0.0.2")
-    other, t5 = await w.connect("127.0.0.1")
+    other, t5 = await w.connect("::ffff:127.0.0.1")  # 127.0.0.1 as a dual-stack socket sees it
     assert first is not None and second is not None and other is not None
     assert refused is None and t3.closed and again is None and t4.closed and not t5.closed
     assert w.limits.log.hits == {MAX_CONNECTIONS_PER_IP: 2}
     assert caplog.text.count("limit max_connections_per_ip hit") == 1  # logged once per cause
+    assert w.limits.limiter.count("127.0.0.1") == 1  # counted under its IPv4 spelling
     first.connection_lost(None)  # a slot is free again
     replaced, t6 = await w.connect("127.0.0.2")
     assert replaced is not None and not t6.closed

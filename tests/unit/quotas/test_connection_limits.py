@@ -14,6 +14,7 @@ from quotas.connection_limits import (
     ConnectionAdmission,
     ConnectionLimiter,
     IpConnectionRates,
+    canonical_ip,
     split_ip_entries,
 )
 from quotas.errors import QuotaConfigError
@@ -127,7 +128,7 @@ def test_ip_entries_are_split_from_the_quota_entries() -> None:
         {"user": "alice", "producer_byte_rate": 1024},
         {"ip": "::FFFF:127.0.0.2", "connection_creation_rate": 3},
         {"ip": "127.0.0.3", "connection_creation_rate": 5.0}]})
-    assert rates == {"<default>": 10.0, "::ffff:7f00:2": 3.0, "127.0.0.3": 5.0}
+    assert rates == {"<default>": 10.0, "127.0.0.2": 3.0, "127.0.0.3": 5.0}  # IPv4-mapped: as IPv4
     assert rest == {"shadow": False, "entries": [{"user": "alice", "producer_byte_rate": 1024}]}
 
 
@@ -147,6 +148,13 @@ def test_bad_ip_entries_name_the_key(entry: dict[str, object], key: str, why: st
     with pytest.raises(QuotaConfigError) as err:
         split_ip_entries({"entries": [entry]})
     assert key in str(err.value) and why in str(err.value)
+
+
+def test_canonical_ip_spells_each_address_once() -> None:
+    assert canonical_ip("::ffff:10.0.0.1") == "10.0.0.1"  # a dual-stack socket's IPv4 client
+    assert canonical_ip("2001:DB8:0:0::1") == "2001:db8::1"
+    with pytest.raises(ValueError):
+        canonical_ip("host.example")
 
 
 def test_duplicate_ip_entries_are_refused() -> None:
