@@ -7,8 +7,8 @@ Every Sluice listener (the bootstrap listener and one per broker) shares these s
 * **PROXY protocol** (`proxy_protocol: v1|v2|any`): a load balancer sends a header with the real
   client address before anything else. `ProxyHeaderReader` is then the connection's first
   protocol: it reads the header (a malformed or missing one closes the connection, with the reason
-  logged; so does silence for `header_timeout_s`, `limits.handshake_timeout_ms`), and hands the transport to the
-  `ClientConnection`, which gets the real address. With TLS as well, the TLS handshake starts
+  logged; so does silence for `header_timeout_s`, `limits.handshake_timeout_ms`), and hands the
+  transport to the `ClientConnection`, which gets the real address. With TLS as well, the TLS handshake starts
   after the header, on the bytes that follow it (an `asyncio.sslproto.SSLProtocol` is put between
   the transport and the connection, fed whatever was read past the header).
 """
