@@ -87,6 +87,8 @@ class ClientConnection(asyncio.Protocol):
         self._limits = limits
         self._max_in_flight = limits.settings.max_in_flight_requests_per_connection
         self.admitted_ip: str | None = None  # set by the AdmissionGate; released when this closes
+        self._in_flight_queue = self._inflight.queue  # len() of it on every frame, without a Python call
+        self._now_ms = self._clock.now_ms
         self._watchdog = ConnectionWatchdog(self._clock, services.call_later, limits.settings,
                                             lambda: len(self._inflight), self._limit_close)
         self._buffer = ClientBuffer(limits, self.ctx.connection_id, self._pause_upstream)
@@ -127,7 +129,7 @@ class ClientConnection(asyncio.Protocol):
         task.add_done_callback(self._upstream_ready)
 
     def data_received(self, data: bytes) -> None:
-        self._watchdog.touch()
+        self._watchdog.last_active_ms = self._now_ms()
         try:
             self._splitter.feed(data)
         except ProtocolError as exc:
@@ -207,7 +209,7 @@ class ClientConnection(asyncio.Protocol):
 
     def _reading_allowed(self) -> bool:
         return (self._mute.state is _NOT_MUTED and self._upstream is not None
-                and len(self._inflight) < self._max_in_flight
+                and len(self._in_flight_queue) < self._max_in_flight
                 and not (self._draining or self._upstream_backpressure or self.closed))
 
     def _update_reading(self) -> None:
@@ -255,7 +257,8 @@ class ClientConnection(asyncio.Protocol):
         expects_response = api_key != ApiKey.PRODUCE or _expects_response(self.ctx, header, payload)
         entry = InFlight(header.correlation_id, api_key, header.api_version, header.client_id,
                          len(payload), now_ms, expects_response=expects_response)
-        self._watchdog.request(api_key)
+        if not self._watchdog.handshake_done:
+            self._watchdog.request(api_key)
         outcome = self._pipeline.on_request(self.ctx, entry, header, payload)
         if type(outcome) is Forward:
             upstream = self._upstream
@@ -391,8 +394,12 @@ class ClientConnection(asyncio.Protocol):
             self._wrote()
 
     def _wrote(self) -> None:
-        self._watchdog.touch()
-        self._buffer.measure()
+        """After a write to the client: activity for the idle timeout, and what the client holds."""
+        self._watchdog.last_active_ms = self._now_ms()
+        buffer = self._buffer
+        transport = self._transport
+        if transport is not None and transport.get_write_buffer_size() != buffer.held_bytes:
+            buffer.measure()
 
     def response_done(self, entry: InFlight) -> None:
         self._flush()

@@ -203,7 +203,10 @@ class AdmissionGate(asyncio.Protocol):
 
 
 class ConnectionWatchdog:
-    """The handshake deadline and the idle timeout of one connection, on one timer."""
+    """The handshake deadline and the idle timeout of one connection, on one timer.
+
+    The connection sets `last_active_ms` on every read from and write to its client (an attribute,
+    not a call: it is on the path of every frame) and calls `request` until `handshake_done`."""
 
     __slots__ = ("_call_later", "_clock", "_deadline_ms", "_expire", "_handle", "_handshake_ms", "_idle_ms",
                  "_in_flight", "handshake_done", "last_active_ms")
@@ -226,10 +229,6 @@ class ConnectionWatchdog:
         self.last_active_ms = now_ms
         self._deadline_ms = now_ms + self._handshake_ms
         self._arm(now_ms, min(self._deadline_ms, now_ms + self._idle_ms))
-
-    def touch(self) -> None:
-        """Bytes were read from or written to the client."""
-        self.last_active_ms = self._clock.now_ms()
 
     def request(self, api_key: int) -> None:
         """A complete request arrived; the first that is not part of the handshake ends it."""
