@@ -60,6 +60,7 @@ class ProxyServer:
     def __init__(self, config: ProxyConfig, stages: Sequence[Stage] = (), clock: Clock | None = None,
                  worker_index: int | None = None) -> None:
         self.config = config
+        self.config_at_start = config  # what the parts read only at start were built from
         self.worker_index = worker_index  # one of `--workers N`: listeners shared with SO_REUSEPORT
         self.clock = clock or SystemClock()
         self._extra_stages = list(stages)
@@ -185,11 +186,24 @@ class ProxyServer:
         connections and sensor history stay."""
         self.config = config
         self._reload_callback(config)
+        self._reload_ip_rates(config)
         self.quota_service.schedule_reload(config)  # logs "configuration reloaded: ..." when done
         if self.storage is not None and config.storage is not None:
             self.storage.reconfigure(config.storage)
         elif (self.storage is None) != (config.storage is None):
             log.warning("storage: adding or removing the section needs a restart")
+
+    def _reload_ip_rates(self, config: ProxyConfig) -> None:
+        """KIP-612's per-IP quotas are dynamic in Kafka: new bounds apply at once, rates stay.
+        (The `limits:` section is read at start only.)"""
+        rates = self.limits.limiter.rates
+        new = config.ip_connection_rates()
+        if new != rates.configured():
+            rates.update(new)
+            log.info("connection_creation_rate per ip: %s", ", ".join(f"{ip}={rate:g}/s" for ip, rate
+                                                                    in sorted(new.items())) or "none")
+        if config.limits != self.config_at_start.limits:
+            log.warning("limits: changes need a restart (kept: %s)", self.config_at_start.limits)
 
     def _reload_callback(self, config: ProxyConfig) -> None:
         """A new ``quotas.callback`` swaps the callback on every manager; a bad one keeps the old."""

@@ -51,15 +51,30 @@ class IpConnectionRates:
     """KIP-612: connections created per second, per client IP, against `connection_creation_rate`."""
 
     def __init__(self, rates_per_ip: Mapping[str, float], window: RateConfig | None = None) -> None:
-        for ip, rate in rates_per_ip.items():
-            if not rate > 0:
-                raise ValueError(f"connection_creation_rate for ip {ip} must be > 0, got {rate}")
-        self._rates = dict(rates_per_ip)
-        self._default = self._rates.pop(DEFAULT_IP, None)
+        self._rates: dict[str, float] = {}
+        self._default: float | None = None
+        self.update(rates_per_ip)
         self._window = window if window is not None else RateConfig()
         self._sensors: dict[str, SampledRate] = {}
         self._last_ms: dict[str, int] = {}
         self._sweep_at_ms = 0
+
+    def update(self, rates_per_ip: Mapping[str, float]) -> None:
+        """New quotas (a reload); every IP's measured rate stays, as Kafka keeps its sensors and
+        only changes their bound."""
+        for ip, rate in rates_per_ip.items():
+            if not rate > 0:
+                raise ValueError(f"connection_creation_rate for ip {ip} must be > 0, got {rate}")
+        rates = dict(rates_per_ip)
+        self._default = rates.pop(DEFAULT_IP, None)
+        self._rates = rates
+
+    def configured(self) -> dict[str, float]:
+        """The quotas in force, ``<default>`` included."""
+        out = dict(self._rates)
+        if self._default is not None:
+            out[DEFAULT_IP] = self._default
+        return out
 
     @property
     def enabled(self) -> bool:

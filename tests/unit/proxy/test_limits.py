@@ -340,3 +340,29 @@ async def test_limits_collector_exposes_hits_buffered_bytes_and_limits() -> None
     assert "sluice_limit_buffered_bytes 1234.0" in text
     assert "sluice_limit_admitted_connections 1.0" in text
     assert 'sluice_limit{limit="max_connections_per_ip"} 1.0' in text
+
+
+# ---------------------------------------------------------------- reload
+
+
+def test_sighup_applies_new_ip_rates_and_keeps_what_was_measured(caplog: pytest.LogCaptureFixture) -> None:
+    from proxy.config import ProxyConfig, load_config
+    from proxy.server import ProxyServer
+
+    def config(rate: int, idle_ms: int = 600_000) -> ProxyConfig:
+        entries = [{"ip": "<default>", "connection_creation_rate": rate}]
+        return load_config(None, {"upstream": {"bootstrap": "a:1"}, "store": {"type": "memory"},
+                                  "limits": {"idle_timeout_ms": idle_ms}, "quotas": {"entries": entries}},
+                           environ={})
+
+    caplog.set_level(logging.INFO, "sluice.server")
+    server = ProxyServer(config(10), clock=FakeClock(0))
+    rates = server.limits.limiter.rates
+    assert all(rates.record("10.0.0.1", 0) == 0 for _ in range(100))  # 100 / 10 s = 10/s: allowed
+    server._reload_ip_rates(config(5))
+    # the 100 already counted stay: 101 / 10 s = 10.1/s against 5/s, (10.1 - 5) / 5 x 10000 ms,
+    # capped at one window: 1000 ms
+    assert rates.record("10.0.0.1", 0) == 1000
+    assert "connection_creation_rate per ip: <default>=5/s" in caplog.text
+    server._reload_ip_rates(config(5, idle_ms=1_000))
+    assert "limits: changes need a restart" in caplog.text
