@@ -23,7 +23,7 @@ from proxy.fleet.config import FleetConfig
 from proxy.ops.disk_guard import StorageConfig
 from proxy.stages.callbacks import PLUGIN_KEYS, QuotaPlugins
 from quotas.config import QuotaConfig
-from quotas.connection_limits import split_ip_entries
+from quotas.connection_limits import canonical_ip, split_ip_entries
 from quotas.errors import QuotaConfigError
 
 ENV_PREFIX = "SLUICE_"
@@ -247,6 +247,9 @@ class LimitsConfig(BaseModel):
                                  "(per process); one more is closed at once")
     max_connections_per_ip: int = Field(default=1_000, ge=1, description="client connections from one "
                                         "address (Kafka's max.connections.per.ip)")
+    max_connections_per_ip_overrides: dict[str, int] = Field(
+        default_factory=dict, description="{address: count} (Kafka's max.connections.per.ip.overrides; "
+                                          "0 refuses the address)")
     handshake_timeout_ms: int = Field(default=10_000, ge=100, description="the first request other than "
                                       "ApiVersions/SaslHandshake/SaslAuthenticate must arrive within this")
     idle_timeout_ms: int = Field(default=600_000, ge=1_000, description="close a connection with nothing "
@@ -258,6 +261,20 @@ class LimitsConfig(BaseModel):
                                           "all clients; over it the biggest holders are paused")
     max_in_flight_requests_per_connection: int = Field(default=100, ge=1, description="requests awaiting "
                                                        "responses before Sluice stops reading the client")
+
+    @field_validator("max_connections_per_ip_overrides")
+    @classmethod
+    def _override_addresses(cls, value: dict[str, int]) -> dict[str, int]:
+        out: dict[str, int] = {}
+        for address, count in value.items():
+            try:
+                ip = canonical_ip(address)
+            except ValueError:
+                raise ValueError(f"{address!r} is not an IP address") from None
+            if count < 0:
+                raise ValueError(f"{address}: must be >= 0, got {count}")
+            out[ip] = count
+        return out
 
     @model_validator(mode="after")
     def _per_connection_within_total(self) -> LimitsConfig:

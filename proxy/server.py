@@ -339,7 +339,8 @@ def make_limits(config: ProxyConfig, clock: Clock) -> ConnectionLimits:
                              idle_timeout_ms=cfg.idle_timeout_ms,
                              max_buffered_bytes_per_connection=cfg.max_buffered_bytes_per_connection,
                              max_in_flight_requests_per_connection=cfg.max_in_flight_requests_per_connection)
-    limiter = ConnectionLimiter(cfg.max_connections, cfg.max_connections_per_ip, rates)
+    limiter = ConnectionLimiter(cfg.max_connections, cfg.max_connections_per_ip, rates,
+                                cfg.max_connections_per_ip_overrides)
     return ConnectionLimits(settings, limiter, BufferBudget(cfg.max_buffered_bytes_total), clock)
 
 

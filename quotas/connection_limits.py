@@ -128,11 +128,14 @@ class ConnectionLimiter:
     """Open connections in total and per IP, and the per-IP creation rate."""
 
     def __init__(self, max_connections: int, max_connections_per_ip: int,
-                 rates: IpConnectionRates | None = None) -> None:
-        if max_connections < 1 or max_connections_per_ip < 1:
-            raise ValueError("connection limits must be >= 1")
+                 rates: IpConnectionRates | None = None,
+                 per_ip_overrides: Mapping[str, int] | None = None) -> None:
+        overrides = dict(per_ip_overrides or {})
+        if max_connections < 1 or max_connections_per_ip < 1 or any(n < 0 for n in overrides.values()):
+            raise ValueError("connection limits must be >= 1 (an override >= 0)")
         self.max_connections = max_connections
         self.max_connections_per_ip = max_connections_per_ip
+        self.per_ip_overrides = overrides  # Kafka's max.connections.per.ip.overrides (0: refuse all)
         self.rates = rates if rates is not None else IpConnectionRates({})
         self._per_ip: dict[str, int] = {}
         self.total = 0
@@ -144,7 +147,7 @@ class ConnectionLimiter:
         if throttle_ms > 0:
             return ConnectionAdmission(False, CONNECTION_CREATION_RATE, throttle_ms)
         count = self._per_ip.get(ip, 0)
-        if count >= self.max_connections_per_ip:
+        if count >= self.max_for(ip):
             return ConnectionAdmission(False, MAX_CONNECTIONS_PER_IP)
         self._per_ip[ip] = count + 1
         self.total += 1
@@ -163,6 +166,10 @@ class ConnectionLimiter:
 
     def count(self, ip: str) -> int:
         return self._per_ip.get(ip, 0)
+
+    def max_for(self, ip: str) -> int:
+        """The IP's own count limit, else `max_connections_per_ip`."""
+        return self.per_ip_overrides.get(ip, self.max_connections_per_ip)
 
 
 @dataclass(frozen=True, slots=True)

@@ -179,7 +179,7 @@ class AdmissionGate(asyncio.Protocol):
             tr.pause_reading()
             self._timer = limits.call_later(admission.throttle_ms / 1000, tr.close)
             return
-        limit = limiter.max_connections if reason == "max_connections" else limiter.max_connections_per_ip
+        limit = limiter.max_connections if reason == "max_connections" else limiter.max_for(ip)
         limits.log.hit(reason, f"connection from {ip} refused: {reason} {limit} reached")
         tr.close()
 

@@ -104,6 +104,7 @@ def test_limits_defaults_and_ip_quota_entries(tmp_path: Path) -> None:
     assert limits.idle_timeout_ms == 30_000              # from the environment
     assert (limits.max_buffered_bytes_per_connection, limits.max_buffered_bytes_total) == (1 << 20, 256 << 20)
     assert limits.max_in_flight_requests_per_connection == 100
+    assert limits.max_connections_per_ip_overrides == {}
     assert config.ip_connection_rates() == {"<default>": 10.0, "127.0.0.2": 2.0}
     assert len(config.quota_config().entries) == 1       # the ip entries are not client quotas
 
@@ -120,6 +121,10 @@ def test_limits_defaults_and_ip_quota_entries(tmp_path: Path) -> None:
     ("limits: {max_buffered_bytes_per_connection: 2000000, max_buffered_bytes_total: 1000000}", "limits",
      "cannot exceed max_buffered_bytes_total"),
     ("limits: {max_connection: 5}", "limits.max_connection", "Extra inputs"),
+    ("limits: {max_connections_per_ip_overrides: {nope: 5}}", "limits.max_connections_per_ip_overrides",
+     "not an IP address"),
+    ("limits: {max_connections_per_ip_overrides: {10.0.0.1: -1}}", "limits.max_connections_per_ip_overrides",
+     "must be >= 0"),
     ("quotas: {entries: [{ip: nope, connection_creation_rate: 1}]}", "quotas.entries[0].ip", "an IP address"),
     ("quotas: {entries: [{ip: '<default>', connection_creation_rate: 0}]}",
      "quotas.entries[0].connection_creation_rate", ">= 1"),

@@ -31,6 +31,13 @@ def test_per_ip_count_refuses_only_that_ip_until_one_closes() -> None:
     assert limiter.count("10.0.0.1") == 2 and limiter.total == 3  # the refused ones were never counted
 
 
+def test_per_ip_overrides_are_kafkas_max_connections_per_ip_overrides() -> None:
+    limiter = ConnectionLimiter(100, 1, per_ip_overrides={"10.0.0.9": 3, "10.0.0.6": 0})
+    assert [limiter.admit("10.0.0.9", 0).allowed for _ in range(4)] == [True, True, True, False]
+    assert [limiter.admit("10.0.0.1", 0).allowed for _ in range(2)] == [True, False]  # the default, 1
+    assert limiter.admit("10.0.0.6", 0).reason == MAX_CONNECTIONS_PER_IP            # 0: none at all
+
+
 def test_total_count_refuses_every_ip_once_full() -> None:
     limiter = ConnectionLimiter(max_connections=3, max_connections_per_ip=10)
     for ip in ("a", "b", "c"):
