@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 import os
 from collections.abc import Awaitable, Callable, Sequence
@@ -117,6 +118,8 @@ class ProxyServer:
             return connection_factory(self._services())(target)
 
         listener = listener_settings(config)  # client TLS, PROXY protocol (proxy.pumps.listeners)
+        # a missing PROXY header is a handshake timeout: counted, logged once
+        listener = dataclasses.replace(listener, on_header_timeout=self.limits.log.hit)
         self.registry = BrokerRegistry(
             config.listen.host, config.advertised, config.broker_port,
             schedule_server(loop, self._servers, start_listener_factory,  # type: ignore[arg-type]

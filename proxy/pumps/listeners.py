@@ -23,6 +23,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from protocol.proxy_protocol import ProxyHeaderError, parse_proxy_header
+from proxy.pumps.limits import HANDSHAKE_TIMEOUT
 
 log = logging.getLogger("sluice.listeners")
 
@@ -39,6 +40,8 @@ class ListenerSettings:
     proxy_versions: frozenset[int] = frozenset()
     header_timeout_s: float = HEADER_TIMEOUT_S
     tls_handshake_timeout_s: float | None = None  # limits.handshake_timeout_ms (None: asyncio's 60 s)
+    # a PROXY header not in time: (cause, detail) to count and log once (None: logged each time)
+    on_header_timeout: Callable[[str, str], None] | None = None
 
     @property
     def server_ssl_handshake_timeout(self) -> float | None:
@@ -68,8 +71,7 @@ class ProxyHeaderReader(asyncio.Protocol):
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self._transport = transport  # type: ignore[assignment]  # uvloop's are not subclasses
-        self._timer = asyncio.get_running_loop().call_later(
-            self._settings.header_timeout_s, self._refuse, "no PROXY protocol header in time")
+        self._timer = asyncio.get_running_loop().call_later(self._settings.header_timeout_s, self._timed_out)
 
     def data_received(self, data: bytes) -> None:
         self._buffer += data
@@ -100,19 +102,35 @@ class ProxyHeaderReader(asyncio.Protocol):
     def connection_lost(self, exc: Exception | None) -> None:
         self._cancel_timer()
 
+    def _timed_out(self) -> None:
+        self._timer = None
+        hook = self._settings.on_header_timeout
+        transport = self._transport
+        if hook is None or transport is None or transport.is_closing():
+            self._refuse("no PROXY protocol header in time")
+            return
+        peer = transport.get_extra_info("peername")
+        hook(HANDSHAKE_TIMEOUT, f"no PROXY protocol header from {_address(peer)} within "
+                                f"{self._settings.header_timeout_s * 1000:.0f} ms")
+        transport.close()
+
     def _refuse(self, reason: str) -> None:
         self._cancel_timer()
         transport = self._transport
         if transport is None or transport.is_closing():
             return
         peer = transport.get_extra_info("peername")
-        log.warning("connection from %s refused: %s", f"{peer[0]}:{peer[1]}" if peer else "?", reason)
+        log.warning("connection from %s refused: %s", _address(peer), reason)
         transport.close()
 
     def _cancel_timer(self) -> None:
         if self._timer is not None:
             self._timer.cancel()
             self._timer = None
+
+
+def _address(peer: tuple[str, int] | None) -> str:
+    return f"{peer[0]}:{peer[1]}" if peer else "?"
 
 
 def start_tls(transport: asyncio.Transport, app: asyncio.Protocol, context: ssl.SSLContext,

@@ -366,3 +366,22 @@ def test_sighup_applies_new_ip_rates_and_keeps_what_was_measured(caplog: pytest.
     assert "connection_creation_rate per ip: <default>=5/s" in caplog.text
     server._reload_ip_rates(config(5, idle_ms=1_000))
     assert "limits: changes need a restart" in caplog.text
+
+
+async def test_a_proxy_header_that_never_comes_counts_as_a_handshake_timeout(caplog: pytest.LogCaptureFixture
+                                                                             ) -> None:
+    w = world()
+    w.services.listener = ListenerSettings(proxy_versions=frozenset({1}), header_timeout_s=0.1,
+                                           on_header_timeout=w.limits.log.hit)
+    server = await asyncio.get_running_loop().create_server(
+        connection_factory(w.services)(UpstreamTarget(None)), "127.0.0.1", 0)
+    try:
+        for _ in range(2):
+            reader, writer = await asyncio.open_connection("127.0.0.1", server.sockets[0].getsockname()[1])
+            writer.write(b"PROXY TCP4 ")  # the start of a header, then silence
+            assert await asyncio.wait_for(reader.read(), 10.0) == b""
+            writer.close()
+    finally:
+        server.close()
+    assert w.limits.log.hits == {HANDSHAKE_TIMEOUT: 2}
+    assert caplog.text.count("no PROXY protocol header") == 1  # logged once, counted twice
