@@ -23,6 +23,7 @@ from proxy.fleet.config import FleetConfig
 from proxy.ops.disk_guard import StorageConfig
 from proxy.stages.callbacks import PLUGIN_KEYS, QuotaPlugins
 from quotas.config import QuotaConfig
+from quotas.connection_limits import canonical_ip, split_ip_entries
 from quotas.errors import QuotaConfigError
 
 ENV_PREFIX = "SLUICE_"
@@ -233,6 +234,56 @@ class ListenTls(BaseModel):
         return ctx
 
 
+_MIB = 1024 * 1024
+
+
+class LimitsConfig(BaseModel):
+    """Bounded resources under abuse (README: Limits). Each hit is counted in
+    ``sluice_limit_hits_total{cause}`` (the key's name) and logged once per cause."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    max_connections: int = Field(default=10_000, ge=1, description="client connections in total "
+                                 "(per process); one more is closed at once")
+    max_connections_per_ip: int = Field(default=1_000, ge=1, description="client connections from one "
+                                        "address (Kafka's max.connections.per.ip)")
+    max_connections_per_ip_overrides: dict[str, int] = Field(
+        default_factory=dict, description="{address: count} (Kafka's max.connections.per.ip.overrides; "
+                                          "0 refuses the address)")
+    handshake_timeout_ms: int = Field(default=10_000, ge=100, description="the first request other than "
+                                      "ApiVersions/SaslHandshake/SaslAuthenticate must arrive within this")
+    idle_timeout_ms: int = Field(default=600_000, ge=1_000, description="close a connection with nothing "
+                                 "read or written and no request in flight (Kafka's connections.max.idle.ms)")
+    max_buffered_bytes_per_connection: int = Field(
+        default=1 * _MIB, ge=16 * 1024,
+        description="bytes held for one slow client before its broker side stops being read")
+    max_buffered_bytes_total: int = Field(default=256 * _MIB, ge=16 * 1024, description="bytes held for "
+                                          "all clients; over it the biggest holders are paused")
+    max_in_flight_requests_per_connection: int = Field(default=100, ge=1, description="requests awaiting "
+                                                       "responses before Sluice stops reading the client")
+
+    @field_validator("max_connections_per_ip_overrides")
+    @classmethod
+    def _override_addresses(cls, value: dict[str, int]) -> dict[str, int]:
+        out: dict[str, int] = {}
+        for address, count in value.items():
+            try:
+                ip = canonical_ip(address)
+            except ValueError:
+                raise ValueError(f"{address!r} is not an IP address") from None
+            if count < 0:
+                raise ValueError(f"{address}: must be >= 0, got {count}")
+            out[ip] = count
+        return out
+
+    @model_validator(mode="after")
+    def _per_connection_within_total(self) -> LimitsConfig:
+        if self.max_buffered_bytes_per_connection > self.max_buffered_bytes_total:
+            raise ValueError(f"max_buffered_bytes_per_connection ({self.max_buffered_bytes_per_connection}) "
+                             f"cannot exceed max_buffered_bytes_total ({self.max_buffered_bytes_total})")
+        return self
+
+
 class SaslConfig(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
@@ -277,6 +328,8 @@ class ProxyConfig(BaseModel):
     proxy_protocol: Literal["off", "v1", "v2", "any"] = Field(
         default="off", description="a PROXY protocol header precedes every client connection")
     sasl: SaslConfig = SaslConfig()
+    limits: LimitsConfig = Field(default_factory=LimitsConfig,
+                                 description="connection, time, buffer and in-flight limits (README: Limits)")
     storage: StorageConfig | None = Field(
         default=None, description="storage-driven throttling of produce quotas (README)")
     fleet: FleetConfig | None = Field(
@@ -319,7 +372,15 @@ class ProxyConfig(BaseModel):
     def quota_config(self) -> QuotaConfig:
         entries = {k: v for k, v in self.quotas.items() if k not in PLUGIN_KEYS}
         try:
+            _, entries = split_ip_entries(entries, path="quotas")  # the ip entity: ip_connection_rates()
             return QuotaConfig.from_dict(entries, path="quotas")
+        except QuotaConfigError as exc:
+            raise ConfigError("invalid configuration:\n  " + str(exc).replace("\n", "\n  ")) from None
+
+    def ip_connection_rates(self) -> dict[str, float]:
+        """KIP-612's per-IP ``connection_creation_rate``: ``{ip or "<default>": connections/s}``."""
+        try:
+            return split_ip_entries(self.quotas, path="quotas")[0]
         except QuotaConfigError as exc:
             raise ConfigError("invalid configuration:\n  " + str(exc).replace("\n", "\n  ")) from None
 
@@ -409,5 +470,6 @@ def load_config(path: Path | None = None, overrides: Mapping[str, Any] | None = 
     except ValidationError as exc:
         raise ConfigError(_format_error(exc, source)) from None
     config.quota_config()  # quotas are validated at start too
+    config.ip_connection_rates()
     config.quota_plugins()
     return config

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 import os
 from collections.abc import Awaitable, Callable, Sequence
@@ -24,8 +25,9 @@ from proxy.ops.connections import SAMPLE_INTERVAL_MS, BearerToken, ConnectionInv
 from proxy.ops.disk_guard import StorageCollector, StoragePoller
 from proxy.ops.headroom import USAGE_PATH, HeadroomCollector, usage_json, usage_report
 from proxy.ops.http import MetricsEndpoint
-from proxy.ops.metrics import AccessLogCollector, QuotaSensorCollector, SluiceMetrics
+from proxy.ops.metrics import AccessLogCollector, LimitsCollector, QuotaSensorCollector, SluiceMetrics
 from proxy.pumps.connection import ClientConnection, ConnectionServices, connection_factory
+from proxy.pumps.limits import ConnectionLimits, LimitSettings
 from proxy.pumps.upstreams import BrokerRegistry, UpstreamTarget, schedule_server
 from proxy.quota_service import QuotaService
 from proxy.settings import auth_settings, listener_settings
@@ -36,6 +38,7 @@ from proxy.stages.client_software import ClientSoftwareStage
 from proxy.stages.connection_stats import ConnectionStatsStage
 from proxy.stages.quota import DecisionObserver, QuotaManagers, QuotaStage
 from quotas.clock import Clock, SystemClock
+from quotas.connection_limits import BufferBudget, ConnectionLimiter, IpConnectionRates
 from quotas.fleet import DEFAULT_HEADROOM, FleetFallback, FleetView
 from quotas.manager import ThrottleDecision
 
@@ -58,6 +61,7 @@ class ProxyServer:
     def __init__(self, config: ProxyConfig, stages: Sequence[Stage] = (), clock: Clock | None = None,
                  worker_index: int | None = None) -> None:
         self.config = config
+        self.config_at_start = config  # what the parts read only at start were built from
         self.worker_index = worker_index  # one of `--workers N`: listeners shared with SO_REUSEPORT
         self.clock = clock or SystemClock()
         self._extra_stages = list(stages)
@@ -85,6 +89,8 @@ class ProxyServer:
         self.access_log = make_access_log(config, worker_index)
         if self.access_log is not None:
             self.registry_metrics.register(AccessLogCollector(self.access_log))
+        self.limits = make_limits(config, self.clock)
+        self.registry_metrics.register(LimitsCollector(self.limits))
         self._servers: list[asyncio.Server] = []
         self._bootstrap_server: asyncio.Server | None = None
         self.services: ConnectionServices | None = None
@@ -112,10 +118,14 @@ class ProxyServer:
             return connection_factory(self._services())(target)
 
         listener = listener_settings(config)  # client TLS, PROXY protocol (proxy.pumps.listeners)
+        # a missing PROXY header is a handshake timeout: counted, logged once
+        listener = dataclasses.replace(listener, on_header_timeout=self.limits.log.hit)
         self.registry = BrokerRegistry(
             config.listen.host, config.advertised, config.broker_port,
             schedule_server(loop, self._servers, start_listener_factory,  # type: ignore[arg-type]
-                            tls=listener.server_ssl), reuse_port=self.worker_index is not None)
+                            tls=listener.server_ssl,
+                            tls_handshake_timeout_s=listener.server_ssl_handshake_timeout),
+            reuse_port=self.worker_index is not None)
         self.registry_metrics.register(BrokerListenerCollector(self.registry))  # unbindable ports
         self.rewriter = ResponseRewriter(self.registry, on_failure=self.metrics.rewrite_failures.inc)
         stages: list[Stage] = [ClientSoftwareStage(), RewriteStage(self.rewriter),
@@ -140,11 +150,11 @@ class ProxyServer:
             connect_timeout_s=config.upstream.connect_timeout_ms / 1000,
             max_frame_bytes=config.max_frame_bytes, on_close=self._connection_closed,
             on_open=lambda c: self.metrics.connection_opened(c.ctx.listener),
-            auth=auth_settings(config, self.registry_metrics), listener=listener)
+            auth=auth_settings(config, self.registry_metrics), listener=listener, limits=self.limits)
         self._bootstrap_server = await loop.create_server(
             connection_factory(self.services)(UpstreamTarget(None)), config.listen.host, config.listen.port,
             reuse_address=True, reuse_port=True if self.worker_index is not None else None,
-            ssl=listener.server_ssl)
+            ssl=listener.server_ssl, ssl_handshake_timeout=listener.server_ssl_handshake_timeout)
         sock = self._bootstrap_server.sockets[0].getsockname()
         self.bootstrap_address = (sock[0], sock[1])
         log.info("Sluice listening on %s:%d (%s) for %s", sock[0], sock[1], describe_listener(config),
@@ -179,11 +189,24 @@ class ProxyServer:
         connections and sensor history stay."""
         self.config = config
         self._reload_callback(config)
+        self._reload_ip_rates(config)
         self.quota_service.schedule_reload(config)  # logs "configuration reloaded: ..." when done
         if self.storage is not None and config.storage is not None:
             self.storage.reconfigure(config.storage)
         elif (self.storage is None) != (config.storage is None):
             log.warning("storage: adding or removing the section needs a restart")
+
+    def _reload_ip_rates(self, config: ProxyConfig) -> None:
+        """KIP-612's per-IP quotas are dynamic in Kafka: new bounds apply at once, rates stay.
+        (The `limits:` section is read at start only.)"""
+        rates = self.limits.limiter.rates
+        new = config.ip_connection_rates()
+        if new != rates.configured():
+            rates.update(new)
+            log.info("connection_creation_rate per ip: %s", ", ".join(f"{ip}={rate:g}/s" for ip, rate
+                                                                    in sorted(new.items())) or "none")
+        if config.limits != self.config_at_start.limits:
+            log.warning("limits: changes need a restart (kept: %s)", self.config_at_start.limits)
 
     def _reload_callback(self, config: ProxyConfig) -> None:
         """A new ``quotas.callback`` swaps the callback on every manager; a bad one keeps the old."""
@@ -308,6 +331,20 @@ def make_fleet(config: ProxyConfig, quotas: QuotaManagers, clock: Clock,
     view.expect_members(expected)
     claims = FleetClaims(clock, ("all", "cluster"), hold_ms=2 * interval_ms)
     return FleetMember(view, exchange, quotas, clock, claims, interval_ms)
+
+
+def make_limits(config: ProxyConfig, clock: Clock) -> ConnectionLimits:
+    """The `limits:` section and the ip entries of `quotas:` (KIP-612), for every connection.
+    The creation rate is measured over the quota window (Kafka's quota.window.num/size)."""
+    cfg = config.limits
+    rates = IpConnectionRates(config.ip_connection_rates(), config.quota_config().window)
+    settings = LimitSettings(handshake_timeout_ms=cfg.handshake_timeout_ms,
+                             idle_timeout_ms=cfg.idle_timeout_ms,
+                             max_buffered_bytes_per_connection=cfg.max_buffered_bytes_per_connection,
+                             max_in_flight_requests_per_connection=cfg.max_in_flight_requests_per_connection)
+    limiter = ConnectionLimiter(cfg.max_connections, cfg.max_connections_per_ip, rates,
+                                cfg.max_connections_per_ip_overrides)
+    return ConnectionLimits(settings, limiter, BufferBudget(cfg.max_buffered_bytes_total), clock)
 
 
 #: Workers of one instance without `fleet:` report to each other this often over the local hub.

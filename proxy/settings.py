@@ -13,7 +13,9 @@ from proxy.pumps.principals import AuthSettings
 
 def listener_settings(config: ProxyConfig) -> ListenerSettings:
     tls = config.listen_tls.context() if config.listen_tls is not None else None
-    return ListenerSettings(tls=tls, proxy_versions=PROXY_VERSIONS[config.proxy_protocol])
+    handshake_s = config.limits.handshake_timeout_ms / 1000  # each phase: header, TLS, first request
+    return ListenerSettings(tls=tls, proxy_versions=PROXY_VERSIONS[config.proxy_protocol],
+                            header_timeout_s=handshake_s, tls_handshake_timeout_s=handshake_s)
 
 
 def auth_settings(config: ProxyConfig, registry: CollectorRegistry | None = None) -> AuthSettings:

@@ -64,10 +64,11 @@ class CorrelationMismatch(Exception):
 
 
 class InFlightRequests:
-    __slots__ = ("_slots",)
+    __slots__ = ("_slots", "queue")
 
     def __init__(self) -> None:
         self._slots: deque[InFlight] = deque()
+        self.queue = self._slots  # read-only view for hot paths: len(queue) without a Python call
 
     def __len__(self) -> int:
         return len(self._slots)

@@ -22,8 +22,17 @@ from protocol.apis import api_name
 from proxy.flow.inflight import InFlight
 from proxy.flow.pipeline import ConnectionContext, StageBase
 from proxy.ops.access_log import AccessLogWriter
+from proxy.pumps.limits import (
+    HANDSHAKE_TIMEOUT,
+    IDLE_TIMEOUT,
+    MAX_BUFFERED_PER_CONNECTION,
+    MAX_BUFFERED_TOTAL,
+    MAX_IN_FLIGHT,
+    ConnectionLimits,
+)
 from proxy.stages.quota import DecisionObserver, QuotaManagers
 from quotas.clock import Clock
+from quotas.connection_limits import CONNECTION_CREATION_RATE, MAX_CONNECTIONS, MAX_CONNECTIONS_PER_IP
 from quotas.entity import QuotaKind, SensorKey
 from quotas.manager import QuotaManager, SensorSnapshot, ThrottleDecision
 
@@ -369,3 +378,47 @@ class AccessLogCollector(Collector):
                                   "Access-log records that could not be built", value=w.failed)
         yield GaugeMetricFamily("sluice_access_log_queue_depth", "Access-log records waiting to be written",
                                 value=w.queue_depth)
+
+
+#: Every cause `sluice_limit_hits_total` counts (the config key of the limit hit), shown from 0.
+LIMIT_CAUSES = (MAX_CONNECTIONS, MAX_CONNECTIONS_PER_IP, CONNECTION_CREATION_RATE, HANDSHAKE_TIMEOUT,
+                IDLE_TIMEOUT, MAX_BUFFERED_PER_CONNECTION, MAX_BUFFERED_TOTAL, MAX_IN_FLIGHT)
+
+
+class LimitsCollector(Collector):
+    """Bounded resources (`proxy.pumps.limits`): hits by cause, bytes buffered for clients,
+    admitted connections, and the limits in force."""
+
+    def __init__(self, limits: ConnectionLimits) -> None:
+        self._limits = limits
+
+    def collect(self) -> Iterator[Metric]:
+        limits = self._limits
+        hits = CounterMetricFamily("sluice_limit_hits", "Limit hits by cause (the limit's config key); each "
+                                   "cause is logged once", labels=["cause"])
+        for cause in LIMIT_CAUSES:
+            hits.add_metric([cause], limits.log.hits.get(cause, 0))
+        yield hits
+        yield GaugeMetricFamily("sluice_limit_buffered_bytes", "Bytes buffered for clients that have not "
+                                "read them, over every connection (bounded by max_buffered_bytes_total)",
+                                value=limits.budget.total_bytes)
+        yield GaugeMetricFamily("sluice_limit_buffered_connections",
+                                "Connections holding bytes for their client",
+                                value=len(limits.budget.holders()))
+        yield GaugeMetricFamily("sluice_limit_admitted_connections", "Client connections admitted and open "
+                                "(limits.max_connections bounds it)", value=limits.limiter.total)
+        yield GaugeMetricFamily("sluice_limit_ip_rate_sensors",
+                                "Client IPs with a live connection_creation_rate sensor",
+                                value=limits.limiter.rates.sensor_count)
+        configured = GaugeMetricFamily("sluice_limit", "The limits in force", labels=["limit"])
+        s = limits.settings
+        for name, value in (("max_connections", limits.limiter.max_connections),
+                            ("max_connections_per_ip", limits.limiter.max_connections_per_ip),
+                            ("handshake_timeout_ms", s.handshake_timeout_ms),
+                            ("idle_timeout_ms", s.idle_timeout_ms),
+                            ("max_buffered_bytes_per_connection", s.max_buffered_bytes_per_connection),
+                            ("max_buffered_bytes_total", limits.budget.max_total_bytes),
+                            ("max_in_flight_requests_per_connection",
+                             s.max_in_flight_requests_per_connection)):
+            configured.add_metric([name], value)
+        yield configured

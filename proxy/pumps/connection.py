@@ -10,7 +10,15 @@ client stops while:
 - the upstream connection is not up yet;
 - the channel is muted for a throttle (KIP-219), until the throttled response has been written
   and the delay has passed; frames already buffered wait too;
-- the upstream socket's write buffer is full (back-pressure), or the proxy is draining.
+- the upstream socket's write buffer is full (back-pressure), or the proxy is draining;
+- `max_in_flight_requests_per_connection` requests await their responses (Kafka itself reads one
+  request per connection at a time; Sluice lets clients pipeline up to this many).
+
+Reading from the broker stops while the client's write buffer is over
+`max_buffered_bytes_per_connection` or the total budget pauses this connection
+(`proxy.pumps.limits.ClientBuffer`). The handshake deadline and the idle timeout are the
+`ConnectionWatchdog`'s; admission (connection counts and rates) happened before this object existed
+(`proxy.pumps.limits.AdmissionGate`).
 
 A malformed frame or a broken upstream closes this connection, with the reason logged, and
 nothing else. The principal (`ctx.principal`) is set at the start from the TLS certificate or
@@ -35,6 +43,7 @@ from proxy.flow.connection_stats import ConnectionStats
 from proxy.flow.inflight import CorrelationMismatch, InFlight, InFlightRequests
 from proxy.flow.pipeline import AnswerHere, AnswerLater, Close, ConnectionContext, Forward, Pipeline
 from proxy.pumps.fetch_stream import FetchStream
+from proxy.pumps.limits import MAX_IN_FLIGHT, ClientBuffer, ConnectionWatchdog
 from proxy.pumps.muting import ChannelMute, ChannelMuteState
 from proxy.pumps.sasl_mode import FrameHandler, SaslMode
 from proxy.pumps.services import ConnectionServices, Upstream
@@ -74,6 +83,16 @@ class ClientConnection(asyncio.Protocol):
         self._real_address = real_address           # the client behind a PROXY-protocol hop
         self._client_frame: FrameHandler = self._on_request
         self._broker_frame: FrameHandler = self._on_response
+        limits = services.limits
+        self._limits = limits
+        self._max_in_flight = limits.settings.max_in_flight_requests_per_connection
+        self.admitted_ip: str | None = None  # set by the AdmissionGate; released when this closes
+        self._in_flight_queue = self._inflight.queue  # len() of it on every frame, without a Python call
+        self._now_ms = self._clock.now_ms
+        self._watchdog = ConnectionWatchdog(self._clock, services.call_later, limits.settings,
+                                            lambda: len(self._inflight), self._limit_close)
+        self._buffer = ClientBuffer(limits, self.ctx.connection_id, self._pause_upstream)
+        self._upstream_paused = False
 
     @property
     def mute(self) -> ChannelMute:
@@ -92,6 +111,8 @@ class ClientConnection(asyncio.Protocol):
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self._transport = cast(asyncio.Transport, transport)  # uvloop's are not subclasses
+        self._buffer.attach(self._transport)
+        self._watchdog.start()
         peer = self._real_address or transport.get_extra_info("peername")
         self.ctx.client_address = f"{peer[0]}:{peer[1]}" if peer else "?"
         self._services.connections.add(self)
@@ -108,6 +129,7 @@ class ClientConnection(asyncio.Protocol):
         task.add_done_callback(self._upstream_ready)
 
     def data_received(self, data: bytes) -> None:
+        self._watchdog.last_active_ms = self._now_ms()
         try:
             self._splitter.feed(data)
         except ProtocolError as exc:
@@ -121,6 +143,11 @@ class ClientConnection(asyncio.Protocol):
     def connection_lost(self, exc: Exception | None) -> None:
         self.closed = True
         self.throttle.cancel()
+        self._watchdog.cancel()
+        self._buffer.close()
+        if self.admitted_ip is not None:
+            self._limits.release(self.admitted_ip)
+            self.admitted_ip = None
         _log_closed(self.ctx, self._close_reason, exc, self._inflight.pending_upstream())
         if self._upstream is not None:
             self._upstream.close()
@@ -129,12 +156,25 @@ class ClientConnection(asyncio.Protocol):
             self._services.on_close(self)
 
     def pause_writing(self) -> None:  # the client reads slower than the broker answers
-        if self._upstream is not None:
-            self._upstream.pause_reading()
+        self._buffer.client_full(True)
 
     def resume_writing(self) -> None:
+        self._buffer.client_full(False)
+
+    def _pause_upstream(self, paused: bool) -> None:
+        self._upstream_paused = paused
         if self._upstream is not None:
-            self._upstream.resume_reading()
+            if paused:
+                self._upstream.pause_reading()
+            else:
+                self._upstream.resume_reading()
+
+    def _limit_close(self, cause: str, detail: str) -> None:
+        """A watchdog's limit: counted and logged once per cause, so the close itself is quiet."""
+        self._limits.log.hit(cause, f"connection from {self.ctx.client_address}: {detail}")
+        log.debug("connection %d from %s closed: %s: %s", self.ctx.connection_id, self.ctx.client_address,
+                  cause, detail)
+        self.close()
 
     def close(self, reason: str | None = None) -> None:
         if reason is not None and self._close_reason is None:
@@ -161,12 +201,15 @@ class ClientConnection(asyncio.Protocol):
             result.close()
         else:
             self._upstream = result
+            if self._upstream_paused:
+                result.pause_reading()
             self._read_on()
 
     # ------------------------------------------------------------------ requests
 
     def _reading_allowed(self) -> bool:
         return (self._mute.state is _NOT_MUTED and self._upstream is not None
+                and len(self._in_flight_queue) < self._max_in_flight
                 and not (self._draining or self._upstream_backpressure or self.closed))
 
     def _update_reading(self) -> None:
@@ -180,6 +223,9 @@ class ClientConnection(asyncio.Protocol):
         elif not allowed and not self._reading_paused:
             transport.pause_reading()
             self._reading_paused = True
+            if len(self._inflight) >= self._max_in_flight:
+                self._limits.log.hit(MAX_IN_FLIGHT, f"connection from {self.ctx.client_address}: "
+                                     f"{self._max_in_flight} requests await responses; reading paused")
 
     def _read_on(self) -> None:
         """Handle the buffered client frames while reading is allowed."""
@@ -211,6 +257,8 @@ class ClientConnection(asyncio.Protocol):
         expects_response = api_key != ApiKey.PRODUCE or _expects_response(self.ctx, header, payload)
         entry = InFlight(header.correlation_id, api_key, header.api_version, header.client_id,
                          len(payload), now_ms, expects_response=expects_response)
+        if not self._watchdog.handshake_done:
+            self._watchdog.request(api_key)
         outcome = self._pipeline.on_request(self.ctx, entry, header, payload)
         if type(outcome) is Forward:
             upstream = self._upstream
@@ -299,6 +347,7 @@ class ClientConnection(asyncio.Protocol):
             assert response is not None
             if not entry.streamed and not transport.is_closing():
                 transport.writelines((size_prefix(len(response)), response))
+                self._wrote()
             entry.response = None
             if entry.mutes_channel:
                 self.throttle.response_sent()
@@ -336,11 +385,21 @@ class ClientConnection(asyncio.Protocol):
         transport = self._transport
         if transport is not None and not transport.is_closing():
             transport.write(data)
+            self._wrote()
 
     def write_client_lines(self, parts: tuple[bytes | memoryview, ...]) -> None:
         transport = self._transport
         if transport is not None and not transport.is_closing():
             transport.writelines(parts)
+            self._wrote()
+
+    def _wrote(self) -> None:
+        """After a write to the client: activity for the idle timeout, and what the client holds."""
+        self._watchdog.last_active_ms = self._now_ms()
+        buffer = self._buffer
+        transport = self._transport
+        if transport is not None and transport.get_write_buffer_size() != buffer.held_bytes:
+            buffer.measure()
 
     def response_done(self, entry: InFlight) -> None:
         self._flush()
@@ -388,6 +447,11 @@ def describe_api(api_key: int, api_version: int) -> str:
 
 def connection_factory(services: ConnectionServices) -> Callable[[UpstreamTarget], Callable[[], Any]]:
     def for_target(target: UpstreamTarget) -> Callable[[], asyncio.Protocol]:
-        return services.listener.protocol_factory(lambda real: ClientConnection(services, target, real))
+        limits = services.limits
+
+        def make(real: tuple[str, int] | None) -> asyncio.Protocol:
+            return limits.gate(real, lambda: ClientConnection(services, target, real))
+
+        return services.listener.protocol_factory(make)
 
     return for_target

@@ -7,8 +7,8 @@ Every Sluice listener (the bootstrap listener and one per broker) shares these s
 * **PROXY protocol** (`proxy_protocol: v1|v2|any`): a load balancer sends a header with the real
   client address before anything else. `ProxyHeaderReader` is then the connection's first
   protocol: it reads the header (a malformed or missing one closes the connection, with the reason
-  logged; so does silence for `HEADER_TIMEOUT_S`), and hands the transport to the
-  `ClientConnection`, which gets the real address. With TLS as well, the TLS handshake starts
+  logged; so does silence for `header_timeout_s`, `limits.handshake_timeout_ms`), and hands the
+  transport to the `ClientConnection`, which gets the real address. With TLS as well, the TLS handshake starts
   after the header, on the bytes that follow it (an `asyncio.sslproto.SSLProtocol` is put between
   the transport and the connection, fed whatever was read past the header).
 """
@@ -23,6 +23,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from protocol.proxy_protocol import ProxyHeaderError, parse_proxy_header
+from proxy.pumps.limits import HANDSHAKE_TIMEOUT
 
 log = logging.getLogger("sluice.listeners")
 
@@ -38,6 +39,14 @@ class ListenerSettings:
     tls: ssl.SSLContext | None = None
     proxy_versions: frozenset[int] = frozenset()
     header_timeout_s: float = HEADER_TIMEOUT_S
+    tls_handshake_timeout_s: float | None = None  # limits.handshake_timeout_ms (None: asyncio's 60 s)
+    # a PROXY header not in time: (cause, detail) to count and log once (None: logged each time)
+    on_header_timeout: Callable[[str, str], None] | None = None
+
+    @property
+    def server_ssl_handshake_timeout(self) -> float | None:
+        """The `ssl_handshake_timeout` of `create_server` (given only with its `ssl`)."""
+        return self.tls_handshake_timeout_s if self.server_ssl is not None else None
 
     @property
     def server_ssl(self) -> ssl.SSLContext | None:
@@ -62,8 +71,7 @@ class ProxyHeaderReader(asyncio.Protocol):
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self._transport = transport  # type: ignore[assignment]  # uvloop's are not subclasses
-        self._timer = asyncio.get_running_loop().call_later(
-            self._settings.header_timeout_s, self._refuse, "no PROXY protocol header in time")
+        self._timer = asyncio.get_running_loop().call_later(self._settings.header_timeout_s, self._timed_out)
 
     def data_received(self, data: bytes) -> None:
         self._buffer += data
@@ -86,7 +94,7 @@ class ProxyHeaderReader(asyncio.Protocol):
             if rest:
                 connection.data_received(rest)
         else:
-            start_tls(transport, connection, self._settings.tls, rest)
+            start_tls(transport, connection, self._settings.tls, rest, self._settings.tls_handshake_timeout_s)
 
     def eof_received(self) -> bool:
         return False
@@ -94,13 +102,25 @@ class ProxyHeaderReader(asyncio.Protocol):
     def connection_lost(self, exc: Exception | None) -> None:
         self._cancel_timer()
 
+    def _timed_out(self) -> None:
+        self._timer = None
+        hook = self._settings.on_header_timeout
+        transport = self._transport
+        if hook is None or transport is None or transport.is_closing():
+            self._refuse("no PROXY protocol header in time")
+            return
+        peer = transport.get_extra_info("peername")
+        hook(HANDSHAKE_TIMEOUT, f"no PROXY protocol header from {_address(peer)} within "
+                                f"{self._settings.header_timeout_s * 1000:.0f} ms")
+        transport.close()
+
     def _refuse(self, reason: str) -> None:
         self._cancel_timer()
         transport = self._transport
         if transport is None or transport.is_closing():
             return
         peer = transport.get_extra_info("peername")
-        log.warning("connection from %s refused: %s", f"{peer[0]}:{peer[1]}" if peer else "?", reason)
+        log.warning("connection from %s refused: %s", _address(peer), reason)
         transport.close()
 
     def _cancel_timer(self) -> None:
@@ -109,14 +129,19 @@ class ProxyHeaderReader(asyncio.Protocol):
             self._timer = None
 
 
+def _address(peer: tuple[str, int] | None) -> str:
+    return f"{peer[0]}:{peer[1]}" if peer else "?"
+
+
 def start_tls(transport: asyncio.Transport, app: asyncio.Protocol, context: ssl.SSLContext,
-              initial: bytes) -> None:
+              initial: bytes, handshake_timeout_s: float | None = None) -> None:
     """Server-side TLS on an open transport, starting with bytes already read from it (what
     `loop.start_tls` cannot do). The app protocol's `connection_made` follows the handshake."""
     loop = asyncio.get_running_loop()
     waiter: asyncio.Future[None] = loop.create_future()
     waiter.add_done_callback(lambda f: f.cancelled() or f.exception())  # a failed handshake closes
-    tls = sslproto.SSLProtocol(loop, app, context, waiter, server_side=True)
+    tls = sslproto.SSLProtocol(loop, app, context, waiter, server_side=True,
+                               ssl_handshake_timeout=handshake_timeout_s)  # type: ignore[arg-type]  # a float works
     transport.set_protocol(tls)
     tls.connection_made(transport)
     view = memoryview(initial)

@@ -14,12 +14,14 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
 from proxy.flow.pipeline import Pipeline
+from proxy.pumps.limits import ConnectionLimits, LimitSettings
 from proxy.pumps.listeners import ListenerSettings
 from proxy.pumps.principals import AuthSettings
 from proxy.pumps.throttle_timer import TimerHandle
 from proxy.pumps.upstream import UpstreamConnection
 from proxy.pumps.upstreams import BrokerRegistry, UpstreamTarget
 from quotas.clock import Clock
+from quotas.connection_limits import BufferBudget, ConnectionLimiter
 
 if TYPE_CHECKING:
     from proxy.pumps.connection import ClientConnection
@@ -54,7 +56,8 @@ async def tcp_upstream(client: ClientConnection, target: UpstreamTarget) -> Upst
         return f"no known address for {target.describe()}"
     errors = []
     def protocol() -> UpstreamConnection:
-        return UpstreamConnection(client, services.max_frame_bytes)
+        return UpstreamConnection(client, services.max_frame_bytes,
+                                  services.limits.settings.max_buffered_bytes_per_connection)
 
     for host, port in addresses:
         try:
@@ -88,6 +91,12 @@ class ConnectionServices:
     listener: ListenerSettings = field(default_factory=ListenerSettings)  # TLS, PROXY protocol
     connect_upstream: ConnectUpstream = tcp_upstream
     call_later: Callable[[float, Callable[[], None]], TimerHandle] = _loop_call_later
+    limits: ConnectionLimits = None  # type: ignore[assignment]  # set in __post_init__ when not given
+
+    def __post_init__(self) -> None:
+        if self.limits is None:  # Kafka-like defaults (README: Limits)
+            self.limits = ConnectionLimits(LimitSettings(), ConnectionLimiter(10_000, 1_000),
+                                           BufferBudget(256 * 1024 * 1024), self.clock, self.call_later)
 
     def upstream_addresses(self, target: UpstreamTarget) -> list[tuple[str, int]]:
         if target.node_id is None:

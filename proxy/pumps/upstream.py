@@ -19,14 +19,19 @@ if TYPE_CHECKING:
 
 
 class UpstreamConnection(asyncio.Protocol):
-    def __init__(self, client: ClientConnection, max_frame_bytes: int) -> None:
+    def __init__(self, client: ClientConnection, max_frame_bytes: int,
+                 max_buffered_bytes: int | None = None) -> None:
         self._client = client
+        self._max_buffered_bytes = max_buffered_bytes  # the write buffer's high-water mark
         self._stream = client.fetch_stream
         self._splitter = FrameSplitter(max_frame_bytes)
         self._transport: asyncio.Transport | None = None
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self._transport = cast(asyncio.Transport, transport)
+        if self._max_buffered_bytes is not None:  # requests a slow broker has not read yet
+            high = self._max_buffered_bytes
+            self._transport.set_write_buffer_limits(high=high, low=high // 4)
 
     def write(self, payload: bytes) -> None:
         assert self._transport is not None

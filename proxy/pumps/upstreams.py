@@ -128,12 +128,15 @@ class BrokerRegistry:
 
 def schedule_server(loop: asyncio.AbstractEventLoop, servers: list[asyncio.Server],
                     factory: Callable[[UpstreamTarget], Callable[[], asyncio.Protocol]],
-                    tls: ssl.SSLContext | None = None) -> Callable[[socket.socket, UpstreamTarget], None]:
+                    tls: ssl.SSLContext | None = None, tls_handshake_timeout_s: float | None = None
+                    ) -> Callable[[socket.socket, UpstreamTarget], None]:
     """A `start_listener` that serves an already-listening socket with asyncio."""
 
     def start(sock: socket.socket, target: UpstreamTarget) -> None:
         async def serve() -> None:
-            servers.append(await loop.create_server(factory(target), sock=sock, ssl=tls))
+            servers.append(await loop.create_server(
+                factory(target), sock=sock, ssl=tls,
+                ssl_handshake_timeout=tls_handshake_timeout_s if tls is not None else None))
 
         task = loop.create_task(serve())
         task.add_done_callback(_log_failure)

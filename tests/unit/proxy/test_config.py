@@ -87,3 +87,51 @@ def test_fleet_defaults(tmp_path: Path) -> None:
         ("_sluice_fleet", 500, 1500, "split")
     assert "hunter2" not in repr(fleet)                  # librdkafka secrets never printed
     assert fleet.librdkafka_config() == {"sasl.password": "hunter2"}
+
+
+# ------------------------------------------------------------------------------------ limits
+
+def test_limits_defaults_and_ip_quota_entries(tmp_path: Path) -> None:
+    path = tmp_path / "l.yaml"
+    path.write_text("upstream: {bootstrap: 'a:1'}\nquotas:\n  entries:\n"
+                    "    - {ip: '<default>', connection_creation_rate: 10}\n"
+                    "    - {ip: 127.0.0.2, connection_creation_rate: 2}\n"
+                    "    - {user: alice, producer_byte_rate: 1024}\n")
+    config = load_config(path, environ={"SLUICE_LIMITS__IDLE_TIMEOUT_MS": "30000"})
+    limits = config.limits
+    assert (limits.max_connections, limits.max_connections_per_ip, limits.handshake_timeout_ms) == \
+        (10_000, 1_000, 10_000)
+    assert limits.idle_timeout_ms == 30_000              # from the environment
+    assert (limits.max_buffered_bytes_per_connection, limits.max_buffered_bytes_total) == (1 << 20, 256 << 20)
+    assert limits.max_in_flight_requests_per_connection == 100
+    assert limits.max_connections_per_ip_overrides == {}
+    assert config.ip_connection_rates() == {"<default>": 10.0, "127.0.0.2": 2.0}
+    assert len(config.quota_config().entries) == 1       # the ip entries are not client quotas
+
+
+@pytest.mark.parametrize(("text", "key", "why"), [
+    ("limits: {max_connections: 0}", "limits.max_connections", "greater than or equal"),
+    ("limits: {max_connections_per_ip: -1}", "limits.max_connections_per_ip", "greater than or equal"),
+    ("limits: {handshake_timeout_ms: 5}", "limits.handshake_timeout_ms", "greater than or equal"),
+    ("limits: {idle_timeout_ms: 10}", "limits.idle_timeout_ms", "greater than or equal"),
+    ("limits: {max_in_flight_requests_per_connection: 0}", "limits.max_in_flight_requests_per_connection",
+     "greater than or equal"),
+    ("limits: {max_buffered_bytes_per_connection: 100}", "limits.max_buffered_bytes_per_connection",
+     "greater than or equal"),
+    ("limits: {max_buffered_bytes_per_connection: 2000000, max_buffered_bytes_total: 1000000}", "limits",
+     "cannot exceed max_buffered_bytes_total"),
+    ("limits: {max_connection: 5}", "limits.max_connection", "Extra inputs"),
+    ("limits: {max_connections_per_ip_overrides: {nope: 5}}", "limits.max_connections_per_ip_overrides",
+     "not an IP address"),
+    ("limits: {max_connections_per_ip_overrides: {10.0.0.1: -1}}", "limits.max_connections_per_ip_overrides",
+     "must be >= 0"),
+    ("quotas: {entries: [{ip: nope, connection_creation_rate: 1}]}", "quotas.entries[0].ip", "an IP address"),
+    ("quotas: {entries: [{ip: '<default>', connection_creation_rate: 0}]}",
+     "quotas.entries[0].connection_creation_rate", ">= 1"),
+])
+def test_bad_limits_name_the_key(tmp_path: Path, text: str, key: str, why: str) -> None:
+    path = tmp_path / "bad.yaml"
+    path.write_text("upstream: {bootstrap: 'a:1'}\n" + text)
+    with pytest.raises(ConfigError) as err:
+        load_config(path, environ={})
+    assert f"{key}:" in str(err.value) and why in str(err.value), str(err.value)

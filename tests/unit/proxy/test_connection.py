@@ -38,6 +38,14 @@ class FakeTransport:
         self.data = bytearray()
         self.paused = False
         self.closed = False
+        self.buffered = 0  # what get_write_buffer_size says: bytes the client has not read yet
+        self.write_limits: tuple[int | None, int | None] = (None, None)
+
+    def set_write_buffer_limits(self, high: int | None = None, low: int | None = None) -> None:
+        self.write_limits = (high, low)
+
+    def get_write_buffer_size(self) -> int:
+        return self.buffered
 
     def write(self, data: bytes | memoryview) -> None:
         self.data += data
