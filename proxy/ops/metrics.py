@@ -34,16 +34,10 @@ from proxy.stages.quota import DecisionObserver, QuotaManagers
 from quotas.clock import Clock
 from quotas.connection_limits import CONNECTION_CREATION_RATE, MAX_CONNECTIONS, MAX_CONNECTIONS_PER_IP
 from quotas.entity import QuotaKind, SensorKey
+from quotas.headroom import KIND_LABEL
 from quotas.manager import QuotaManager, SensorSnapshot, ThrottleDecision
 
-_KIND_NAME = {
-    QuotaKind.PRODUCE: "produce",
-    QuotaKind.FETCH: "fetch",
-    QuotaKind.REQUEST_RATE: "request_rate",
-    QuotaKind.REQUEST_PERCENTAGE: "request_percentage",
-    QuotaKind.PRODUCER_RECORD_RATE: "producer_record_rate",
-    QuotaKind.CONSUMER_RECORD_RATE: "consumer_record_rate",
-}
+_KIND_NAME = KIND_LABEL  # the `kind` label, one spelling for the metrics and /quotas/usage
 _RATE_METRIC = {
     QuotaKind.PRODUCE: ("sluice_quota_produce_byte_rate", "Produce bytes per second, per quota sensor"),
     QuotaKind.FETCH: ("sluice_quota_fetch_byte_rate", "Fetch bytes per second, per quota sensor"),

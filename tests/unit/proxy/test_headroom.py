@@ -23,13 +23,13 @@ from proxy.cli import main
 from proxy.config import ProxyConfig, load_config
 from proxy.ops.headroom import USAGE_PATH, HeadroomCollector, usage_json, usage_report
 from proxy.ops.http import MetricsEndpoint
-from proxy.ops.metrics import _KIND_NAME, QuotaSensorCollector
+from proxy.ops.metrics import QuotaSensorCollector
 from proxy.stages.quota import QuotaManagers
 from proxy.workers.status import WorkerStatus
 from proxy.workers.supervisor import Supervisor
 from quotas import ClientIdentity, FakeClock, QuotaKind, SensorKey
 from quotas.callback import topic_identity
-from quotas.headroom import KIND_LABEL, UsageReport
+from quotas.headroom import UsageReport
 
 P = QuotaKind.PRODUCE
 ALICE = ClientIdentity("alice", "app")
@@ -49,10 +49,6 @@ def samples(registry: CollectorRegistry, name: str) -> dict[tuple[tuple[str, str
     text = generate_latest(registry).decode()
     return {tuple(sorted(s.labels.items())): s.value for f in text_string_to_metric_families(text)
             for s in f.samples if s.name == name}
-
-
-def test_kind_labels_are_the_metrics_ones() -> None:
-    assert dict(KIND_LABEL) == _KIND_NAME
 
 
 def test_report_reads_rate_and_the_limit_in_force_from_the_managers() -> None:
