@@ -7,7 +7,12 @@
 3. runs three producers through Sluice for 20 s: `flood` and `flood-tb` (as fast as they can) and
    `steady` (a paced 200 KiB/s, under its quota), printing their rates every second: the windowed
    rate's sawtooth beside the token bucket's even rate;
-4. prints what /metrics says about them, writes a plot;
+   halfway, asks the running proxy what each client has left (`sluice quotas describe --usage`)
+   and who is connected (`sluice connections`, with its bearer token);
+4. prints what /metrics says about them, writes a plot; then opens fifteen connections at once
+   from 127.0.0.2, which may open 1 per second (`connection_creation_rate`, KIP-612): Kafka's
+   windowed rate lets about ten through (one 11 s window's worth), the rest are held unanswered
+   and closed, while 127.0.0.1 is not affected;
 5. runs a fleet: two more Sluice instances sharing one 1 MiB/s budget for client-id `shared`
    (`fleet:`), one producer through each, printing their rates and each instance's share;
 6. reads the access log and asks the Spark job for quota recommendations from it (a dry run:
@@ -18,12 +23,17 @@ Everything stops at the end. Output: .cache/demo/ (rates.png, sluice.yaml, logs/
 
 from __future__ import annotations
 
+import os
+import secrets
 import shutil
+import socket
+import struct
 import subprocess
 import sys
 import threading
 import time
 import urllib.request
+from collections.abc import Callable
 
 from tests.conftest import create_topic
 from tests.harness import load
@@ -51,7 +61,9 @@ def main() -> int:
             "instance": "demo",
             "metrics": {"port": metrics_port},
             "access_log": {"dir": str(OUT / "logs")},
+            "connections_endpoint": {"enabled": True, "token_env": "SLUICE_CONNECTIONS_TOKEN"},
             "quotas": {"entries": [
+                {"ip": "127.0.0.2", "connection_creation_rate": 1},
                 {"client_id": "flood", "producer_byte_rate": 1 * MiB},
                 {"client_id": "flood-tb", "producer_byte_rate": 1 * MiB, "rate_model": "token_bucket",
                  "burst_ms": 1000},
@@ -60,12 +72,15 @@ def main() -> int:
         }
         say("== 2. Sluice in front of it: client-ids flood (windowed) and flood-tb (token bucket) 1 MiB/s, "
             "every other client-id 256 KiB/s")
-        with SluiceProcess(kafka.bootstrap, OUT / "sluice", config=config) as sluice:
+        token = secrets.token_urlsafe(16)
+        with SluiceProcess(kafka.bootstrap, OUT / "sluice", config=config,
+                           env={"SLUICE_CONNECTIONS_TOKEN": token}) as sluice:
             say(f"   clients bootstrap from {sluice.bootstrap}; metrics on "
                 f"http://127.0.0.1:{metrics_port}/metrics")
             topic = create_topic(sluice.bootstrap, "demo")
-            timelines = run_producers(sluice.bootstrap, topic)
+            timelines = run_producers(sluice.bootstrap, topic, lambda: show_live(metrics_port, token))
             show_metrics(metrics_port)
+            show_connection_rate(sluice.bootstrap, metrics_port)
         plot(timelines)
         run_fleet(kafka)
     summarize_access_log()
@@ -74,7 +89,7 @@ def main() -> int:
     return 0
 
 
-def run_producers(bootstrap: str, topic: str) -> dict[str, load.Timeline]:
+def run_producers(bootstrap: str, topic: str, halfway: Callable[[], None]) -> dict[str, load.Timeline]:
     say(f"== 3. three producers for {SECONDS}s: 'flood' and 'flood-tb' as fast as they can, 'steady' at "
         f"200 KiB/s")
     timelines = {"flood": load.Timeline(), "flood-tb": load.Timeline(), "steady": load.Timeline()}
@@ -95,6 +110,8 @@ def run_producers(bootstrap: str, topic: str) -> dict[str, load.Timeline]:
         time.sleep(max(0.0, start + second - time.monotonic()))
         rates = [timelines[name].rate(second - 1, second) / KiB for name in ("flood", "flood-tb", "steady")]
         say(f"   {second:6d}   {rates[0]:11.0f}   {rates[1]:14.0f}   {rates[2]:12.0f}")
+        if second == SECONDS // 2:
+            halfway()
     for t in threads:
         t.join(60)
     for name, tl in timelines.items():
@@ -104,6 +121,49 @@ def run_producers(bootstrap: str, topic: str) -> dict[str, load.Timeline]:
         "sawtooth;\n    the token bucket lets flood-tb burst one second's worth once, then holds it at the "
         "quota every second)")
     return timelines
+
+
+def sluice_cli(*args: str, env: dict[str, str] | None = None) -> list[str]:
+    """The `sluice` command as an operator runs it; its output lines."""
+    done = subprocess.run([sys.executable, "-m", "proxy", *args], cwd=REPO, capture_output=True, text=True,
+                          timeout=60, check=False, env={**os.environ, **(env or {})})
+    return (done.stdout or done.stderr).splitlines()
+
+
+def show_live(metrics_port: int, token: str) -> None:
+    url = f"http://127.0.0.1:{metrics_port}"
+    say("   -- halfway: what each producer has left, from the running proxy "
+        f"(sluice quotas describe --usage --url {url}):")
+    for line in sluice_cli("quotas", "describe", "--usage", "--url", url):
+        if line.startswith(("BROKER", "#")) or " flood" in line or " steady" in line:
+            say(f"      {line}")
+    say("   -- and who is connected (sluice connections, bearer token from SLUICE_CONNECTIONS_TOKEN):")
+    for line in sluice_cli("connections", "--url", url, "--sort", "produce", "--reverse",
+                           env={"SLUICE_CONNECTIONS_TOKEN": token})[:8]:
+        say(f"      {line}")
+
+
+def _answered(bootstrap: str, source_ip: str) -> bool:
+    """Connect from `source_ip`, send ApiVersions v0: is it answered within a second?"""
+    host, port = bootstrap.rsplit(":", 1)
+    client_id = b"demo-ip"
+    request = struct.pack(">hhih", 18, 0, 1, len(client_id)) + client_id  # ApiVersions v0, correlation 1
+    try:
+        with socket.create_connection((host, int(port)), timeout=1, source_address=(source_ip, 0)) as sock:
+            sock.sendall(struct.pack(">i", len(request)) + request)
+            return len(sock.recv(4)) == 4
+    except OSError:  # held past the timeout, or closed
+        return False
+
+
+def show_connection_rate(bootstrap: str, metrics_port: int) -> None:
+    say("== 4b. 127.0.0.2 may open 1 connection per second (KIP-612's connection_creation_rate per IP): "
+        "fifteen at once")
+    answered = [_answered(bootstrap, "127.0.0.2") for _ in range(15)]
+    say("   " + " ".join("answered" if a else "held" for a in answered))
+    hits = _metric(metrics_port, "sluice_limit_hits_total", 'cause="connection_creation_rate"') or 0.0
+    say(f"   sluice_limit_hits_total{{cause=\"connection_creation_rate\"}} {hits:.0f}; "
+        f"127.0.0.1 still answered: {_answered(bootstrap, '127.0.0.1')}")
 
 
 FLEET_SECONDS = 26   # two throttle cycles of Kafka's default 11 s window, and some
