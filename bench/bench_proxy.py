@@ -53,7 +53,7 @@ from typing import Any
 import crc32c
 
 from tests.harness.kafka import REPO, KafkaCluster, KafkaNode, _die_with_parent, free_port, java_command
-from tests.harness.sluice import SluiceProcess
+from tests.harness.sluice import READY, SluiceProcess
 from tests.harness.tools import parse_producer_perf
 
 PATHS: tuple[str, ...] = ("direct", "sluice", "raw")
@@ -455,7 +455,7 @@ def start_environment(workdir: Path, paths: Sequence[str], profile_sluice: Path 
                 cfg.write_text(json.dumps(profiled))  # JSON is YAML
                 prof = ChildProcess([sys.executable, "-m", "bench.profile_sluice", str(profile_sluice),
                                      "proxy", "--config", str(cfg)],
-                                    re.compile(r"sluice ready: bootstrap (\S+)")).start()
+                                    READY).start()
                 env.stop.append(prof.stop)
                 env.addresses["sluice"], env.proxy_pids["sluice"] = prof.address, prof.pid
         # the three paths must differ only by the hop: each must advertise itself

@@ -11,7 +11,7 @@ from collections.abc import Callable
 from proxy.config import ConfigError, HostPort, ProxyConfig
 from proxy.fleet.local import worker_index
 from proxy.server import ProxyServer
-from proxy.workers.status import listen_port_override, report_ready
+from proxy.workers.status import announce_ready, listen_port_override, report_ready
 
 log = logging.getLogger("sluice")
 
@@ -42,7 +42,7 @@ async def serve(config: ProxyConfig, reload: Callable[[], ProxyConfig] | None = 
 
     loop.add_signal_handler(signal.SIGHUP, on_sighup)
     if worker is None:
-        print(f"sluice ready: bootstrap {server.bootstrap}", file=sys.stderr, flush=True)
+        announce_ready(server.bootstrap)
     else:  # the supervisor prints the instance's readiness line once every worker is ready
         metrics_port = server.metrics_endpoint.port if server.metrics_endpoint is not None else None
         report_ready(server.bootstrap, metrics_port)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 from dataclasses import dataclass
 
 ENV_STATUS_FD = "SLUICE_WORKER_STATUS_FD"
@@ -18,6 +19,16 @@ ENV_LISTEN_PORT = "SLUICE_WORKER_LISTEN_PORT"
 class WorkerStatus:
     bootstrap: str
     metrics_port: int | None
+
+
+def announce_ready(bootstrap: str) -> None:
+    """The instance's readiness line on stderr, `sluice ready: bootstrap HOST:PORT`, in one write
+    of a whole line: `print` writes the text and its newline separately, and a log record from
+    another thread written between the two ran into the address (a harness then read the port as
+    `41349` followed by the log's date, and its client never connected)."""
+    line = f"sluice ready: bootstrap {bootstrap}\n".encode()
+    sys.stderr.flush()  # what is buffered goes first, whole
+    os.write(2, line)   # one write of under PIPE_BUF bytes: never interleaved with another
 
 
 def report_ready(bootstrap: str, metrics_port: int | None) -> bool:

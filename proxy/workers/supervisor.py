@@ -53,7 +53,7 @@ from proxy.ops.http import MetricsEndpoint
 from proxy.workers.merge import merge_expositions, render
 from proxy.workers.policy import RestartBackoff, worker_argv
 from proxy.workers.ports import Reservation, close_quietly, reserve_ports
-from proxy.workers.status import ENV_LISTEN_PORT, ENV_STATUS_FD, WorkerStatus, parse_status
+from proxy.workers.status import ENV_LISTEN_PORT, ENV_STATUS_FD, WorkerStatus, announce_ready, parse_status
 from quotas.headroom import UsageFormatError, UsageReport, merge_worker_reports
 
 log = logging.getLogger("sluice.workers")
@@ -135,7 +135,7 @@ class Supervisor:
         if self._all_ready.is_set() and not self._done.is_set():
             bootstrap = f"{self.config.advertised}:{self._listen_port}"
             log.info("all %d workers ready", len(self.workers))
-            print(f"sluice ready: bootstrap {bootstrap}", file=sys.stderr, flush=True)
+            announce_ready(bootstrap)
         await done
         ready.cancel()
         await self._cleanup()

@@ -18,7 +18,7 @@ import yaml
 from tests.harness.kafka import REPO, _die_with_parent
 from tests.harness.wait import poll
 
-READY = re.compile(r"sluice ready: bootstrap (\S+)")
+READY = re.compile(r"^sluice ready: bootstrap (\S+:\d+)$")  # the whole line, nothing run into it
 WORKER_STARTED = re.compile(r"worker (\d+) started \(pid (\d+)\)")
 
 
@@ -69,7 +69,7 @@ class SluiceProcess:
                 kept.write(line)
                 kept.flush()
                 self._lines.append(line)
-                m = READY.search(line)
+                m = READY.match(line.rstrip("\n"))
                 if m:
                     self.bootstrap = m.group(1)
                     self._ready.set()

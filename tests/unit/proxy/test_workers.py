@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import socket
+import sys
 from pathlib import Path
 
 import pytest
@@ -228,3 +229,28 @@ def test_supervisor_scrapes_every_up_worker_and_reports_health() -> None:
             await supervisor._cleanup()  # its hub and private directory
 
     asyncio.run(scenario())
+
+
+def test_the_readiness_line_is_written_whole_while_other_threads_log(
+        capfd: pytest.CaptureFixture[str]) -> None:
+    import threading
+
+    from proxy.workers.status import announce_ready
+
+    stop = threading.Event()
+
+    def chatter() -> None:  # as a fleet thread logging while the proxy announces itself
+        while not stop.is_set():
+            sys.stderr.write("2026-11-24 06:50:00,172 INFO sluice.fleet: fleet exchange\n")
+
+    thread = threading.Thread(target=chatter)
+    thread.start()
+    try:
+        for port in range(200):
+            announce_ready(f"127.0.0.1:{40000 + port}")
+    finally:
+        stop.set()
+        thread.join()
+    lines = capfd.readouterr().err.splitlines()
+    ready = [line for line in lines if "sluice ready" in line]
+    assert ready == [f"sluice ready: bootstrap 127.0.0.1:{40000 + p}" for p in range(200)]
