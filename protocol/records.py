@@ -344,7 +344,7 @@ def topic_ids_from_metadata_response(payload: bytes, api_version: int) -> dict[b
     body = decode_response_body(payload, ApiKey.METADATA, api_version)
     return {
         topic.topic_id.bytes: topic.name
-        for topic in body.topics
+        for topic in body.topics or ()  # kio reads a null array (-1 length) as None
         if topic.topic_id is not None and topic.topic_id.int != 0 and topic.name is not None
     }
 

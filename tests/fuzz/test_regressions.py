@@ -9,7 +9,7 @@ import pytest
 
 from protocol.errors import DecodeError
 from protocol.log_dirs import parse_brokers, parse_log_dirs
-from protocol.records import produce_response_errors
+from protocol.records import produce_response_errors, topic_ids_from_metadata_response
 from tests.fuzz.targets import BY_NAME
 
 # (target, input, what escaped before the fix)
@@ -23,6 +23,9 @@ FOUND = [
     ("log_dirs", bytes.fromhex("01023704000000fd0100000000"), "TypeError: results is None"),
     ("quota_client", bytes.fromhex("0000000c000000010000000101000000ff00ff00ff01ff0100"),
      "TypeError: ApiVersions api_keys is None"),
+    # atheris (1,020,000-input run): a Metadata v12 response whose topics array is null (-1)
+    ("records", bytes.fromhex("0c0102030400000000000100ffffffff0000"),
+     "TypeError at records.py topic_ids_from_metadata_response: topics is None"),
     # atheris: kio 0.6.5's native reader preallocated a declared array length and aborted the whole
     # process; the length checks of commit 5080350 refuse these before kio sees them
     ("records", bytes.fromhex(
@@ -64,3 +67,18 @@ def test_a_produce_response_cut_inside_an_error_code_is_a_decode_error() -> None
     payload = bytes.fromhex("0000f8ff003d002000f8ff003d")
     with pytest.raises(DecodeError, match="truncated produce v9 response"):
         produce_response_errors(payload, 9)
+
+
+def test_a_metadata_response_with_a_null_topics_array_has_no_topic_ids() -> None:
+    """kio reads a null array as None; the topic-id map (used for Produce v13 / Fetch v13+ names on
+    the loop and in the access-log writer) iterated it and raised TypeError."""
+    payload = bytes.fromhex(
+        "01020304"      # correlation_id
+        "00"            # response header tagged fields: none
+        "00000000"      # throttle_time_ms
+        "01"            # brokers: compact array of 0
+        "00"            # cluster_id: null
+        "ffffffff"      # controller_id: -1
+        "00"            # topics: null (compact length 0)
+        "00")           # tagged fields: none
+    assert topic_ids_from_metadata_response(payload, 12) == {}
