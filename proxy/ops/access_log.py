@@ -120,6 +120,11 @@ class AccessLogWriter:
         return int(self._counters[0])
 
     @property
+    def writer_pid(self) -> int | None:
+        """The writer process's pid (benchmarks read its CPU); None before start."""
+        return None if self._process is None else self._process.pid
+
+    @property
     def failed(self) -> int:
         return int(self._counters[1])
 

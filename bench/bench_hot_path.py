@@ -1,0 +1,391 @@
+"""The CPU one small Produce request+response costs in the proxy: over sockets, and with no sockets.
+
+`bench_proxy` measures the whole proxy process against a raw forwarder, syscalls and event loop
+included; on a loaded machine its figures swing with the scheduler. This benchmark takes the
+sockets away and keeps everything else of the production path: a `ProxyServer` built from a real
+config (its stages, quota sensors, metrics, and with ``--access-log`` its writer process), one
+`ClientConnection` over an in-memory transport and an in-memory upstream, and small Produce v8
+request/response pairs (one partition, a 200-byte record batch, acks=1; a default client-id quota
+that never binds, so each request is recorded and checked). The same pairs also go through the raw
+forwarder's logic (`bench.raw_forwarder`'s data path: bytes in, bytes out) in the same run.
+
+**Over sockets** (no Kafka: its noise stays out): a canned broker process answers each Produce at
+once; one blocking client sends ``--pairs`` pairs one at a time through (a) the raw forwarder,
+(b) Sluice with the access log off, (c) Sluice with it on (Parquet), each its own process started
+by this benchmark. Measured: the proxy process's CPU (all threads, and for (c) the writer process
+too) from /proc over the pairs, per pair, best of ``--repeats``, and its ratio to the raw
+forwarder's in the same run. This is the issue-12 measure with the broker taken out.
+
+**With no sockets**, per pair, best of ``--repeats`` rounds of ``--pairs`` pairs each:
+* loop CPU: `time.thread_time` of the event-loop thread (what competes with the sockets);
+* process CPU: `time.process_time` of the proxy process (the loop plus the access-log feeder thread);
+* writer CPU (``--access-log``): the access-log writer process's CPU from /proc, over the same pairs,
+  after it has written every record.
+
+    .venv/bin/python -m bench.bench_hot_path                 # both halves, 20,000 pairs x 5
+    .venv/bin/python -m bench.bench_hot_path --profile OUT   # cProfile of the loop, log on
+
+Writes bench/results/hot_path.json. Absolute figures depend on the machine and its load; compare
+runs of the same day, and log off against log on within a run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import cProfile
+import json
+import os
+import socket
+import struct
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from protocol.apis import ApiKey
+from proxy.config import load_config
+from proxy.pumps.connection import ClientConnection
+from proxy.pumps.services import Upstream
+from proxy.pumps.upstreams import UpstreamTarget
+from proxy.server import ProxyServer
+
+REPO = Path(__file__).resolve().parent.parent
+RESULTS = REPO / "bench" / "results" / "hot_path.json"
+CLIENT_ID = b"bench-producer"
+
+
+class MemoryTransport:
+    """The client socket: what Sluice writes is counted and dropped."""
+
+    def __init__(self) -> None:
+        self.written = 0
+
+    def write(self, data: bytes | memoryview) -> None:
+        self.written += len(data)
+
+    def writelines(self, parts: Any) -> None:
+        for part in parts:
+            self.written += len(part)
+
+    def set_write_buffer_limits(self, high: int | None = None, low: int | None = None) -> None: ...
+
+    def get_write_buffer_size(self) -> int:
+        return 0
+
+    def pause_reading(self) -> None: ...
+
+    def resume_reading(self) -> None: ...
+
+    def is_closing(self) -> bool:
+        return False
+
+    def close(self) -> None: ...
+
+    def get_extra_info(self, name: str) -> object:
+        return ("127.0.0.1", 40000) if name == "peername" else None
+
+
+class MemoryUpstream:
+    """The broker socket: forwarded requests are counted and dropped."""
+
+    def __init__(self) -> None:
+        self.written = 0
+
+    def write(self, payload: bytes) -> None:
+        self.written += len(payload)
+
+    def pause_reading(self) -> None: ...
+
+    def resume_reading(self) -> None: ...
+
+    def close(self) -> None: ...
+
+
+def produce_request(correlation_id: int) -> bytes:
+    """A size-prefixed Produce v8 request: one topic, one partition, a 200-byte record batch."""
+    records = b"\x00" * 200
+    body = (struct.pack(">hhih", ApiKey.PRODUCE, 8, correlation_id, len(CLIENT_ID)) + CLIENT_ID
+            + struct.pack(">h", -1)                       # transactional_id: null
+            + struct.pack(">hi", 1, 30_000)               # acks=1, timeout_ms
+            + struct.pack(">i", 1) + struct.pack(">h", 5) + b"bench"   # topics[1]: name
+            + struct.pack(">i", 1) + struct.pack(">i", 0)              # partitions[1]: index 0
+            + struct.pack(">i", len(records)) + records)              # records
+    return struct.pack(">i", len(body)) + body
+
+
+def produce_response(correlation_id: int) -> bytes:
+    """A Produce v8 response payload (no size prefix): one partition, no error, throttle 0."""
+    return (struct.pack(">i", correlation_id)
+            + struct.pack(">i", 1) + struct.pack(">h", 5) + b"bench"          # responses[1]: name
+            + struct.pack(">i", 1) + struct.pack(">ihqqq", 0, 0, 42, -1, 0)  # partition 0, base offset
+            + struct.pack(">i", 0) + struct.pack(">h", -1)                  # record_errors[], error_message
+            + struct.pack(">i", 0))                                          # throttle_time_ms
+
+
+def raw_pairs(pairs: list[tuple[bytes, bytes]]) -> Callable[[], None]:
+    """The raw forwarder's data path: each chunk written on as it came."""
+    client, upstream = MemoryTransport(), MemoryUpstream()
+
+    def run() -> None:
+        for request, response in pairs:
+            upstream.write(request)
+            client.write(struct.pack(">i", len(response)))
+            client.write(response)
+    return run
+
+
+async def sluice_pairs(config: dict[str, Any],
+                       pairs: list[tuple[bytes, bytes]]) -> tuple[ProxyServer, Callable[[], None]]:
+    """A started `ProxyServer` and a function that sends `pairs` through one of its connections."""
+    server = ProxyServer(load_config(None, overrides=config))
+    await server.start()
+    upstream = MemoryUpstream()
+
+    async def connect(client: ClientConnection, target: UpstreamTarget) -> Upstream | str:
+        return upstream
+
+    assert server.services is not None
+    server.services.connect_upstream = connect
+    conn = ClientConnection(server.services, UpstreamTarget(None))
+    conn.connection_made(MemoryTransport())  # type: ignore[arg-type]
+    for _ in range(3):
+        await asyncio.sleep(0)  # the upstream connects on the loop
+
+    def run() -> None:
+        for request, response in pairs:
+            conn.data_received(request)
+            conn.on_upstream_frame(response)
+    return server, run
+
+
+def writer_cpu_s(server: ProxyServer) -> float:
+    """CPU seconds of the access-log writer process so far (0 when there is none)."""
+    writer = server.access_log
+    pid = writer.writer_pid if writer is not None else None
+    if not pid:
+        return 0.0
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+async def wait_logged(server: ProxyServer, expected: int, timeout_s: float = 120.0) -> None:
+    """Until the writer has written `expected` records (or the timeout)."""
+    writer = server.access_log
+    if writer is None:
+        return
+    deadline = time.monotonic() + timeout_s
+    while writer.written + writer.dropped < expected and time.monotonic() < deadline:  # noqa: ASYNC110
+        await asyncio.sleep(0.05)  # the counters live in shared memory written by another process
+
+
+async def measure(mode: str, pairs_n: int, repeats: int, tmp: Path, profile: Path | None) -> dict[str, Any]:
+    pairs = [(produce_request(i % 2**31), produce_response(i % 2**31)) for i in range(pairs_n)]
+    config: dict[str, Any] = {
+        "upstream": {"bootstrap": "127.0.0.1:1"}, "listen": {"host": "127.0.0.1", "port": 0},
+        "data_dir": str(tmp / mode),
+        "quotas": {"entries": [{"client_id": "<default>", "producer_byte_rate": 10**12}]}}
+    if mode == "log_on":
+        config["access_log"] = {"dir": str(tmp / mode / "logs")}
+    (tmp / mode).mkdir(parents=True, exist_ok=True)
+    best_loop = best_process = best_writer = float("inf")
+    if mode == "raw":
+        run = raw_pairs(pairs)
+        server = None
+    else:
+        server, run = await sluice_pairs(config, pairs)
+    logged = 0
+    try:
+        for _ in range(repeats):
+            w0 = writer_cpu_s(server) if server else 0.0
+            t0, p0 = time.thread_time(), time.process_time()
+            if profile is not None and mode == "log_on":
+                prof = cProfile.Profile(time.thread_time)
+                prof.runcall(run)
+                prof.dump_stats(profile)
+                profile = None
+            else:
+                run()
+            loop_s, process_s = time.thread_time() - t0, time.process_time() - p0
+            logged += pairs_n
+            if server is not None:
+                await wait_logged(server, logged)
+            writer_s = (writer_cpu_s(server) - w0) if server else 0.0
+            best_loop, best_process = min(best_loop, loop_s), min(best_process, process_s)
+            best_writer = min(best_writer, writer_s)
+            await asyncio.sleep(0)
+    finally:
+        if server is not None:
+            await server.drain(5.0)
+    per = 1e6 / pairs_n
+    return {"mode": mode, "pairs": pairs_n, "repeats": repeats,
+            "loop_us_per_pair": round(best_loop * per, 2),
+            "process_us_per_pair": round(best_process * per, 2),
+            "writer_us_per_pair": round(best_writer * per, 2) if mode == "log_on" else None}
+
+
+# ----------------------------------------------------------------------------- over sockets
+
+class CannedBroker(asyncio.Protocol):
+    """Answers every Produce frame at once with `produce_response` (one write per read)."""
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport
+        self.buffer = bytearray()
+
+    def data_received(self, data: bytes) -> None:
+        self.buffer += data
+        out = []
+        while len(self.buffer) >= 4:
+            (size,) = struct.unpack_from(">i", self.buffer)
+            if len(self.buffer) < 4 + size:
+                break
+            (correlation_id,) = struct.unpack_from(">i", self.buffer, 8)
+            del self.buffer[:4 + size]
+            response = produce_response(correlation_id)
+            out.append(struct.pack(">i", len(response)) + response)
+        if out:
+            self.transport.write(b"".join(out))  # type: ignore[attr-defined]
+
+
+def serve_canned_broker(port: int) -> None:
+    async def serve() -> None:
+        server = await asyncio.get_running_loop().create_server(CannedBroker, "127.0.0.1", port)
+        print("canned broker ready", file=sys.stderr, flush=True)
+        await server.serve_forever()
+    asyncio.run(serve())
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def wait_port(port: int, proc: subprocess.Popen[bytes], timeout_s: float = 60.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise SystemExit(f"{proc.args!r} exited with {proc.returncode}")
+        with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), timeout=1):
+            return
+        time.sleep(0.1)
+    raise SystemExit(f"port {port} never opened")
+
+
+def tree_cpu_s(pid: int) -> float:
+    """CPU seconds of `pid` and its live children (the access-log writer)."""
+    total = 0.0
+    pids = [pid] + [int(c) for c in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
+    for one in pids:
+        with contextlib.suppress(FileNotFoundError):
+            fields = Path(f"/proc/{one}/stat").read_text().rsplit(")", 1)[1].split()
+            total += (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    return total
+
+
+def client_pairs(port: int, n: int) -> float:
+    """Send `n` Produce requests one at a time, each after the previous response; wall seconds."""
+    requests = [produce_request(i) for i in range(n)]
+    with socket.create_connection(("127.0.0.1", port)) as sock:
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        reader = sock.makefile("rb")
+        t0 = time.perf_counter()
+        for request in requests:
+            sock.sendall(request)
+            (size,) = struct.unpack(">i", reader.read(4))
+            reader.read(size)
+        return time.perf_counter() - t0
+
+
+def measure_sockets(pairs_n: int, repeats: int, tmp: Path) -> list[dict[str, Any]]:
+    """Raw forwarder, Sluice log off and Sluice log on, in front of one canned broker."""
+    import yaml
+
+    python = sys.executable
+    broker_port = free_port()
+    procs: list[subprocess.Popen[bytes]] = []
+    rows = []
+    try:
+        broker = subprocess.Popen([python, "-m", "bench.bench_hot_path", "--canned-broker", str(broker_port)],
+                                  cwd=REPO, stderr=subprocess.DEVNULL)
+        procs.append(broker)
+        wait_port(broker_port, broker)
+        for mode in ("raw", "log_off", "log_on"):
+            port = free_port()
+            if mode == "raw":
+                cmd = [python, "-m", "bench.raw_forwarder", "--listen", f"127.0.0.1:{port}",
+                       "--upstream", f"127.0.0.1:{broker_port}"]
+            else:
+                config: dict[str, Any] = {
+                    "upstream": {"bootstrap": f"127.0.0.1:{broker_port}"},
+                    "listen": {"host": "127.0.0.1", "port": port}, "broker_port_base": free_port(),
+                    "data_dir": str(tmp / f"sockets-{mode}"),
+                    "quotas": {"entries": [{"client_id": "<default>", "producer_byte_rate": 10**12}]}}
+                if mode == "log_on":
+                    config["access_log"] = {"dir": str(tmp / f"sockets-{mode}" / "logs")}
+                path = tmp / f"{mode}.yaml"
+                path.write_text(yaml.safe_dump(config))
+                cmd = [python, "-m", "proxy", "proxy", "--config", str(path)]
+            proc = subprocess.Popen(cmd, cwd=REPO, stderr=subprocess.DEVNULL)
+            procs.append(proc)
+            wait_port(port, proc)
+            client_pairs(port, 1000)  # warm-up: connections, sensors, the writer's first file
+            best_cpu, best_wall = float("inf"), float("inf")
+            for _ in range(repeats):
+                c0 = tree_cpu_s(proc.pid)
+                wall = client_pairs(port, pairs_n)
+                time.sleep(0.2)  # the feeder's 50 ms batches and the writer finish this round's records
+                best_cpu, best_wall = min(best_cpu, tree_cpu_s(proc.pid) - c0), min(best_wall, wall)
+            rows.append({"mode": mode, "pairs": pairs_n, "repeats": repeats,
+                         "cpu_us_per_pair": round(best_cpu * 1e6 / pairs_n, 1),
+                         "wall_us_per_pair": round(best_wall * 1e6 / pairs_n, 1)})
+            print(f"sockets {mode:8s} CPU {rows[-1]['cpu_us_per_pair']:6.1f} us/pair  "
+                  f"round trip {rows[-1]['wall_us_per_pair']:6.1f} us", flush=True)
+    finally:
+        for proc in procs:
+            proc.terminate()
+        for proc in procs:
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                proc.wait(30)
+    raw = rows[0]["cpu_us_per_pair"]
+    for row in rows:
+        row["cpu_x_raw"] = round(row["cpu_us_per_pair"] / raw, 2) if raw else None
+    return rows
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--pairs", type=int, default=20_000)
+    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--profile", type=Path, help="write a cProfile of one log-on round here")
+    parser.add_argument("--out", type=Path, default=RESULTS)
+    parser.add_argument("--canned-broker", type=int, help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.canned_broker:
+        serve_canned_broker(args.canned_broker)
+        return 0
+    rows = []
+    with tempfile.TemporaryDirectory(prefix="sluice-hot-path-") as tmp:
+        sockets_rows = measure_sockets(args.pairs, args.repeats, Path(tmp))
+        for mode in ("raw", "log_off", "log_on"):
+            rows.append(asyncio.run(measure(mode, args.pairs, args.repeats, Path(tmp), args.profile)))
+            r = rows[-1]
+            writer = f"  writer {r['writer_us_per_pair']:7.2f}" if r["writer_us_per_pair"] is not None else ""
+            print(f"no sockets {mode:8s} loop {r['loop_us_per_pair']:7.2f} us/pair  "
+                  f"process {r['process_us_per_pair']:7.2f}{writer}", flush=True)
+    report = {"what": __doc__.split("\n")[0], "load_average": os.getloadavg(), "cpu_count": os.cpu_count(),
+              "python": sys.version.split()[0], "sockets": sockets_rows, "no_sockets": rows}
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(report, indent=2) + "\n")
+    print(f"results: {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
