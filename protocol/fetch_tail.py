@@ -37,13 +37,18 @@ from protocol.rewrite import _NODE_ENDPOINT, AddressMapper, BrokerAddress, _Foun
 NODE_ENDPOINTS_TAG: Final = 0
 PADDING_TAG: Final = 127   # Fetch defines tags 0 (v16+) at the top level; 127 is one varint byte
 
-# one step per stage: a partition header is split into its fixed part, each aborted transaction
-# and the rest, so no step grows with the response (a step split across chunks is re-parsed whole
-# from a buffer: a step as large as 50,000 aborted transactions, fed in 1,448-byte chunks, cost
-# 2.6 s of CPU when the partition header was one step)
-_HEAD, _TOPIC, _PARTITION, _ABORTED, _PARTITION_REST, _PARTITION_TAGS, _TOPIC_TAGS, _TAIL, _FAILED = range(9)
+# One step per stage, and no step that grows with the response: a step split across chunks is
+# re-parsed whole from a buffer at every chunk, so a step as large as 50,000 aborted transactions
+# (fed in 1,448-byte chunks) cost 2.6 s of CPU when the partition header was one step, and a tag
+# section of many fields grew the same way. Each aborted transaction and each tagged field of the
+# header, partition and topic tag sections is now a step of its own.
+(_HEAD, _HEAD_REST, _TOPIC, _PARTITION, _ABORTED, _PARTITION_REST, _PARTITION_TAGS, _TOPIC_TAGS, _TAG_FIELD,
+ _TAIL, _FAILED) = range(11)
 _WINDOW_BYTES: Final = 256
-_MAX_STEP_BYTES: Final = 4 * 1024 * 1024  # a step is one topic or partition header
+# The largest real step is a v12 topic name (a compact string, at most 32,767 bytes) or one aborted
+# transaction with tags; a step still incomplete past this is malformed: give up, forward as is.
+# (A buffered step is re-parsed at every chunk, so this also bounds that work.)
+_MAX_STEP_BYTES: Final = 64 * 1024
 
 
 class FetchTailFinder:
@@ -56,7 +61,8 @@ class FetchTailFinder:
     what was held unchanged.
     """
 
-    __slots__ = ("_buf", "_left", "_partitions", "_skip", "_stage", "_topic_id_bytes", "_topics", "tail")
+    __slots__ = ("_buf", "_fields", "_left", "_partitions", "_skip", "_stage", "_then", "_topic_id_bytes",
+                 "_topics", "tail")
 
     def __init__(self, api_version: int) -> None:
         if api_version < 12:
@@ -67,12 +73,14 @@ class FetchTailFinder:
         self._skip = 0                # record bytes still to let through
         self._topics = 0
         self._partitions = 0
-        self._left = 0
+        self._left = 0                # aborted transactions still to parse
+        self._fields = 0              # tagged fields still to parse ...
+        self._then = _HEAD_REST       # ... in the section that `_after_tags` then completes
         self.tail = bytearray()
 
     @property
     def found(self) -> bool:
-        return self._stage == _TAIL
+        return self._stage == _TAIL and not self._skip
 
     def feed(self, chunk: bytes | memoryview) -> int:
         """Take the next bytes of the response payload (correlation id first); returns how many of
@@ -80,17 +88,17 @@ class FetchTailFinder:
         n = len(chunk)
         pos = 0
         while pos < n:
+            if self._skip:  # records and tagged-field data: straight through
+                step = min(self._skip, n - pos)
+                self._skip -= step
+                pos += step
+                continue
             stage = self._stage
             if stage == _TAIL:
                 self.tail += chunk[pos:]
                 return pos
             if stage == _FAILED:
                 return n
-            if self._skip:  # records: straight through
-                step = min(self._skip, n - pos)
-                self._skip -= step
-                pos += step
-                continue
             if not self._buf:  # the usual case: parse whole steps in place
                 if not isinstance(chunk, bytes):
                     chunk = bytes(chunk)  # the _wire readers take bytes
@@ -124,9 +132,10 @@ class FetchTailFinder:
 
     def _step(self, buf: bytes, at: int) -> int:
         stage = self._stage
-        if stage == _HEAD:  # correlation_id, header tags, throttle_time_ms, error_code, session_id
-            pos = skip_tagged_fields(buf, skip(buf, at, 4, "correlation_id"), "header tags")
-            pos = skip(buf, pos, 10, "fetch throttle_time_ms, error_code, session_id")
+        if stage == _HEAD:  # correlation_id, then the response header's tag section
+            return self._tags(buf, skip(buf, at, 4, "correlation_id"), _HEAD_REST)
+        if stage == _HEAD_REST:
+            pos = skip(buf, at, 10, "fetch throttle_time_ms, error_code, session_id")
             self._topics, pos = read_array_len(buf, pos, True, "fetch responses", 0)
             self._stage = _TOPIC if self._topics else _TAIL
             return pos
@@ -156,16 +165,34 @@ class FetchTailFinder:
             self._skip = max(0, length - 1)
             self._stage = _PARTITION_TAGS
             return pos
-        if stage == _PARTITION_TAGS:
-            pos = skip_tagged_fields(buf, at, "fetch partition tags")
+        if stage in (_PARTITION_TAGS, _TOPIC_TAGS):
+            return self._tags(buf, at, stage)
+        # _TAG_FIELD: tag and size; the data passes through like records (never buffered)
+        _, pos = read_uvarint(buf, at, "fetch tag")
+        self._skip, pos = read_uvarint(buf, pos, "fetch tag size")
+        self._fields -= 1
+        if not self._fields:
+            self._after_tags(self._then)
+        return pos
+
+    def _tags(self, buf: bytes, at: int, then: int) -> int:
+        """A tag section's field count; its fields follow as `_TAG_FIELD` steps, then `then`."""
+        count, pos = read_uvarint(buf, at, "fetch tag count")
+        if count:
+            self._fields, self._then, self._stage = count, then, _TAG_FIELD
+        else:
+            self._after_tags(then)
+        return pos
+
+    def _after_tags(self, then: int) -> None:
+        if then == _PARTITION_TAGS:
             self._partitions -= 1
             self._stage = _PARTITION if self._partitions else _TOPIC_TAGS
-            return pos
-        # _TOPIC_TAGS
-        pos = skip_tagged_fields(buf, at, "fetch topic tags")
-        self._topics -= 1
-        self._stage = _TOPIC if self._topics else _TAIL
-        return pos
+        elif then == _TOPIC_TAGS:
+            self._topics -= 1
+            self._stage = _TOPIC if self._topics else _TAIL
+        else:
+            self._stage = then
 
 
 def _read_tags(section: bytes, what: str) -> list[tuple[int, bytes]]:

@@ -123,6 +123,36 @@ def test_many_aborted_transactions_stream_in_steps_that_do_not_grow_with_the_res
     assert most_buffered < 64  # one aborted transaction is 17 bytes; the old single step was 170,000
 
 
+@pytest.mark.parametrize("where", ["header", "partition", "topic"])
+def test_tagged_field_data_passes_through_without_being_buffered(where: str) -> None:
+    """Tagged fields before the top-level section (response header, partition, topic) are read
+    field by field, and a field's data passes through like records: a 100,000-byte unknown field
+    is neither held nor re-parsed at every chunk (nor refused as a step over the 64 KiB limit)."""
+    big = b"\x01" + encode_uvarint(40) + encode_uvarint(100_000) + bytes(100_000)  # 1 field: tag 40
+    tags = tags_with_endpoint(b"broker-2.internal", 9092)
+    payload = b"".join([
+        CORR, big if where == "header" else b"\x00",    # correlation_id, response header tags
+        struct.pack(">ihi", 0, 0, 77),       # throttle_time_ms, error_code, session_id
+        b"\x02", TOPIC_ID,                   # responses: 1 topic, topic_id (v13+)
+        b"\x02",                             #   partitions: 1
+        struct.pack(">ih", 0, 0),            #     partition_index 0, error 0
+        struct.pack(">qqq", 9, 9, 0),        #     high_watermark, last_stable_offset, log_start_offset
+        b"\x01",                             #     aborted_transactions = []
+        struct.pack(">i", -1),               #     preferred_read_replica
+        b"\x01",                             #     records = empty
+        big if where == "partition" else b"\x00",       # partition tags
+        big if where == "topic" else b"\x00",           # topic tags
+        tags,                                # top-level tags
+    ])
+    finder, most_buffered, forwarded = FetchTailFinder(16), 0, 0
+    for at in range(0, len(payload), 1448):
+        forwarded += finder.feed(payload[at:at + 1448])
+        most_buffered = max(most_buffered, len(finder._buf))
+    assert finder.found and bytes(finder.tail) == tags
+    assert forwarded == len(payload) - len(tags)
+    assert most_buffered < 64
+
+
 def test_fit_tail_shorter_host_is_padded_to_the_same_length() -> None:
     tags = tags_with_endpoint(b"broker-2.internal", 9092)
     new, original, kept = fit_tail(tags, short_host)
