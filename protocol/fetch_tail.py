@@ -29,7 +29,6 @@ from protocol._wire import (
     read_uvarint,
     skip,
     skip_string,
-    skip_tagged_fields,
 )
 from protocol.errors import DecodeError
 from protocol.rewrite import _NODE_ENDPOINT, AddressMapper, BrokerAddress, _Found, _splice, _walk_array
@@ -40,8 +39,8 @@ PADDING_TAG: Final = 127   # Fetch defines tags 0 (v16+) at the top level; 127 i
 # One step per stage, and no step that grows with the response: a step split across chunks is
 # re-parsed whole from a buffer at every chunk, so a step as large as 50,000 aborted transactions
 # (fed in 1,448-byte chunks) cost 2.6 s of CPU when the partition header was one step, and a tag
-# section of many fields grew the same way. Each aborted transaction and each tagged field of the
-# header, partition and topic tag sections is now a step of its own.
+# section of many fields grew the same way. Each aborted transaction and each tagged field (of the
+# response header, aborted transaction, partition and topic tag sections) is now a step of its own.
 (_HEAD, _HEAD_REST, _TOPIC, _PARTITION, _ABORTED, _PARTITION_REST, _PARTITION_TAGS, _TOPIC_TAGS, _TAG_FIELD,
  _TAIL, _FAILED) = range(11)
 _WINDOW_BYTES: Final = 256
@@ -153,12 +152,8 @@ class FetchTailFinder:
             self._left, pos = read_array_len(buf, pos, True, "fetch aborted_transactions", 0)
             self._stage = _ABORTED if self._left else _PARTITION_REST
             return pos
-        if stage == _ABORTED:  # one aborted transaction: producer_id, first_offset, tags
-            pos = skip_tagged_fields(buf, skip(buf, at, 16, "fetch aborted_transaction"))
-            self._left -= 1
-            if not self._left:
-                self._stage = _PARTITION_REST
-            return pos
+        if stage == _ABORTED:  # one aborted transaction: producer_id, first_offset, then its tags
+            return self._tags(buf, skip(buf, at, 16, "fetch aborted_transaction"), _ABORTED)
         if stage == _PARTITION_REST:
             pos = skip(buf, at, 4, "fetch preferred_read_replica")
             length, pos = read_uvarint(buf, pos, "fetch records length")  # compact: N + 1, 0 = null
@@ -185,7 +180,10 @@ class FetchTailFinder:
         return pos
 
     def _after_tags(self, then: int) -> None:
-        if then == _PARTITION_TAGS:
+        if then == _ABORTED:
+            self._left -= 1
+            self._stage = _ABORTED if self._left else _PARTITION_REST
+        elif then == _PARTITION_TAGS:
             self._partitions -= 1
             self._stage = _PARTITION if self._partitions else _TOPIC_TAGS
         elif then == _TOPIC_TAGS:
