@@ -269,9 +269,13 @@ class QuotaManager:
         """``bound * (samples - 1) * window_s``: the most one request can carry without being
         certain to be throttled (KAFKA-9677 caps fetch max_bytes with it). `math.inf` if unlimited.
 
-        Under the token bucket it is `BUCKET_REQUEST_CAP_MS` of quota instead: a response is spent
-        at once, so its size is the most a client can get in any one second above the refill; a
-        tenth of a second keeps the per-second rate within 10 % of the quota."""
+        Under the token bucket it is `BUCKET_REQUEST_CAP_MS` of quota, or half the burst if that is
+        less, instead: a response is spent at once, so its size is the most a client can get in
+        any one second above the refill (a tenth of a second keeps the per-second rate within 10 %
+        of the quota); and a fetch is answered only when the bucket holds its size, so a response
+        as large as the whole burst would leave no room for the credits that refill during the
+        client's next round trip (they would overflow the bucket and be lost: a consumer with
+        5 ms round trips and a 100 ms burst got 0.95 x its quota)."""
         if not self._enabled[kind]:
             return math.inf
         now = self._clock.now_ms()
@@ -280,7 +284,7 @@ class QuotaManager:
         if bound is None:
             return math.inf
         if sensor.bucket is not None:
-            return bound * (BUCKET_REQUEST_CAP_MS / 1000.0)
+            return bound * min(BUCKET_REQUEST_CAP_MS / 1000.0, sensor.burst_s / 2)
         return bound * (self._rate_config.samples - 1) * (self._window_ms / 1000.0)
 
     # -- configuration -----------------------------------------------------------------------

@@ -223,3 +223,13 @@ def test_fetch_cap_is_a_tenth_of_a_second_of_quota_under_the_bucket() -> None:
     manager = QuotaManager(QuotaConfig.from_dict({"rate_model": "token_bucket", "entries": entries}), clock)
     assert manager.max_value_in_quota_window(F, WHO) == 1000.0                          # 100 ms of quota
     assert manager.max_value_in_quota_window(F, ClientIdentity("ANONYMOUS", "w")) == 100_000.0  # KAFKA-9677
+
+
+def test_fetch_cap_is_half_the_burst_when_that_is_less() -> None:
+    """A fetch is answered when the bucket holds its size; capped at half the burst, the other half
+    takes the credits that refill during the consumer's next round trip instead of losing them."""
+    clock = FakeClock(START_MS)
+    config = QuotaConfig.from_dict({"entries": [
+        {"client_id": "c", "consumer_byte_rate": 10_000, "rate_model": "token_bucket", "burst_ms": 100}]})
+    manager = QuotaManager(config, clock)
+    assert manager.max_value_in_quota_window(F, WHO) == 500.0   # min(100 ms, 100 ms / 2) of 10,000 B/s
