@@ -5,7 +5,10 @@
 A one-node Kafka and Sluice (access log on, metrics on, a 32 KiB/s produce quota for client ids
 `throttled-*`) start locally. Then `--connections` client connections through Sluice: librdkafka
 producers (a quarter of them throttled) and consumers, each holding a bootstrap and a broker
-connection, and the rest idle Kafka connections that sent one Metadata request and then nothing.
+connection, and the rest idle Kafka connections that send a Metadata request every 4 minutes and
+nothing else (as a client's metadata refresh does: Sluice, like a broker, closes a connection idle
+for `limits.idle_timeout_ms`, 10 minutes). All connections come from 127.0.0.1, so the soak raises
+`limits.max_connections_per_ip` (1,000 by default, Kafka's `max.connections.per.ip`) to 5,000.
 Every `--sample-s` Sluice's RSS, open file descriptors and `sluice_open_connections` are sampled.
 At the end: RSS and fds after warm-up (the first fifth of the run) must stay within 10 % of their
 post-warm-up median, Sluice's log must have no ERROR or traceback, and the access-log records
@@ -71,6 +74,7 @@ def main(argv: list[str] | None = None) -> int:
     metrics_port = free_port()
     config = {"metrics": {"port": metrics_port}, "access_log": {"dir": str(work / "access-log")},
               "quotas": {"entries": [{"client_id": "throttled", "producer_byte_rate": 32 * 1024}]},
+              "limits": {"max_connections_per_ip": 5000},  # every client here is 127.0.0.1
               "log_level": "INFO"}
     sluice = SluiceProcess(cluster.bootstrap, work / "sluice", config=config).start()
     assert sluice.process is not None
@@ -119,14 +123,23 @@ def main(argv: list[str] | None = None) -> int:
             assert time.monotonic() < deadline, "the clients did not connect"
             time.sleep(1)
         active = int(metric_sum(scrape(metrics_port), "sluice_open_connections"))
-        for _ in range(max(0, args.connections - active)):
+        refreshed: list[float] = []  # when each idle connection last sent its Metadata request
+        for n in range(max(0, args.connections - active)):
             raw = RawKafkaSocket(sluice.bootstrap, timeout_s=30)
             raw.send(metadata_request())
             raw.recv_frame()
             idle.append(raw)
+            refreshed.append(time.monotonic())
+            if n % 100 == 99:
+                print(f"{n + 1} idle connections open", flush=True)
         started = time.monotonic()
         end = started + args.minutes * 60
         while time.monotonic() < end:
+            for i, raw in enumerate(idle):  # the metadata refresh of an otherwise idle client
+                if time.monotonic() - refreshed[i] >= IDLE_REFRESH_S:
+                    raw.send(metadata_request())
+                    raw.recv_frame()
+                    refreshed[i] = time.monotonic()
             rss, fds = proc_sample(pid)
             text = scrape(metrics_port)
             samples.append({"t_s": round(time.monotonic() - started, 1), "rss_bytes": rss, "fds": fds,
@@ -180,6 +193,9 @@ def main(argv: list[str] | None = None) -> int:
     print(json.dumps({k: v for k, v in report.items() if k != "samples"}, indent=2))
     ok = report["flat_within_10pct"] and report["access_log_equals_requests"] and not errors
     return 0 if ok else 1
+
+
+IDLE_REFRESH_S = 240.0  # under librdkafka's and Java's 5-minute metadata.max.age.ms
 
 
 def _access_log_rows(root: Path) -> int:
