@@ -107,6 +107,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--inputs", type=int, default=1_000_000, help="total, shared equally by the targets")
     parser.add_argument("--targets", default="", help="comma-separated names (default: all)")
     parser.add_argument("--seed", type=int, default=16)
+    parser.add_argument("--out", type=Path, default=RESULTS, help="results JSON [bench/results/fuzz.json]")
     parser.add_argument("--worker", help=argparse.SUPPRESS)
     parser.add_argument("--runs", type=int, help=argparse.SUPPRESS)
     parser.add_argument("--workdir", type=Path, help=argparse.SUPPRESS)
@@ -155,10 +156,10 @@ def main(argv: list[str] | None = None) -> int:
         "load_average_at_end": os.getloadavg(), "crashes_total": sum(len(r["crashes"]) for r in results),
         "slow_total": sum(len(r["slow"]) for r in results), "targets": results,
     }
-    RESULTS.parent.mkdir(parents=True, exist_ok=True)
-    RESULTS.write_text(json.dumps(report, indent=2) + "\n")
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(report, indent=2) + "\n")
     print(f"total {total} inputs, {report['crashes_total']} crash sites, {report['slow_total']} slow inputs; "
-          f"{RESULTS.relative_to(REPO)}")
+          f"{args.out}")
     return 1 if report["crashes_total"] else 0
 
 
