@@ -155,14 +155,20 @@ def main(argv: list[str] | None = None) -> int:
         for raw in idle:
             raw.close()
     # every request Sluice counted ends up in the access log (it flushes every second)
+    # (and stays so for 3 s: clients that were told to stop may still send a last request as they close)
     requests = written = 0.0
-    deadline = time.monotonic() + 60
+    settled: list[float] = []
+    deadline = time.monotonic() + 90
     while time.monotonic() < deadline:
         text = scrape(metrics_port)
         requests = metric_sum(text, "sluice_requests_total")
         written = metric_sum(text, "sluice_access_log_records_written_total")
         if requests == written and metric_sum(text, "sluice_access_log_queue_depth") == 0:
-            break
+            settled.append(requests)
+            if len(settled) >= 4 and len(set(settled[-4:])) == 1:
+                break
+        else:
+            settled.clear()
         time.sleep(1)
     sluice.stop()  # closes the access-log files
     log_lines = _access_log_rows(work / "access-log")
