@@ -260,6 +260,13 @@ class QuotaManager:
         if self._observer is not None:
             self._observer.on_record(sensor.key, value, now)
 
+    def uses_bucket(self, kind: QuotaKind, identity: ClientIdentity) -> bool:
+        """Whether `identity`'s `kind` is limited by a token bucket (rate_model token_bucket)."""
+        if not self._enabled[kind]:
+            return False
+        sensor = self._sensor(kind, identity, self._clock.now_ms())
+        return sensor.bucket is not None and sensor.bound is not None
+
     def unrecord(self, kind: QuotaKind, identity: ClientIdentity, value: float) -> None:
         """Take back `value` (records ``-value``, no check): Kafka's `unrecordQuotaSensor`, used
         when a fetch is throttled and its response is replaced by an empty one."""
@@ -271,11 +278,9 @@ class QuotaManager:
 
         Under the token bucket it is `BUCKET_REQUEST_CAP_MS` of quota, or half the burst if that is
         less, instead: a response is spent at once, so its size is the most a client can get in
-        any one second above the refill (a tenth of a second keeps the per-second rate within 10 %
-        of the quota); and a fetch is answered only when the bucket holds its size, so a response
-        as large as the whole burst would leave no room for the credits that refill during the
-        client's next round trip (they would overflow the bucket and be lost: a consumer with
-        5 ms round trips and a 100 ms burst got 0.95 x its quota)."""
+        any one second above the refill and the burst (a tenth of a second keeps the per-second rate
+        within about 10 % of the quota), and half the burst leaves the other half for the credits
+        that refill during the consumer's round trips."""
         if not self._enabled[kind]:
             return math.inf
         now = self._clock.now_ms()

@@ -382,9 +382,29 @@ class QuotaStage(StageBase):
             usage = None
             if self._managers.needs_fetch_usage and len(payload) == size:
                 usage = fetch_usage(payload, entry.api_version, self._managers.topic_names)
+            # Under a token bucket a fetch is delivered while the credits are not negative, and then
+            # takes them below zero (as a produce does): the throttle that follows delays the next
+            # fetch. Emptying it instead would serve only fetches that fit in the credits left, so
+            # a response larger than the burst (a broker returns a partition's first batch whole)
+            # would never be served. The windowed rate keeps Kafka's rule: a throttled fetch is
+            # answered empty and un-recorded.
+            delivered_ms = 0   # bucket throttles after a delivered fetch: they do not empty it
+            recorded: list[QuotaManager] = []
             for manager, kinds in managers:
                 if QuotaKind.FETCH in kinds:
+                    if manager.uses_bucket(QuotaKind.FETCH, identity):
+                        before = manager.check(QuotaKind.FETCH, identity)
+                        if before.throttle_time_ms > 0:  # (shadow: recorded and delivered as usual)
+                            decisions.append(before)  # in debt already: not delivered, nothing recorded
+                            new_ms = max(new_ms, self._observe(ctx, [before]))
+                            continue
+                        fetch = manager.record_and_check(QuotaKind.FETCH, identity, size)
+                        recorded.append(manager)
+                        decisions.append(fetch)
+                        delivered_ms = max(delivered_ms, self._observe(ctx, [fetch]))
+                        continue
                     fetch = manager.record_and_check(QuotaKind.FETCH, identity, size)
+                    recorded.append(manager)
                     decisions.append(fetch)
                     new_ms = max(new_ms, self._observe(ctx, [fetch]))
                 if usage is not None and QuotaKind.CONSUMER_RECORD_RATE in kinds:
@@ -404,9 +424,9 @@ class QuotaStage(StageBase):
                 decisions.extend(charged)
                 new_ms = max(new_ms, self._observe(ctx, charged))
             if max(new_ms, earlier_ms) > 0:  # throttled by bytes, records or requests: Kafka empties it
+                for manager in recorded:
+                    manager.unrecord(QuotaKind.FETCH, identity, size)
                 for manager, kinds in managers:
-                    if QuotaKind.FETCH in kinds:
-                        manager.unrecord(QuotaKind.FETCH, identity, size)
                     if usage is not None and QuotaKind.CONSUMER_RECORD_RATE in kinds:
                         manager.unrecord(QuotaKind.CONSUMER_RECORD_RATE, identity, usage.records)
                 if topics is not None and usage is not None:  # nothing was delivered from any topic
@@ -417,6 +437,7 @@ class QuotaStage(StageBase):
                 emptied = self._empty_fetch(entry, payload, max(new_ms, earlier_ms))
                 if emptied is not None:
                     return ResponseOutcome(emptied, new_ms, replaced=True)
+            new_ms = max(new_ms, delivered_ms)  # delivered: the bucket's debt throttles what follows
         elif entry.api_key == ApiKey.SHARE_FETCH:
             # charged to the fetch quota by its size, as the broker does; never emptied: the broker
             # acquired these records for this consumer, so they are delivered and the client throttled

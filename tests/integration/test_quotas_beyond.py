@@ -2,7 +2,8 @@
 feature is off.
 
 * token bucket: a producer under ``rate_model: token_bucket`` never goes above 1.2 x its quota in
-  any second after the first, while one under Kafka's windowed rate, beside it, bursts again;
+  any second after the first, while one under Kafka's windowed rate, beside it, bursts again; a
+  consumer of batches larger than the burst is held to its quota and gets every record;
 * topic quotas: a producer writing two topics is held to the quota of one of them while the other
   flows at several times that rate (a client quota would hold both); a Java producer (Produce v13,
   topics by id) is held to a topic quota too;
@@ -135,6 +136,46 @@ def test_token_bucket_producer_has_no_periodic_bursts_while_the_windowed_one_doe
         assert 0.7 <= sum(bucket[1:]) / (seconds - 1) <= 1.1, bucket
         # the windowed rate lets the same client burst again once old samples leave the window
         assert max(windowed[1:]) > 1.2, windowed
+    finally:
+        sluice.stop()
+
+
+def test_token_bucket_consumer_of_batches_larger_than_the_burst_is_held_and_loses_nothing(
+        kafka: KafkaCluster, tmp_path: Path) -> None:
+    """Under the bucket a fetch is delivered while the credits are not negative and then throttles
+    what follows. Here every batch (64 KiB) is larger than the burst (100 ms of 256 KiB/s =
+    25.6 KiB) and a broker returns a partition's first batch whole: were a fetch emptied whenever
+    it did not fit in the credits, the consumer would never get a record."""
+    from confluent_kafka import Producer
+
+    quota, total, size = 256 * KiB, 2400, 1000
+    topic = create_topic(kafka.bootstrap, unique_name("tbc"))
+    producer = Producer({"bootstrap.servers": kafka.bootstrap, "linger.ms": 50, "batch.size": 64 * KiB})
+    for i in range(total):
+        while True:
+            try:
+                producer.produce(topic, f"{i:08d}".encode() + b"x" * (size - 8))
+                break
+            except BufferError:
+                producer.poll(0.05)
+    producer.flush(60)
+    sluice, _ = start_sluice(kafka, tmp_path, [
+        {"client_id": "tb-reader", "consumer_byte_rate": quota, "rate_model": "token_bucket",
+         "burst_ms": 100}])
+    try:
+        keep: list[bytes] = []
+        timeline = load.confluent_drain(sluice.bootstrap, topic, 90, client_id="tb-reader",
+                                        group=unique_name("g"), expect=total, keep=keep)
+        # every record, once, in order: delivered fetches and the empty ones in debt lose nothing
+        assert [int(v[:8]) for v in keep] == list(range(total)), f"{len(keep)} of {total} records"
+        times = [t for t, _ in timeline.events]
+        span_s = max(times) - min(times)
+        # at most the quota: what arrived after the first response is at most quota x span + the
+        # burst + one response (64 KiB batches plus framing), with 15 % for the loaded machine
+        floor_s = (total * size - 64 * KiB - 25.6 * KiB - 80 * KiB) / (1.15 * quota)
+        print(f"{total} records of {size} B in {span_s:.1f} s: {total * size / span_s / KiB:.0f} KiB/s "
+              f"(quota {quota // KiB} KiB/s); at most the quota needs >= {floor_s:.1f} s")
+        assert span_s >= floor_s, f"{total} records in {span_s:.1f} s"
     finally:
         sluice.stop()
 

@@ -13,7 +13,7 @@ from protocol.encode import decode_response_body, encode_response
 from protocol.headers import RequestHeader
 from protocol.throttle import read_throttle_time_ms
 from proxy.flow.inflight import InFlight
-from proxy.flow.pipeline import FORWARD, ConnectionContext, Forward, RequestOutcome
+from proxy.flow.pipeline import FORWARD, ConnectionContext, Forward, RequestOutcome, ResponseOutcome
 from proxy.stages.quota import QuotaManagers, QuotaStage
 from quotas.clock import FakeClock
 from quotas.config import QuotaConfig
@@ -112,6 +112,41 @@ def test_throttled_fetch_is_emptied_unrecorded_and_keeps_the_session() -> None:
     # the bytes were taken back: the sensor's rate is 0 again
     identity = ClientIdentity.of("ANONYMOUS", "app")
     assert managers.for_broker(1).check(QuotaKind.FETCH, identity).observed == 0
+
+
+def bucket_fetch(stage: QuotaStage, response: bytes) -> ResponseOutcome | None:
+    header = RequestHeader(ApiKey.FETCH, 12, 3, "app", 2, 0)
+    _, entry = on_request(stage, header, b"\x00" * 40)
+    entry.upstream_response_bytes = len(response)
+    return stage.on_response(CTX, entry, response)
+
+
+def test_under_the_token_bucket_a_fetch_larger_than_the_burst_is_delivered_then_throttled() -> None:
+    """A fetch is delivered while the credits are not negative, and takes them below zero; the
+    next fetch, in debt, is answered empty (nothing recorded) until the debt has refilled. Were a
+    fetch emptied whenever it does not fit in the credits, one larger than the burst (a broker
+    returns a partition's first batch whole) would never be delivered."""
+    clock = FakeClock(0)
+    stage, managers = stage_with(clock, consumer_byte_rate=1000, rate_model="token_bucket", burst_ms=100)
+    response = fetch_response_v12(3, 5_000)                 # ~5,100 B against a 100 B burst
+    size = len(response)
+    first = bucket_fetch(stage, response)
+    # credits 100 - size < 0: delivered whole, throttled for the refill to zero = (size - 100) ms
+    assert first is not None and not first.replaced and first.throttle_time_ms == size - 100
+    delivered = decode_response_body(first.payload, ApiKey.FETCH, 12)
+    assert bytes(delivered.responses[0].partitions[0].records) == b"r" * 5_000
+    assert delivered.throttle_time == dt.timedelta(milliseconds=size - 100)   # patched in
+    clock.advance(1000)                                       # 1,000 ms later: still in debt
+    second = bucket_fetch(stage, response)
+    assert second is not None and second.replaced             # empty, and told the time left
+    assert second.throttle_time_ms == size - 100 - 1000
+    assert decode_response_body(second.payload, ApiKey.FETCH, 12).responses == ()
+    clock.advance(size - 100 - 1000)                          # the debt has refilled to zero
+    third = bucket_fetch(stage, response)
+    assert third is not None and not third.replaced and third.throttle_time_ms == size
+    # what was delivered is what was charged: two responses over the (size - 100 + size) ms since
+    identity = ClientIdentity.of("ANONYMOUS", "app")
+    assert managers.for_broker(1).check(QuotaKind.FETCH, identity).throttle_time_ms == size
 
 
 def test_shadow_mode_computes_but_does_not_throttle() -> None:
