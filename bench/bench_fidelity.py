@@ -453,7 +453,9 @@ def set_broker_quota(tools: KafkaTools, quota: int | None, timeout_s: float = 60
     deadline = time.monotonic() + timeout_s
     while True:
         shown = describe_default_client_quota(tools)
-        done = (f"producer_byte_rate={quota}" in shown and f"consumer_byte_rate={quota}" in shown
+        values = {k: float(v) for k, v in re.findall(r"(producer_byte_rate|consumer_byte_rate)=([0-9.Ee+-]+)",
+                                                       shown)}  # Java prints 3.3554432E7 for 32 MiB/s
+        done = (values.get("producer_byte_rate") == quota and values.get("consumer_byte_rate") == quota
                 if quota is not None else "byte_rate" not in shown)
         if done:
             time.sleep(1.0)  # describe reads the metadata image; let the quota manager catch up
