@@ -753,6 +753,7 @@ def run_benchmark(params: Params, modes: Sequence[str], clients: Sequence[str], 
                   workdir: Path, log: Callable[[str], None]) -> dict[str, Any]:
     started = time.monotonic()
     load_before = os.getloadavg()
+    commit = git_describe()  # the code the Sluice processes start from (the tree may move on meanwhile)
     window = {"samples": params.window_samples, "size_ms": params.window_ms}
     if params.window_ms % 1000:
         raise ValueError("the broker's quota window is set in whole seconds")
@@ -822,7 +823,7 @@ def run_benchmark(params: Params, modes: Sequence[str], clients: Sequence[str], 
     return {
         "benchmark": "fidelity",
         "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-        "sluice_commit": git_describe(),
+        "sluice_commit": commit,
         "machine": {"cpu_count": os.cpu_count(), "platform": platform.platform(),
                     "python": platform.python_version(), "pinned": False},
         "params": asdict(params) | {"burst_s": params.burst_s, "fill_bytes": params.fill_bytes},
