@@ -20,9 +20,11 @@ differs between the two modes is who enforces:
   1.1 x the quota. A request is admitted whole while the credits are at or above zero and may take
   them negative, so any one second can hold at most Q + burst + the largest request: the peak goal
   needs the burst and the requests to stay under about a tenth of a second of quota (a Fetch is
-  capped at 100 ms of quota under the bucket; a producer's request is the client's choice: 64 KiB
-  batches for librdkafka here, Java's default 16 KiB batch.size, a quarter and a sixteenth of a
-  second at 256 KiB/s).
+  capped at 100 ms of quota or half the burst under the bucket; a producer's request is the
+  client's choice: 64 KiB batches for librdkafka here (``--librdkafka-batch-bytes``), Java's default
+  16 KiB batch.size). In requests of S bytes, a second holds at most (burst + Q) / S + 1 of them:
+  for 16 KiB at 256 KiB/s and a 50 ms burst that is 17 requests, 1.0625 x Q; for 64 KiB batches at
+  256 KiB/s it is 5 whatever the burst, 1.25 x Q.
 
 Both Sluice processes run for the whole benchmark. The two modes of each client x workload run
 back to back, the first mode alternating from pair to pair, so that drift over the run (load from
@@ -1011,6 +1013,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--quota", type=int, default=2 * MiB, help="bytes/s, produce and fetch [2 MiB/s]")
     parser.add_argument("--bucket-burst-ms", type=int, default=Params.bucket_burst_ms,
                         help=f"the token bucket's burst_ms [{Params.bucket_burst_ms}]")
+    parser.add_argument("--librdkafka-batch-bytes", type=int, default=Params.librdkafka_batch_bytes,
+                        help=f"librdkafka producers' batch.size [{Params.librdkafka_batch_bytes}]")
     parser.add_argument("--out", type=Path, help=f"results JSON [{DEFAULT_OUT.relative_to(REPO)}]")
     parser.add_argument("--no-chart", action="store_true", help="skip the PNG next to the JSON")
     parser.add_argument("--modes", default=",".join(MODES), help="subset of broker,sluice,bucket")
@@ -1031,9 +1035,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     seconds = args.seconds if args.seconds is not None else (15.0 if args.quick else 60.0)
     if seconds <= 0 or args.quota <= 0:
         raise SystemExit("--seconds and --quota must be positive")
-    if args.bucket_burst_ms < 1:
-        raise SystemExit("--bucket-burst-ms must be >= 1")
-    params = Params(seconds=seconds, quota=args.quota, bucket_burst_ms=args.bucket_burst_ms)
+    if args.bucket_burst_ms < 1 or args.librdkafka_batch_bytes < 1024:
+        raise SystemExit("--bucket-burst-ms must be >= 1 and --librdkafka-batch-bytes >= 1024")
+    params = Params(seconds=seconds, quota=args.quota, bucket_burst_ms=args.bucket_burst_ms,
+                    librdkafka_batch_bytes=args.librdkafka_batch_bytes)
     modes = _subset(args.modes, MODES, "modes")
     clients = _subset(args.clients, CLIENTS, "clients")
     workloads = _subset(args.workloads, WORKLOADS, "workloads")
