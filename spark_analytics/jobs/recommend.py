@@ -3,6 +3,7 @@
     spark-submit spark_analytics/jobs/recommend.py --logs /var/log/sluice --out plan/ \\
         --bootstrap-server sluice:9092 --headroom 1.5 --floor 256KiB --capacity producer_byte_rate=100MB
     python -m spark_analytics.jobs.recommend --logs ... --current-quotas current.json --out plan/
+    python -m spark_analytics.jobs.recommend --logs ... --topics --out topic-plan/   # topic=NAME entities
 
 The current quotas come from Sluice (DescribeClientQuotas at --bootstrap-server), from a JSON file
 (--current-quotas, as `sluice tune describe` writes it), or else from the limits the logs recorded.
@@ -38,6 +39,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--current-quotas", type=Path, metavar="FILE",
                    help="current quotas as JSON instead of asking --bootstrap-server")
     p.add_argument("--no-plots", action="store_true")
+    p.add_argument("--topics", action="store_true",
+                   help="recommend per-topic quotas (entities topic=NAME, from each request's per-topic "
+                        "bytes in the access log) instead of per-client ones")
     common.add_policy_args(p)
     common.add_admin_args(p, required=False)
     common.add_session_args(p)
@@ -67,10 +71,15 @@ def run(spark: SparkSession, args: argparse.Namespace, progress: Progress,
     current = common.quotas_frame(spark, live) if live is not None else None
 
     progress.step("reading the logs, aggregating and recommending")
-    if cs is None:
-        cs = client_seconds_of(spark, args, cache=False)
-    plan = (cs.transform(entity_seconds(policy))
-            .transform(rate_stats(policy.percentile))
+    if getattr(args, "topics", False):  # per topic: from the records themselves, not per client
+        from spark_analytics.topics import topic_seconds
+
+        seconds = common.extract_logs(spark, args).transform(topic_seconds(policy))
+    else:
+        if cs is None:
+            cs = client_seconds_of(spark, args, cache=False)
+        seconds = cs.transform(entity_seconds(policy))
+    plan = (seconds.transform(rate_stats(policy.percentile))
             .transform(recommend(policy, current)))
     entries: list[dict[str, Any]] = common.rows(plan, ["quota_key", "entity"])
 

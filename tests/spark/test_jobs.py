@@ -79,6 +79,22 @@ def test_recommend_writes_the_plan(spark: SparkSession, tmp_path: Path) -> None:
     assert (tmp_path / "plan" / "plan.csv").read_text().startswith("entity,quota_key,matched_entity,current,")
 
 
+def test_recommend_per_topic_writes_a_plan_of_topic_entities(spark: SparkSession, tmp_path: Path) -> None:
+    # orders: 600 then 1,000 B/s of produce over two seconds; audit: 50 B/s in one second
+    parts = [{"topic": "orders", "partition": 0, "records": 1, "bytes": 600},
+             {"topic": "audit", "partition": 0, "records": 1, "bytes": 50}]
+    write_logs(tmp_path / "logs", [produce(T0, 700, topics=parts),
+                                   produce(T0 + 1000, 1_000, topics=[{**parts[0], "bytes": 1_000}])])
+    code = recommend.main(["--logs", str(tmp_path / "logs"), "--out", str(tmp_path / "plan"), "--topics",
+                           "--percentile", "1.0", "--headroom", "2", "--floor", "1", "--no-plots"])
+    assert code == 0
+    plan = json.loads((tmp_path / "plan" / "plan.json").read_text())
+    got = {(e["entity"], e["quota_key"]): (e["recommended"], e["action"]) for e in plan["entries"]}
+    # max 1,000 B/s x headroom 2 for orders; audit's 50 B/s x 2 = 100 (the floor is 1)
+    assert got == {("topic=orders", "producer_byte_rate"): (2_000, "create"),
+                   ("topic=audit", "producer_byte_rate"): (100, "create")}
+
+
 def test_recommend_rejects_a_bad_policy_before_starting_work(tmp_path: Path,
                                                              capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(SystemExit) as info:
