@@ -220,6 +220,18 @@ class WatermarkSampler:
             self.samples.append((time.monotonic(), high))
             self._stop.wait(self._interval_s)
 
+    def timeline(self, record_bytes: int) -> Timeline:
+        """The log's growth as a `Timeline` (each sample's new records x `record_bytes`, at the
+        sample's time), started at the last sample before the first growth: for `cycle_rate`."""
+        first = next(i for i, (_, high) in enumerate(self.samples) if high > 0)
+        start_s, previous = self.samples[max(0, first - 1)]
+        timeline = Timeline(started=start_s)
+        for t, high in self.samples[first:]:
+            if high > previous:
+                timeline.events.append((t, (high - previous) * record_bytes))
+                previous = high
+        return timeline
+
     def records_between(self, start_s: float, end_s: float) -> tuple[int, float]:
         """Records appended in [first growth + start_s, first growth + end_s], and the real span."""
         first = next(t for t, high in self.samples if high > 0)
