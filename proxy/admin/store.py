@@ -241,6 +241,7 @@ class SqliteStore(_Subscribers):
         );
         CREATE TABLE IF NOT EXISTS meta (name TEXT PRIMARY KEY, value TEXT NOT NULL);
     """
+    _BUSY_TIMEOUT_MS = 5000
 
     def __init__(self, path: Path, watch_interval_ms: int | None = 100) -> None:
         super().__init__()
@@ -250,9 +251,9 @@ class SqliteStore(_Subscribers):
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
             self._db = sqlite3.connect(str(path), check_same_thread=False, isolation_level=None)
-            self._db.execute("PRAGMA journal_mode=WAL")
+            self._db.execute(f"PRAGMA busy_timeout={self._BUSY_TIMEOUT_MS}")
+            self._use_wal()
             self._db.execute("PRAGMA synchronous=FULL")
-            self._db.execute("PRAGMA busy_timeout=5000")
             self._db.executescript(self._SCHEMA)
         except (OSError, sqlite3.Error) as exc:
             raise StoreError(f"cannot open the quota store {path}: {exc}") from exc
@@ -263,6 +264,24 @@ class SqliteStore(_Subscribers):
             self._watcher = threading.Thread(target=self._watch, args=(watch_interval_ms / 1000,),
                                              name="quota-store-watch", daemon=True)
             self._watcher.start()
+
+    def _use_wal(self) -> None:
+        """Switch the file to WAL. SQLite answers a switch that races another connection's (the
+        workers of one instance open the file together) with "database is locked" at once, without
+        waiting on busy_timeout, so the switch is retried until the busy timeout has passed."""
+        deadline = time.monotonic() + self._BUSY_TIMEOUT_MS / 1000
+        pause_s = 0.005
+        while True:
+            try:
+                self._db.execute("PRAGMA journal_mode=WAL")
+                return
+            except sqlite3.OperationalError as exc:
+                if "locked" not in str(exc) and "busy" not in str(exc):
+                    raise
+                if time.monotonic() >= deadline:
+                    raise
+            time.sleep(pause_s)
+            pause_s = min(pause_s * 2, 0.1)
 
     def _version(self) -> int:
         """SQLite's `data_version`: changes when another connection commits (never for our own)."""
