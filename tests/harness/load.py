@@ -23,6 +23,19 @@ class Timeline:
     lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
     errors: dict[str, int] = field(default_factory=dict)  # delivery errors: message -> count
 
+    @classmethod
+    def merged(cls, timelines: Sequence[Timeline]) -> Timeline:
+        """All events of several timelines as one, from the earliest start: the flow one shared
+        budget admits, whose throttle cycles are the budget's own (the clients sharing it are
+        throttled together), where each client's small part of it trickles too thinly for its own
+        cycles to be found."""
+        merged = cls(events=sorted(e for t in timelines for e in t.events),
+                     started=min(t.started for t in timelines))
+        for t in timelines:
+            for error, count in t.errors.items():
+                merged.errors[error] = merged.errors.get(error, 0) + count
+        return merged
+
     def fail(self, error: str) -> None:
         with self.lock:
             self.errors[error] = self.errors.get(error, 0) + 1
