@@ -9,7 +9,11 @@ client stops while:
 
 - the upstream connection is not up yet;
 - the channel is muted for a throttle (KIP-219), until the throttled response has been written
-  and the delay has passed; frames already buffered wait too;
+  and the delay has passed, and something the client sent is waiting (frames already buffered
+  wait too). A muted channel with nothing buffered still reads, so that a client that goes away
+  while muted (a librdkafka request timeout closes and reconnects) is noticed at once and its
+  upstream connection and buffers are freed, instead of at the mute's end; what a client sends
+  while muted waits unprocessed, one read at most, as it would in the socket;
 - the upstream socket's write buffer is full (back-pressure), or the proxy is draining;
 - `max_in_flight_requests_per_connection` requests await their responses (Kafka itself reads one
   request per connection at a time; Sluice lets clients pipeline up to this many).
@@ -212,11 +216,18 @@ class ClientConnection(asyncio.Protocol):
                 and len(self._in_flight_queue) < self._max_in_flight
                 and not (self._draining or self._upstream_backpressure or self.closed))
 
+    def _socket_readable(self) -> bool:
+        """Whether the transport reads: as `_reading_allowed`, but a mute alone stops it only
+        once something the client sent is buffered (see the module's docstring)."""
+        return ((self._mute.state is _NOT_MUTED or not self._splitter.buffered_bytes)
+                and self._upstream is not None and len(self._in_flight_queue) < self._max_in_flight
+                and not (self._draining or self._upstream_backpressure or self.closed))
+
     def _update_reading(self) -> None:
         transport = self._transport
         if transport is None or transport.is_closing():
             return
-        allowed = self._reading_allowed()
+        allowed = self._socket_readable()
         if allowed and self._reading_paused:
             transport.resume_reading()
             self._reading_paused = False

@@ -9,11 +9,13 @@ close a connection before its deadline, however loaded the machine is).
 
 from __future__ import annotations
 
+import datetime as dt
 import socket
 import struct
 import threading
 import time
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -36,6 +38,8 @@ PER_CONNECTION_BYTES = 512 * 1024  # above asyncio's default high-water mark (64
 ONE_READ_BYTES = 256 * 1024
 RATE_LIMITED_IP = "127.0.0.3"
 PER_IP = 4  # the real client from 127.0.0.1 needs 2 (bootstrap and broker): room to spare
+MUTED_CLIENT = "muted-closer"
+MUTED_IP = "127.0.0.9"
 
 
 class From(RawKafkaSocket):
@@ -175,6 +179,48 @@ def test_per_ip_connection_count(limited: tuple[SluiceProcess, Metrics], steady:
     log = sluice.log()
     assert log.count("limit max_connections_per_ip hit") == 1  # logged once per cause
     assert "127.0.0.2" not in log.replace("connection from 127.0.0.2 refused", "", 1)  # once, no more
+
+
+def produce_40k(topic: str) -> Any:
+    """Produce v8, acks=1: one partition, one record batch of a 40,000-byte record."""
+    from kafka.record.default_records import DefaultRecordBatchBuilder
+    from kio.schema.produce.v8 import request as pr
+
+    batch = DefaultRecordBatchBuilder(magic=2, compression_type=0, is_transactional=False, producer_id=-1,
+                                      producer_epoch=-1, base_sequence=-1, batch_size=1 << 20)
+    batch.append(0, timestamp=None, key=None, value=b"m" * 40_000, headers=[])
+    return pr.ProduceRequest(acks=1, timeout=dt.timedelta(seconds=30), topic_data=(pr.TopicProduceData(
+        name=topic, partition_data=(pr.PartitionProduceData(index=0, records=bytes(batch.build())),)),))
+
+
+def test_a_client_that_goes_away_while_muted_frees_its_connection_at_once(
+        kafka: KafkaCluster, tmp_path: Path) -> None:
+    # 40 KB against 1 KiB/s: about 40,000 B / 11 s = 3.6 KB/s over the window, a throttle of
+    # (3.6 - 1) / 1 x 11 s = 28 s or more (asserted >= 25 s), for which each channel is muted.
+    # PER_IP clients from one address each read their throttled response and go away (as a
+    # librdkafka client whose request timed out does): their slots must free before the mutes
+    # end. This Sluice keeps the default idle timeout (10 minutes), which would free them too.
+    config = {"limits": {"max_connections_per_ip": PER_IP},
+              "quotas": {"entries": [{"client_id": MUTED_CLIENT, "producer_byte_rate": 1024}]}}
+    sluice = SluiceProcess(kafka.bootstrap, tmp_path / "sluice", config=config).start()
+    try:
+        topic = create_topic(kafka.bootstrap, unique_name("limits-muted"))
+        clients = [From(MUTED_IP, sluice.bootstrap, timeout_s=30.0) for _ in range(PER_IP)]
+        try:
+            for client in clients:
+                client.send(produce_40k(topic), client_id=MUTED_CLIENT)
+                _, answer = client.recv(ApiKey.PRODUCE, 8)
+                assert answer.throttle_time.total_seconds() >= 25, answer.throttle_time
+            assert not _served_once(MUTED_IP, sluice.bootstrap)  # the address's slots are all taken
+        finally:
+            for client in clients:
+                client.close()
+        # another connection from the address is served once Sluice has seen the closes (the
+        # mutes of 25 s or more are not over yet: reading a muted channel only at its end, it was not)
+        wait_until(lambda: _served_once(MUTED_IP, sluice.bootstrap), 15.0,
+                   "the slots of the clients that closed while muted to free")
+    finally:
+        sluice.stop()
 
 
 def _served_once(ip: str, bootstrap: str) -> bool:

@@ -238,6 +238,29 @@ async def test_throttle_mutes_until_the_response_is_sent_and_the_delay_has_passe
     assert r.upstream.written[-1] == metadata_request(2)  # the buffered request went on
 
 
+async def test_a_muted_channel_reads_until_the_client_sends_so_a_close_is_noticed_at_once() -> None:
+    r = await rig()
+    r.send(metadata_request(1, "throttle-30000"))
+    r.broker(response(1))  # the throttled response went out; the 30 s delay goes on
+    assert r.conn.mute_state.name != "NOT_MUTED"
+    # nothing buffered: the socket stays readable, so the client's FIN is seen now, not in 30 s
+    assert not r.transport.paused
+    assert r.conn.eof_received() is False  # asyncio then closes the transport: connection_lost
+    r.conn.connection_lost(None)
+    assert r.upstream.closed and r.timers.pending == []  # upstream freed, the mute timer cancelled
+
+
+async def test_what_a_muted_client_sends_waits_and_stops_reading() -> None:
+    r = await rig()
+    r.send(metadata_request(1, "throttle-100"))
+    r.broker(response(1))
+    assert not r.transport.paused
+    r.send(metadata_request(2))  # a client that does not wait out throttle_time_ms
+    assert r.transport.paused and r.upstream.written == [metadata_request(1, "throttle-100")]
+    r.timers.advance(100)
+    assert not r.transport.paused and r.upstream.written[-1] == metadata_request(2)
+
+
 async def test_response_sent_before_the_delay_keeps_the_channel_muted_until_it_ends() -> None:
     r = await rig()
     r.stage.response_throttle_ms = 250
