@@ -13,7 +13,9 @@ client stops while:
   wait too). A muted channel with nothing buffered still reads, so that a client that goes away
   while muted (a librdkafka request timeout closes and reconnects) is noticed at once and its
   upstream connection and buffers are freed, instead of at the mute's end; what a client sends
-  while muted waits unprocessed, one read at most, as it would in the socket;
+  while muted waits unprocessed, one read at most, as it would in the socket. While a muted
+  channel is not read, `PeerWatch` checks the socket's TCP state every second, so a client that
+  pipelined before it went away (librdkafka) is noticed too;
 - the upstream socket's write buffer is full (back-pressure), or the proxy is draining;
 - `max_in_flight_requests_per_connection` requests await their responses (Kafka itself reads one
   request per connection at a time; Sluice lets clients pipeline up to this many).
@@ -49,6 +51,7 @@ from proxy.flow.pipeline import AnswerHere, AnswerLater, Close, ConnectionContex
 from proxy.pumps.fetch_stream import FetchStream
 from proxy.pumps.limits import MAX_IN_FLIGHT, ClientBuffer, ConnectionWatchdog
 from proxy.pumps.muting import ChannelMute, ChannelMuteState
+from proxy.pumps.peer_watch import PeerWatch, peer_has_closed
 from proxy.pumps.sasl_mode import FrameHandler, SaslMode
 from proxy.pumps.services import ConnectionServices, Upstream
 from proxy.pumps.throttle_timer import ThrottleTimer
@@ -97,6 +100,7 @@ class ClientConnection(asyncio.Protocol):
                                             lambda: len(self._inflight), self._limit_close)
         self._buffer = ClientBuffer(limits, self.ctx.connection_id, self._pause_upstream)
         self._upstream_paused = False
+        self._peer_watch = PeerWatch(services.call_later, self._peer_closed, self._peer_gone)
 
     @property
     def mute(self) -> ChannelMute:
@@ -147,6 +151,7 @@ class ClientConnection(asyncio.Protocol):
     def connection_lost(self, exc: Exception | None) -> None:
         self.closed = True
         self.throttle.cancel()
+        self._peer_watch.stop()
         self._watchdog.cancel()
         self._buffer.close()
         if self.admitted_ip is not None:
@@ -164,6 +169,16 @@ class ClientConnection(asyncio.Protocol):
 
     def resume_writing(self) -> None:
         self._buffer.client_full(False)
+
+    def _peer_closed(self) -> bool:
+        transport = self._transport
+        return transport is not None and peer_has_closed(transport.get_extra_info("socket"))
+
+    def _peer_gone(self) -> None:
+        """The client closed while its muted channel was not being read."""
+        log.debug("connection %d from %s: the client closed while muted", self.ctx.connection_id,
+                  self.ctx.client_address)
+        self.close()
 
     def _pause_upstream(self, paused: bool) -> None:
         self._upstream_paused = paused
@@ -231,12 +246,15 @@ class ClientConnection(asyncio.Protocol):
         if allowed and self._reading_paused:
             transport.resume_reading()
             self._reading_paused = False
+            self._peer_watch.stop()
         elif not allowed and not self._reading_paused:
             transport.pause_reading()
             self._reading_paused = True
             if len(self._inflight) >= self._max_in_flight:
                 self._limits.log.hit(MAX_IN_FLIGHT, f"connection from {self.ctx.client_address}: "
                                      f"{self._max_in_flight} requests await responses; reading paused")
+        if self._reading_paused and self._mute.state is not _NOT_MUTED:
+            self._peer_watch.start()  # not read while muted: ask the kernel whether the client left
 
     def _read_on(self) -> None:
         """Handle the buffered client frames while reading is allowed."""

@@ -4,6 +4,7 @@ mute and unmute, Fetch streaming, the raw-SASL mode and drain, with no socket an
 from __future__ import annotations
 
 import asyncio
+import socket
 import struct
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -27,6 +28,7 @@ from proxy.flow.pipeline import (
 )
 from proxy.pumps.connection import ClientConnection, ConnectionServices
 from proxy.pumps.fetch_stream import STREAM_MIN_BYTES
+from proxy.pumps.peer_watch import PeerWatch
 from proxy.pumps.services import Upstream
 from proxy.pumps.upstream import UpstreamConnection
 from proxy.pumps.upstreams import BrokerRegistry, UpstreamTarget
@@ -39,6 +41,7 @@ class FakeTransport:
         self.paused = False
         self.closed = False
         self.buffered = 0  # what get_write_buffer_size says: bytes the client has not read yet
+        self.tcp_state = 1  # the socket's tcpi_state: 1 ESTABLISHED, 8 CLOSE_WAIT (the client closed)
         self.write_limits: tuple[int | None, int | None] = (None, None)
 
     def set_write_buffer_limits(self, high: int | None = None, low: int | None = None) -> None:
@@ -67,7 +70,13 @@ class FakeTransport:
         self.closed = True
 
     def get_extra_info(self, name: str) -> object:
+        if name == "socket":
+            return self
         return ("127.0.0.1", 5000) if name == "peername" else None
+
+    def getsockopt(self, level: int, option: int, size: int) -> bytes:
+        assert (level, option, size) == (socket.IPPROTO_TCP, socket.TCP_INFO, 1)
+        return bytes([self.tcp_state])
 
     def frames(self) -> list[bytes]:
         """The size-prefixed frames written so far (raises if one is incomplete)."""
@@ -259,6 +268,32 @@ async def test_what_a_muted_client_sends_waits_and_stops_reading() -> None:
     assert r.transport.paused and r.upstream.written == [metadata_request(1, "throttle-100")]
     r.timers.advance(100)
     assert not r.transport.paused and r.upstream.written[-1] == metadata_request(2)
+
+
+async def test_a_client_that_pipelined_and_closed_while_muted_is_noticed_by_its_tcp_state() -> None:
+    r = await rig()
+    r.send(metadata_request(1, "throttle-30000"))
+    r.broker(response(1))
+    r.send(metadata_request(2))  # librdkafka pipelines while muted: buffered, reading stops
+    assert r.transport.paused and not r.transport.closed
+    r.timers.advance(1000)  # the watch looks once a second: still ESTABLISHED
+    assert not r.transport.closed
+    r.transport.tcp_state = 8  # the client's FIN arrived behind the unread request (CLOSE_WAIT)
+    r.timers.advance(1000)
+    assert r.transport.closed and r.upstream.written == [metadata_request(1, "throttle-30000")]
+
+
+async def test_the_peer_watch_stops_when_the_mute_ends() -> None:
+    r = await rig()
+    r.send(metadata_request(1, "throttle-100"))
+    r.broker(response(1))
+    r.send(metadata_request(2))
+    r.timers.advance(100)  # the mute ends: reading resumes, the buffered request goes on
+    assert not r.transport.paused and r.upstream.written[-1] == metadata_request(2)
+    r.transport.tcp_state = 8  # a half-close now is for the connection's normal path, not the watch
+    r.timers.advance(5000)
+    assert not r.transport.closed
+    assert not any(isinstance(getattr(cb, "__self__", None), PeerWatch) for _, cb in r.timers.pending)
 
 
 async def test_response_sent_before_the_delay_keeps_the_channel_muted_until_it_ends() -> None:
