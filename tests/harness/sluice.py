@@ -103,7 +103,9 @@ class SluiceProcess:
         return self.process.returncode
 
     def __enter__(self) -> SluiceProcess:
-        return self.start()
+        # `with SluiceProcess(...).start() as s` must not start a second process (the first would
+        # run on, unstopped, until pytest exits)
+        return self if self.process is not None else self.start()
 
     def __exit__(self, *exc: object) -> None:
         self.stop()

@@ -12,7 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from tests.harness.kafka import REPO
+from tests.harness.kafka import REPO, KafkaCluster
+from tests.harness.sluice import SluiceProcess
+from tests.harness.wait import poll
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -89,3 +91,25 @@ def test_brokers_die_when_their_parent_is_killed(tmp_path: Path) -> None:
     # a dying process loses its cmdline before its sockets close: wait for both
     assert wait_until(lambda: not java_pids_under(tmp_path) and not port_open(str(info["bootstrap"])), 15), \
         "broker outlived its parent"
+
+
+def sluice_pids_under(directory: Path) -> set[int]:
+    pids = set()
+    for proc in Path("/proc").iterdir():
+        if proc.name.isdigit():
+            try:
+                cmdline = (proc / "cmdline").read_bytes()
+            except OSError:
+                continue
+            if b"proxy" in cmdline and str(directory).encode() in cmdline:
+                pids.add(int(proc.name))
+    return pids
+
+
+def test_a_started_sluice_used_as_a_context_manager_is_one_process_and_stops(kafka: KafkaCluster,
+                                                                            tmp_path: Path) -> None:
+    # `with SluiceProcess(...).start() as s` once started a second process and stopped only that
+    # one: the first ran on until pytest exited, a Sluice per such test beside the rest of the suite
+    with SluiceProcess(kafka.bootstrap, tmp_path / "one").start() as sluice:
+        assert sluice_pids_under(tmp_path / "one") == {sluice.process.pid}  # type: ignore[union-attr]
+    assert poll(lambda: not sluice_pids_under(tmp_path / "one"), 30.0)
