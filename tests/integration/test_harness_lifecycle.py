@@ -19,7 +19,8 @@ from tests.harness.wait import poll
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 
-def java_pids_under(directory: Path) -> set[int]:
+def java_pids_under(directory: Path, marker: bytes = b"kafka.Kafka") -> set[int]:
+    """Processes whose command line holds `marker` and `directory` (by default: Kafka brokers)."""
     pids = set()
     for proc in Path("/proc").iterdir():
         if not proc.name.isdigit():
@@ -28,7 +29,7 @@ def java_pids_under(directory: Path) -> set[int]:
             cmdline = (proc / "cmdline").read_bytes()
         except OSError:
             continue
-        if b"kafka.Kafka" in cmdline and str(directory).encode() in cmdline:
+        if marker in cmdline and str(directory).encode() in cmdline:
             pids.add(int(proc.name))
     return pids
 
@@ -94,16 +95,7 @@ def test_brokers_die_when_their_parent_is_killed(tmp_path: Path) -> None:
 
 
 def sluice_pids_under(directory: Path) -> set[int]:
-    pids = set()
-    for proc in Path("/proc").iterdir():
-        if proc.name.isdigit():
-            try:
-                cmdline = (proc / "cmdline").read_bytes()
-            except OSError:
-                continue
-            if b"proxy" in cmdline and str(directory).encode() in cmdline:
-                pids.add(int(proc.name))
-    return pids
+    return java_pids_under(directory, b"proxy")
 
 
 def test_a_started_sluice_used_as_a_context_manager_is_one_process_and_stops(kafka: KafkaCluster,
