@@ -68,6 +68,17 @@ class ThrottleDecision:
 
 
 @dataclass(frozen=True, slots=True)
+class FetchAdmission:
+    """`QuotaManager.admit_fetch`'s outcome: the decision; whether the bytes were recorded (to be
+    un-recorded if the response is emptied); whether a throttle in it is debt the delivered fetch
+    ran up (token bucket: it delays what follows, it does not empty this one)."""
+
+    decision: ThrottleDecision
+    recorded: bool
+    throttle_is_debt: bool
+
+
+@dataclass(frozen=True, slots=True)
 class ThrottleStats:
     """Non-zero throttle times of one sensor since it was created (count, sum and maximum, ms)."""
 
@@ -217,7 +228,10 @@ class QuotaManager:
             self._sweep(now)
         if not self._enabled[kind]:
             return self._unlimited(kind, identity)
-        sensor = self._sensor(kind, identity, now)
+        return self._record_and_decide(kind, self._sensor(kind, identity, now), value, now)
+
+    def _record_and_decide(self, kind: QuotaKind, sensor: _Sensor, value: float,
+                           now: int) -> ThrottleDecision:
         sensor.last_record_ms = now
         if sensor.touched_sweep_ms != self._last_sweep_ms:
             self._touch(sensor)
@@ -228,6 +242,31 @@ class QuotaManager:
         if self._observer is not None:
             self._observer.on_record(sensor.key, value, now)
         return self._decide(kind, sensor, now)
+
+    def admit_fetch(self, identity: ClientIdentity, response_bytes: float) -> FetchAdmission:
+        """Record a Fetch response of `response_bytes` and decide, with one sensor lookup.
+
+        The windowed rate records it and checks (Kafka: a throttled fetch is then answered empty
+        and un-recorded by the caller). Under a token bucket a fetch is delivered while the
+        credits are not negative and then takes them below zero, as a produce does; a fetch that
+        arrives in debt is neither recorded nor delivered. (Emptying every fetch that does not
+        fit in the credits left would never serve a response larger than the burst, and a
+        broker returns a partition's first batch whole.)"""
+        kind = QuotaKind.FETCH
+        now = self._clock.now_ms()
+        if now - self._last_sweep_ms >= SENSOR_SWEEP_INTERVAL_MS:
+            self._sweep(now)
+        if not self._enabled[kind]:
+            return FetchAdmission(self._unlimited(kind, identity), recorded=True, throttle_is_debt=False)
+        sensor = self._sensor(kind, identity, now)
+        if sensor.bucket is None or sensor.bound is None:
+            return FetchAdmission(self._record_and_decide(kind, sensor, response_bytes, now),
+                                  recorded=True, throttle_is_debt=False)
+        before = self._decide(kind, sensor, now, count=False)
+        if before.throttle_time_ms > 0:  # in debt already (a shadow decision has no throttle time)
+            return FetchAdmission(before, recorded=False, throttle_is_debt=False)
+        return FetchAdmission(self._record_and_decide(kind, sensor, response_bytes, now),
+                              recorded=True, throttle_is_debt=True)
 
     def check(self, kind: QuotaKind, identity: ClientIdentity) -> ThrottleDecision:
         """The decision `identity` would get now, without recording anything.
@@ -259,13 +298,6 @@ class QuotaManager:
             sensor.bucket.record(value, sensor.bound, sensor.bound * sensor.burst_s, now)
         if self._observer is not None:
             self._observer.on_record(sensor.key, value, now)
-
-    def uses_bucket(self, kind: QuotaKind, identity: ClientIdentity) -> bool:
-        """Whether `identity`'s `kind` is limited by a token bucket (rate_model token_bucket)."""
-        if not self._enabled[kind]:
-            return False
-        sensor = self._sensor(kind, identity, self._clock.now_ms())
-        return sensor.bucket is not None and sensor.bound is not None
 
     def unrecord(self, kind: QuotaKind, identity: ClientIdentity, value: float) -> None:
         """Take back `value` (records ``-value``, no check): Kafka's `unrecordQuotaSensor`, used

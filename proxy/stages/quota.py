@@ -382,31 +382,22 @@ class QuotaStage(StageBase):
             usage = None
             if self._managers.needs_fetch_usage and len(payload) == size:
                 usage = fetch_usage(payload, entry.api_version, self._managers.topic_names)
-            # Under a token bucket a fetch is delivered while the credits are not negative, and then
-            # takes them below zero (as a produce does): the throttle that follows delays the next
-            # fetch. Emptying it instead would serve only fetches that fit in the credits left, so
-            # a response larger than the burst (a broker returns a partition's first batch whole)
-            # would never be served. The windowed rate keeps Kafka's rule: a throttled fetch is
-            # answered empty and un-recorded.
+            # QuotaManager.admit_fetch decides: the windowed rate keeps Kafka's rule (a throttled
+            # fetch is answered empty and un-recorded); under a token bucket a fetch is delivered
+            # while the credits are not negative and its debt throttles what follows.
             delivered_ms = 0   # bucket throttles after a delivered fetch: they do not empty it
             recorded: list[QuotaManager] = []
             for manager, kinds in managers:
                 if QuotaKind.FETCH in kinds:
-                    if manager.uses_bucket(QuotaKind.FETCH, identity):
-                        before = manager.check(QuotaKind.FETCH, identity)
-                        if before.throttle_time_ms > 0:  # (shadow: recorded and delivered as usual)
-                            decisions.append(before)  # in debt already: not delivered, nothing recorded
-                            new_ms = max(new_ms, self._observe(ctx, [before]))
-                            continue
-                        fetch = manager.record_and_check(QuotaKind.FETCH, identity, size)
+                    admission = manager.admit_fetch(identity, size)
+                    decisions.append(admission.decision)
+                    if admission.recorded:
                         recorded.append(manager)
-                        decisions.append(fetch)
-                        delivered_ms = max(delivered_ms, self._observe(ctx, [fetch]))
-                        continue
-                    fetch = manager.record_and_check(QuotaKind.FETCH, identity, size)
-                    recorded.append(manager)
-                    decisions.append(fetch)
-                    new_ms = max(new_ms, self._observe(ctx, [fetch]))
+                    fetch_ms = self._observe(ctx, [admission.decision])
+                    if admission.throttle_is_debt:
+                        delivered_ms = max(delivered_ms, fetch_ms)
+                    else:
+                        new_ms = max(new_ms, fetch_ms)
                 if usage is not None and QuotaKind.CONSUMER_RECORD_RATE in kinds:
                     by_records = manager.record_and_check(QuotaKind.CONSUMER_RECORD_RATE, identity,
                                                           usage.records)

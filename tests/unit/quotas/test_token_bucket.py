@@ -233,3 +233,28 @@ def test_fetch_cap_is_half_the_burst_when_that_is_less() -> None:
         {"client_id": "c", "consumer_byte_rate": 10_000, "rate_model": "token_bucket", "burst_ms": 100}]})
     manager = QuotaManager(config, clock)
     assert manager.max_value_in_quota_window(F, WHO) == 500.0   # min(100 ms, 100 ms / 2) of 10,000 B/s
+
+
+def test_admit_fetch_delivers_while_the_credits_are_not_negative_and_records_nothing_in_debt() -> None:
+    clock = FakeClock(START_MS)
+    manager = QuotaManager(QuotaConfig.from_dict({"rate_model": "token_bucket", "burst_ms": 100, "entries": [
+        {"client_id": "c", "consumer_byte_rate": 1000}]}), clock)
+    first = manager.admit_fetch(WHO, 600)
+    # credits 100 B (100 ms of 1000 B/s) - 600 = -500: delivered, its debt throttles 500 ms
+    assert first.recorded and first.throttle_is_debt and first.decision.throttle_time_ms == 500
+    clock.advance(200)  # refilled to -300: in debt, so neither recorded nor delivered
+    second = manager.admit_fetch(WHO, 600)
+    assert not second.recorded and not second.throttle_is_debt and second.decision.throttle_time_ms == 300
+    clock.advance(300)  # back at 0: delivered again, down to -600
+    third = manager.admit_fetch(WHO, 600)
+    assert third.recorded and third.decision.throttle_time_ms == 600
+
+
+def test_admit_fetch_under_the_windowed_rate_records_and_checks_as_kafka_does() -> None:
+    clock = FakeClock(START_MS)
+    config = QuotaConfig.from_dict({"entries": [{"client_id": "c", "consumer_byte_rate": 1000}]})
+    manager = QuotaManager(config, clock)
+    admission = manager.admit_fetch(WHO, 20_000)
+    # 20,000 B over a fresh window padded to 10 s = 2,000 B/s: (2000 - 1000) / 1000 x 10 s
+    assert admission.recorded and not admission.throttle_is_debt
+    assert admission.decision.throttle_time_ms == 10_000
