@@ -24,6 +24,7 @@ from proxy.ops.broker_listeners import BrokerListenerCollector
 from proxy.ops.connections import SAMPLE_INTERVAL_MS, BearerToken, ConnectionInventory
 from proxy.ops.disk_guard import StorageCollector, StoragePoller
 from proxy.ops.headroom import USAGE_PATH, HeadroomCollector, usage_json, usage_report
+from proxy.ops.heap import HeapTrimCollector, HeapTrimmer, glibc_malloc_trim
 from proxy.ops.http import MetricsEndpoint
 from proxy.ops.metrics import AccessLogCollector, LimitsCollector, QuotaSensorCollector, SluiceMetrics
 from proxy.pumps.connection import ClientConnection, ConnectionServices, connection_factory
@@ -91,6 +92,9 @@ class ProxyServer:
             self.registry_metrics.register(AccessLogCollector(self.access_log))
         self.limits = make_limits(config, self.clock)
         self.registry_metrics.register(LimitsCollector(self.limits))
+        self.heap = HeapTrimmer(config.heap_trim_interval_ms / 1000, glibc_malloc_trim())
+        self.registry_metrics.register(HeapTrimCollector(self.heap))
+        self._heap_task: asyncio.Task[None] | None = None
         self._servers: list[asyncio.Server] = []
         self._bootstrap_server: asyncio.Server | None = None
         self.services: ConnectionServices | None = None
@@ -142,6 +146,7 @@ class ProxyServer:
             self.inventory = ConnectionInventory(lambda: self.connections, self.clock, self.worker_index,
                                                  config.connections_endpoint.window_ms)
             self._sampler = loop.create_task(self._sample_connections(self.inventory))
+        self._heap_task = loop.create_task(self.heap.run())
         pipeline = Pipeline(stages)
         self.services = ConnectionServices(
             pipeline=pipeline, registry=self.registry, clock=self.clock,
@@ -264,6 +269,8 @@ class ProxyServer:
             await server.wait_closed()
         if self._sampler is not None:
             self._sampler.cancel()
+        if self._heap_task is not None:
+            self._heap_task.cancel()
         if self.metrics_endpoint is not None:
             await self.metrics_endpoint.stop()
         if self.access_log is not None:

@@ -321,3 +321,18 @@ def test_a_client_that_stops_reading_cannot_grow_sluices_buffers(limited: tuple[
             assert partition.error_code == 0
             total_records += len(partition.records or b"")
         assert total_records >= fetches * 900_000
+
+
+def test_a_real_sluice_gives_its_free_heap_back_on_its_interval(kafka: KafkaCluster, tmp_path: Path) -> None:
+    port = free_port()
+    sluice = SluiceProcess(kafka.bootstrap, tmp_path / "sluice",
+                           config={"metrics": {"port": port}, "heap_trim_interval_ms": 200}).start()
+    metrics = Metrics(port)
+    try:
+        with From("127.0.0.10", sluice.bootstrap) as client:
+            assert client.served()  # Sluice serves while it trims
+        wait_until(lambda: (metrics.value("sluice_heap_trims_total") or 0) >= 3, 30.0,
+                   "three heap trims (one each 200 ms)")
+        assert metrics.value("sluice_heap_trimmed_bytes_total") is not None
+    finally:
+        sluice.stop()
