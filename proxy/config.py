@@ -312,8 +312,8 @@ class ProxyConfig(BaseModel):
     access_log: AccessLogConfig = AccessLogConfig()
     max_frame_bytes: int = Field(default=100 * 1024 * 1024, ge=1024)
     drain_timeout_ms: int = Field(default=30_000, ge=0)
-    heap_trim_interval_ms: int = Field(default=60_000, ge=0, description="give the heap's free pages back "
-                                       "to the kernel (glibc malloc_trim) this often; 0: never")
+    heap_trim_interval_ms: int = Field(default=0, ge=0, description="give the heap's free pages back to "
+                                       "the kernel (glibc malloc_trim) this often; 0 (the default): never")
     instance: str = Field(default_factory=lambda: os.uname().nodename.split(".")[0],
                           pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"

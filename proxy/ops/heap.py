@@ -8,10 +8,16 @@ stays at the highest peak seen and creeps up as rarer peaks come. It is not a le
 2026-11-25 (`docs/benchmarks.md`), one `malloc_trim(0)` took a Sluice process from 104 to 88 MiB,
 all of the rise since the warm-up.
 
-`HeapTrimmer` calls `malloc_trim(0)` every `heap_trim_interval_ms` (default 60 s; 0: never) in
-the loop's default executor, so the event loop does not wait on it (ctypes releases the GIL), and
-counts the trims and the bytes the resident size fell by (`sluice_heap_trims_total`,
-`sluice_heap_trimmed_bytes_total`). Without glibc (musl) there is nothing to call: logged once.
+`HeapTrimmer` calls `malloc_trim(0)` every `heap_trim_interval_ms` in the loop's default executor,
+so the event loop does not wait on it (ctypes releases the GIL), and counts the trims and the bytes
+the resident size fell by (`sluice_heap_trims_total`, `sluice_heap_trimmed_bytes_total`). Without
+glibc (musl) there is nothing to call: logged once.
+
+It is off by default (0). The memory glibc keeps is reused by the next burst, so it bounds itself
+at the load's peak: the 20-minute soak stayed within 5.7 % of its median after warm-up without
+trimming. With a trim every 60 s the resident size follows the load down and up again instead
+(a 10-minute soak: 85.9-103.1 MiB, 10.5 % from the median), lower on average but less flat. Turn
+it on where the memory between bursts matters more than a steady resident size.
 """
 
 from __future__ import annotations
