@@ -43,6 +43,12 @@ class ProxyHop:
         async def close() -> None:
             for server in self._servers:
                 server.close()
+            # end the relays while the loop runs: a relay left pending would be closed by the
+            # garbage collector later, and its `finally` would touch a closed loop
+            relays = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
+            for relay in relays:
+                relay.cancel()
+            await asyncio.gather(*relays, return_exceptions=True)
 
         with contextlib.suppress(Exception):
             asyncio.run_coroutine_threadsafe(close(), self._loop).result(10)
