@@ -35,6 +35,8 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
+from bench.bench_fleet import commit
+
 REPO = Path(__file__).resolve().parents[1]
 RESULTS = REPO / "bench" / "results"
 
@@ -189,7 +191,7 @@ def main(argv: list[str] | None = None) -> int:
         return {"median": mid, "min": min(values), "max": max(values),
                 "max_dev_pct": round(100 * max(abs(v - mid) for v in values) / mid, 2)}
     report = {
-        "commit": _commit(), "connections_target": args.connections, "minutes": args.minutes,
+        "commit": commit(), "connections_target": args.connections, "minutes": args.minutes,
         "producers": args.producers,
         "consumers": args.consumers, "idle_connections": len(idle),
         "peak_open_connections": max(s["connections"] for s in samples),
@@ -208,14 +210,6 @@ def main(argv: list[str] | None = None) -> int:
     print(json.dumps({k: v for k, v in report.items() if k != "samples"}, indent=2))
     ok = report["flat_within_10pct"] and report["access_log_equals_requests"] and not errors
     return 0 if ok else 1
-
-
-def _commit() -> str:
-    import subprocess
-
-    done = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=Path(__file__).parent,
-                          capture_output=True, text=True, check=False)
-    return done.stdout.strip() or "unknown"
 
 
 IDLE_REFRESH_S = 240.0  # under librdkafka's and Java's 5-minute metadata.max.age.ms

@@ -228,10 +228,12 @@ class QuotaManager:
             self._sweep(now)
         if not self._enabled[kind]:
             return self._unlimited(kind, identity)
-        return self._record_and_decide(kind, self._sensor(kind, identity, now), value, now)
+        sensor = self._sensor(kind, identity, now)
+        self._record_on(sensor, value, now)
+        return self._decide(kind, sensor, now)
 
-    def _record_and_decide(self, kind: QuotaKind, sensor: _Sensor, value: float,
-                           now: int) -> ThrottleDecision:
+    def _record_on(self, sensor: _Sensor, value: float, now: int) -> None:
+        """Add `value` to the sensor's rate, its total and its bucket, and tell the observer."""
         sensor.last_record_ms = now
         if sensor.touched_sweep_ms != self._last_sweep_ms:
             self._touch(sensor)
@@ -241,7 +243,6 @@ class QuotaManager:
             sensor.bucket.record(value, sensor.bound, sensor.bound * sensor.burst_s, now)
         if self._observer is not None:
             self._observer.on_record(sensor.key, value, now)
-        return self._decide(kind, sensor, now)
 
     def admit_fetch(self, identity: ClientIdentity, response_bytes: float) -> FetchAdmission:
         """Record a Fetch response of `response_bytes` and decide, with one sensor lookup.
@@ -259,14 +260,13 @@ class QuotaManager:
         if not self._enabled[kind]:
             return FetchAdmission(self._unlimited(kind, identity), recorded=True, throttle_is_debt=False)
         sensor = self._sensor(kind, identity, now)
-        if sensor.bucket is None or sensor.bound is None:
-            return FetchAdmission(self._record_and_decide(kind, sensor, response_bytes, now),
-                                  recorded=True, throttle_is_debt=False)
-        before = self._decide(kind, sensor, now, count=False)
-        if before.throttle_time_ms > 0:  # in debt already (a shadow decision has no throttle time)
-            return FetchAdmission(before, recorded=False, throttle_is_debt=False)
-        return FetchAdmission(self._record_and_decide(kind, sensor, response_bytes, now),
-                              recorded=True, throttle_is_debt=True)
+        bucket = sensor.bucket is not None and sensor.bound is not None
+        if bucket:
+            before = self._decide(kind, sensor, now, count=False)
+            if before.throttle_time_ms > 0:  # in debt already (a shadow decision has no throttle time)
+                return FetchAdmission(before, recorded=False, throttle_is_debt=False)
+        self._record_on(sensor, response_bytes, now)
+        return FetchAdmission(self._decide(kind, sensor, now), recorded=True, throttle_is_debt=bucket)
 
     def check(self, kind: QuotaKind, identity: ClientIdentity) -> ThrottleDecision:
         """The decision `identity` would get now, without recording anything.
@@ -288,16 +288,7 @@ class QuotaManager:
             self._sweep(now)
         if not self._enabled[kind]:
             return
-        sensor = self._sensor(kind, identity, now)
-        sensor.last_record_ms = now
-        if sensor.touched_sweep_ms != self._last_sweep_ms:
-            self._touch(sensor)
-        sensor.rate.record(value, now)
-        sensor.used_total += value
-        if sensor.bucket is not None and sensor.bound is not None:
-            sensor.bucket.record(value, sensor.bound, sensor.bound * sensor.burst_s, now)
-        if self._observer is not None:
-            self._observer.on_record(sensor.key, value, now)
+        self._record_on(self._sensor(kind, identity, now), value, now)
 
     def unrecord(self, kind: QuotaKind, identity: ClientIdentity, value: float) -> None:
         """Take back `value` (records ``-value``, no check): Kafka's `unrecordQuotaSensor`, used

@@ -226,17 +226,20 @@ class ClientConnection(asyncio.Protocol):
 
     # ------------------------------------------------------------------ requests
 
-    def _reading_allowed(self) -> bool:
-        return (self._mute.state is _NOT_MUTED and self._upstream is not None
-                and len(self._in_flight_queue) < self._max_in_flight
+    def _open_for_requests(self) -> bool:
+        """Everything but the mute that lets requests in (see the module's docstring)."""
+        return (self._upstream is not None and len(self._in_flight_queue) < self._max_in_flight
                 and not (self._draining or self._upstream_backpressure or self.closed))
 
+    def _reading_allowed(self) -> bool:
+        """Whether the next buffered frame may be handled."""
+        return self._mute.state is _NOT_MUTED and self._open_for_requests()
+
     def _socket_readable(self) -> bool:
-        """Whether the transport reads: as `_reading_allowed`, but a mute alone stops it only
-        once something the client sent is buffered (see the module's docstring)."""
+        """Whether the transport reads: a mute alone stops it only once something the client
+        sent is buffered."""
         return ((self._mute.state is _NOT_MUTED or not self._splitter.buffered_bytes)
-                and self._upstream is not None and len(self._in_flight_queue) < self._max_in_flight
-                and not (self._draining or self._upstream_backpressure or self.closed))
+                and self._open_for_requests())
 
     def _update_reading(self) -> None:
         transport = self._transport

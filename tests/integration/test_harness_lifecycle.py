@@ -19,7 +19,7 @@ from tests.harness.wait import poll
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 
-def java_pids_under(directory: Path, marker: bytes = b"kafka.Kafka") -> set[int]:
+def pids_under(directory: Path, marker: bytes = b"kafka.Kafka") -> set[int]:
     """Processes whose command line holds `marker` and `directory` (by default: Kafka brokers)."""
     pids = set()
     for proc in Path("/proc").iterdir():
@@ -79,23 +79,19 @@ def test_cluster_command_up_status_down(tmp_path: Path) -> None:
     assert down.returncode == 0
     assert proc.wait(timeout=30) == 0
     assert not port_open(bootstrap)
-    assert java_pids_under(tmp_path) == set()
+    assert pids_under(tmp_path) == set()
     assert not (tmp_path / "cluster.json").exists()
 
 
 def test_brokers_die_when_their_parent_is_killed(tmp_path: Path) -> None:
     proc, info = start_cluster_command(tmp_path)
-    brokers = java_pids_under(tmp_path)
+    brokers = pids_under(tmp_path)
     assert len(brokers) == 1
     os.kill(proc.pid, signal.SIGKILL)  # no cleanup code runs in the parent
     proc.wait(timeout=10)
     # a dying process loses its cmdline before its sockets close: wait for both
-    assert wait_until(lambda: not java_pids_under(tmp_path) and not port_open(str(info["bootstrap"])), 15), \
+    assert wait_until(lambda: not pids_under(tmp_path) and not port_open(str(info["bootstrap"])), 15), \
         "broker outlived its parent"
-
-
-def sluice_pids_under(directory: Path) -> set[int]:
-    return java_pids_under(directory, b"proxy")
 
 
 def test_a_started_sluice_used_as_a_context_manager_is_one_process_and_stops(kafka: KafkaCluster,
@@ -103,5 +99,5 @@ def test_a_started_sluice_used_as_a_context_manager_is_one_process_and_stops(kaf
     # `with SluiceProcess(...).start() as s` once started a second process and stopped only that
     # one: the first ran on until pytest exited, a Sluice per such test beside the rest of the suite
     with SluiceProcess(kafka.bootstrap, tmp_path / "one").start() as sluice:
-        assert sluice_pids_under(tmp_path / "one") == {sluice.process.pid}  # type: ignore[union-attr]
-    assert poll(lambda: not sluice_pids_under(tmp_path / "one"), 30.0)
+        assert pids_under(tmp_path / "one", b"proxy") == {sluice.process.pid}  # type: ignore[union-attr]
+    assert poll(lambda: not pids_under(tmp_path / "one", b"proxy"), 30.0)

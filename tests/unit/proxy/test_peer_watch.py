@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import socket
-import time
 
 from proxy.pumps.peer_watch import PeerWatch, peer_has_closed
 from quotas.clock import FakeClock
+from tests.harness.wait import wait_until
 from tests.unit.proxy.test_connection import FakeTimers
 
 
@@ -43,10 +43,7 @@ def test_peer_has_closed_reads_the_kernels_tcp_state_behind_unread_bytes() -> No
             client.sendall(b"a pipelined request nobody has read")
             assert not peer_has_closed(accepted)   # ESTABLISHED
             client.close()                         # FIN, behind the unread bytes
-            deadline = time.monotonic() + 10
-            while not peer_has_closed(accepted):   # loopback delivers the FIN at once; poll anyway
-                assert time.monotonic() < deadline, "CLOSE_WAIT never seen"
-                time.sleep(0.01)
+            wait_until(lambda: peer_has_closed(accepted), 10.0, "CLOSE_WAIT behind the unread bytes")
 
 
 def test_what_is_not_a_tcp_socket_is_never_reported_closed() -> None:
