@@ -103,13 +103,16 @@ def confluent_flood(bootstrap: str, topic: str, seconds: float, *, record_size: 
                     client_id: str = "flood", config: Mapping[str, object] | None = None,
                     rate_bytes_per_s: float | None = None, stop: threading.Event | None = None,
                     batch_bytes: int = 64 * 1024, timeline: Timeline | None = None,
-                    abandon_on_stop: bool = False) -> Timeline:
+                    abandon_on_stop: bool = False,
+                    by_partition: dict[int, Timeline] | None = None) -> Timeline:
     """Produce for `seconds` as fast as the quota lets librdkafka (or at a fixed pace).
 
     `batch_bytes` bounds librdkafka's produce requests: against a small quota, 1 MiB batches
     would make a few huge requests and a measurement over seconds would be all-or-nothing.
     `abandon_on_stop`: when `stop` is set, drop what is in flight and close at once (a client that
     goes away) instead of waiting for the outstanding requests.
+    `by_partition`: also time each delivery in the timeline of its partition (added on first use,
+    with the flood's start): with one partition per broker, each broker connection's own flow.
     """
     from confluent_kafka import KafkaError, Producer
 
@@ -123,7 +126,13 @@ def confluent_flood(bootstrap: str, topic: str, seconds: float, *, record_size: 
 
     def delivered(err: object, msg: object) -> None:
         if err is None:
-            timeline.add(record_size)
+            at = time.monotonic()
+            timeline.add(record_size, at)
+            if by_partition is not None:
+                partition = msg.partition()  # type: ignore[attr-defined]
+                if partition not in by_partition:
+                    by_partition[partition] = Timeline(started=timeline.started)
+                by_partition[partition].add(record_size, at)
         elif err.code() not in purged:  # type: ignore[attr-defined]
             timeline.fail(str(err))
 

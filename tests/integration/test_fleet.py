@@ -88,9 +88,11 @@ def fleet3(kafka: KafkaCluster, tmp_path: Path) -> Iterator[Fleet]:
 
 
 def flood_through(fleet: Fleet, topic: str, seconds: float, stops: list[threading.Event] | None = None,
-                  batch_bytes: int = 64 * KiB) -> list[load.Timeline]:
+                  batch_bytes: int = 64 * KiB,
+                  by_partition: list[dict[int, load.Timeline]] | None = None) -> list[load.Timeline]:
     """One librdkafka producer per instance, all with client id `fleet-app`, started together; a
-    producer whose `stops` event is set goes away at once (drops what is in flight, closes)."""
+    producer whose `stops` event is set goes away at once (drops what is in flight, closes).
+    `by_partition`: one dict per producer, filled with its flow per partition."""
     timelines = [load.Timeline() for _ in fleet.sluices]
     failures: list[BaseException] = []
 
@@ -99,7 +101,8 @@ def flood_through(fleet: Fleet, topic: str, seconds: float, stops: list[threadin
             load.confluent_flood(sluice.bootstrap, topic, seconds, client_id="fleet-app",
                                  batch_bytes=batch_bytes, timeline=timeline,
                                  config={"log_level": 2},  # the killed instance's would log every retry
-                                 stop=None if stops is None else stops[i], abandon_on_stop=True)
+                                 stop=None if stops is None else stops[i], abandon_on_stop=True,
+                                 by_partition=None if by_partition is None else by_partition[i])
         except BaseException as e:  # raised again in the test's own thread
             failures.append(e)
 
@@ -307,14 +310,23 @@ def test_per_broker_budgets_hold_per_broker_across_two_instances(kafka_cluster3:
         with Sampler(lambda: {(b, i): fleet.metrics(i).value("sluice_fleet_share", broker=b,
                                                              client_id="fleet-app")
                               for b in ("1", "2", "3") for i in range(2)}) as seen:
-            timelines = flood_through(fleet, topic, PERIOD_S + RUN_S)
-        # each producer mixes three brokers' sawtooths: a plain rate over three periods is smooth
-        total = sum(t.rate(PERIOD_S, PERIOD_S + RUN_S) for t in timelines)
-        print(f"three brokers, two instances: {total / KiB:.0f} KiB/s (3 x {quota // KiB} KiB/s budgets)")
-        # one budget per broker for the whole fleet: 3 x quota (two instances alone would give 6 x).
-        # As in test_pluggable_quotas, three budgets are an upper bound a loaded 2-core machine may
-        # not reach (0.79 measured under load): the bound that matters is the upper one.
-        assert 0.6 * 3 * quota <= total <= 1.15 * 3 * quota, f"{total / (3 * quota):.3f} x 3 budgets"
+            flows: list[dict[int, load.Timeline]] = [{}, {}]
+            flood_through(fleet, topic, PERIOD_S + RUN_S, by_partition=flows)
+        # partition p lives on broker p + 1: each broker's budget holds the two instances' connections
+        # to it, each judged over its own whole throttle cycles (as the three-instance test judges
+        # its three); a plain rate over a span that is not whole cycles is off by up to one burst
+        # per connection, six here (the plain rates measured 0.02-0.3 x a connection's share higher)
+        per_broker = [total_rate([flows[i][p] for i in range(2)], PERIOD_S, PERIOD_S + RUN_S)
+                      for p in range(3)]
+        print("three brokers, two instances: " + ", ".join(f"{r / KiB:.0f}" for r in per_broker)
+              + f" KiB/s (budgets of {quota // KiB} KiB/s)")
+        # one budget per broker for the whole fleet (two instances alone would give 2 x each). As in
+        # test_pluggable_quotas, a loaded 2-core machine may not fill three budgets (0.79 measured
+        # under load): the bound that matters is the upper one, the same as the three-instance test's
+        # (0.69-1.01 per broker measured beside a busy loop)
+        for broker, rate in enumerate(per_broker, start=1):
+            assert rate <= 1.1 * quota, f"broker {broker}: {rate / quota:.3f} x its budget"
+        assert 0.6 * 3 * quota <= sum(per_broker), f"{sum(per_broker) / (3 * quota):.3f} x 3 budgets"
         # both instances shared each broker's budget while the producers ran
         for broker in ("1", "2", "3"):
             both = [[sample[(broker, i)] for i in range(2)] for sample in seen.samples]
