@@ -22,6 +22,12 @@ forwarder's in the same run. This is the issue-12 measure with the broker taken 
 * writer CPU (``--access-log``): the access-log writer process's CPU from /proc, over the same pairs,
   after it has written every record.
 
+**The writer's own paths**, in this process, over the rows the pairs would hand over (best of
+``--repeats``, CPU per record): reading the payloads alone (`payload_fields`: the Produce walks and
+the broker's throttle time), a record dict built and written per row (the JSON and Kafka-sink path,
+and the Parquet path before the columnar one), and rows written as columns (`RecordFiles.write_rows`,
+the default Parquet path).
+
     .venv/bin/python -m bench.bench_hot_path                 # both halves, 20,000 pairs x 5
     .venv/bin/python -m bench.bench_hot_path --profile OUT   # cProfile of the loop, log on
 
@@ -358,6 +364,48 @@ def measure_sockets(pairs_n: int, repeats: int, tmp: Path) -> list[dict[str, Any
     return rows
 
 
+def measure_writer_paths(n: int, repeats: int, tmp: Path) -> dict[str, float]:
+    """CPU µs per record of the writer's paths over `n` rows of the benchmark's Produce pairs."""
+    from proxy.ops.access_log_files import RecordFiles, build_record, payload_fields
+
+    rows = []
+    for i in range(n):
+        request, response = produce_request(i)[4:], produce_response(i)
+        rows.append((1_767_225_600_000 + i, 1, "127.0.0.1:50000", "ANONYMOUS", CLIENT_ID.decode(), None,
+                     None, ApiKey.PRODUCE, 8, i, len(request), len(response), 0.2, 0, None,
+                     "client-id=<default>", "producer_byte_rate", 1e9, False, None, request, response))
+
+    def walks() -> None:
+        names: dict[bytes, str] = {}
+        for row in rows:
+            payload_fields(row, names)
+
+    def one_by_one() -> None:
+        files = RecordFiles(Path(tempfile.mkdtemp(dir=tmp)), "bench", "parquet", 1 << 40, None, None)
+        names: dict[bytes, str] = {}
+        for row in rows:
+            files.write(build_record(row, "bench", names))
+        files.close()
+
+    def as_columns() -> None:
+        files = RecordFiles(Path(tempfile.mkdtemp(dir=tmp)), "bench", "parquet", 1 << 40, None, None)
+        names: dict[bytes, str] = {}
+        for start in range(0, n, 5000):   # the feeder's batches
+            files.write_rows(rows[start:start + 5000], names)
+        files.close()
+
+    def best_us(run: Callable[[], None]) -> float:
+        best = float("inf")
+        for _ in range(repeats):
+            began = time.process_time()
+            run()
+            best = min(best, time.process_time() - began)
+        return round(best / n * 1e6, 2)
+
+    return {"payload_walks": best_us(walks), "records_one_by_one": best_us(one_by_one),
+            "rows_as_columns": best_us(as_columns)}
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -373,6 +421,9 @@ def main(argv: list[str] | None = None) -> int:
     rows = []
     with tempfile.TemporaryDirectory(prefix="sluice-hot-path-") as tmp:
         sockets_rows = measure_sockets(args.pairs, args.repeats, Path(tmp))
+        writer_paths = measure_writer_paths(args.pairs, args.repeats, Path(tmp))
+        print("writer paths, us/record: " + ", ".join(f"{k} {v:.2f}" for k, v in writer_paths.items()),
+              flush=True)
         for mode in ("raw", "log_off", "log_on"):
             rows.append(asyncio.run(measure(mode, args.pairs, args.repeats, Path(tmp), args.profile)))
             r = rows[-1]
@@ -380,7 +431,8 @@ def main(argv: list[str] | None = None) -> int:
             print(f"no sockets {mode:8s} loop {r['loop_us_per_pair']:7.2f} us/pair  "
                   f"process {r['process_us_per_pair']:7.2f}{writer}", flush=True)
     report = {"what": __doc__.split("\n")[0], "load_average": os.getloadavg(), "cpu_count": os.cpu_count(),
-              "python": sys.version.split()[0], "sockets": sockets_rows, "no_sockets": rows}
+              "python": sys.version.split()[0], "sockets": sockets_rows, "no_sockets": rows,
+              "writer_paths_us_per_record": writer_paths}
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(report, indent=2) + "\n")
     print(f"results: {args.out}")

@@ -8,6 +8,11 @@ payloads the record needs, pickled) from a pipe until an empty batch or EOF (the
 closes its files. Files are partitioned by UTC date and hour and rotate by size and hour; JSON is
 flushed every second; Parquet files are written with pyarrow from columns, one row group per batch
 of up to 50,000 records.
+
+Parquet without a Kafka sink (the default) never builds a record: a batch of rows is turned into
+columns at once (`RecordFiles.write_rows`), and only the fields read from payloads (topics, error
+codes, the broker's throttle time) are computed row by row. JSON lines and the sink need one record
+per line, so they go through `build_record`; both paths write the same values.
 """
 
 from __future__ import annotations
@@ -39,6 +44,7 @@ Row = tuple[Any, ...]
 
 COUNTERS = ("written", "failed")   # shared integers the proxy reads for /metrics
 _PARQUET_ROWS = 50_000
+_PARQUET_ROW_BYTES = 200  # an estimate per record: rotation by size is approximate for Parquet
 
 
 class RecordSink(Protocol):
@@ -72,15 +78,19 @@ class KafkaSink:
             log.warning("access-log topic %s: %d records not delivered at close", self._topic, left)
 
 
-def build_record(row: Row, instance: str, topic_names: dict[bytes, str],
-                 worker: int | None = None) -> dict[str, object]:
-    """The schema's record for one served request."""
+PayloadFields = tuple[list[dict[str, object]] | None, int | None, list[int]]
+_NO_PAYLOAD: PayloadFields = (None, None, [])
+
+
+def payload_fields(row: Row, topic_names: dict[bytes, str]) -> PayloadFields:
+    """(topics, broker_throttle_time_ms, error_codes) of one row: what is read from its payloads.
+    A payload that cannot be read gives what could be read before the problem."""
     from protocol import records  # the walkers are only needed here
 
-    (ts_ms, broker_id, client_address, principal, client_id, software_name, software_version, api_key,
-     api_version, correlation_id, request_bytes, response_bytes, upstream_latency_ms, throttle_ms,
-     broker_head, quota_entity, quota_kind, quota_limit, shadow, would_throttle_ms,
-     request, response) = row
+    api_key, api_version = row[_API_KEY], row[_API_VERSION]
+    broker_head, request, response = row[_BROKER_HEAD], row[_REQUEST], row[_RESPONSE]
+    if request is None and response is None and broker_head is None:
+        return _NO_PAYLOAD
     topics: list[dict[str, object]] | None = None
     error_codes: set[int] = set()
     try:
@@ -103,6 +113,17 @@ def build_record(row: Row, instance: str, topic_names: dict[bytes, str],
     error_codes.discard(0)
     broker_throttle_ms = _broker_throttle(response if response is not None else broker_head,
                                           api_key, api_version)
+    return (topics if api_key in (ApiKey.PRODUCE, ApiKey.FETCH) else None, broker_throttle_ms,
+            sorted(error_codes))
+
+
+def build_record(row: Row, instance: str, topic_names: dict[bytes, str],
+                 worker: int | None = None) -> dict[str, object]:
+    """The schema's record for one served request."""
+    (ts_ms, broker_id, client_address, principal, client_id, software_name, software_version, api_key,
+     api_version, correlation_id, request_bytes, response_bytes, upstream_latency_ms, throttle_ms,
+     _, quota_entity, quota_kind, quota_limit, shadow, would_throttle_ms, _, _) = row
+    topics, broker_throttle_ms, error_codes = payload_fields(row, topic_names)
     return {
         "schema_version": SCHEMA_VERSION,
         "ts_ms": ts_ms,
@@ -119,7 +140,7 @@ def build_record(row: Row, instance: str, topic_names: dict[bytes, str],
         "correlation_id": correlation_id,
         "request_bytes": request_bytes,
         "response_bytes": response_bytes,
-        "topics": topics if api_key in (ApiKey.PRODUCE, ApiKey.FETCH) else None,
+        "topics": topics,
         "upstream_latency_ms": upstream_latency_ms,
         "throttle_time_ms": throttle_ms,
         "broker_throttle_time_ms": broker_throttle_ms,
@@ -128,9 +149,18 @@ def build_record(row: Row, instance: str, topic_names: dict[bytes, str],
         "quota_limit": quota_limit,
         "shadow": shadow,
         "would_throttle_ms": would_throttle_ms,
-        "error_codes": sorted(error_codes),
+        "error_codes": error_codes,
         "worker": worker,
     }
+
+
+# record fields copied from a row as they are, and the row's payload fields (by position)
+_COPIED: tuple[tuple[str, int], ...] = tuple(
+    (name, ROW_FIELDS.index(name)) for name in FIELD_NAMES if name in ROW_FIELDS)
+_API_KEY, _API_VERSION = ROW_FIELDS.index("api_key"), ROW_FIELDS.index("api_version")
+_BROKER_HEAD = ROW_FIELDS.index("broker_throttle_head")
+_REQUEST, _RESPONSE = ROW_FIELDS.index("request_payload"), ROW_FIELDS.index("response_payload")
+_HOUR_MS = 3_600_000  # UTC hours are whole multiples of it in epoch milliseconds
 
 
 def _broker_throttle(payload: bytes | None, api_key: int, api_version: int) -> int | None:
@@ -177,7 +207,7 @@ class RecordFiles:
         self.root, self.instance, self.log_format = root, instance, log_format
         self.rotate_bytes, self.worker, self._sink = rotate_bytes, worker, sink
         self._file: IO[str] | None = None
-        self._file_hour: tuple[int, int] | None = None
+        self._file_hour: int | None = None
         self._file_bytes = 0
         self._seq = 0
         self._path: Path | None = None
@@ -187,12 +217,7 @@ class RecordFiles:
 
     def write(self, record: dict[str, object]) -> None:
         ts_ms = int(record["ts_ms"])  # type: ignore[call-overload]
-        t = time.gmtime(ts_ms / 1000)
-        hour = (t.tm_yday + t.tm_year * 1000, t.tm_hour)
-        if self._file_hour != hour or self._file_bytes >= self.rotate_bytes:
-            self.close()
-            self._file_hour = hour
-            self._open(ts_ms)
+        self._roll(ts_ms)
         if self.log_format == "json" or self._sink is not None:
             line = dumps_record(record)
             if self.log_format == "json":
@@ -205,9 +230,74 @@ class RecordFiles:
             for name, column in self._columns.items():
                 column.append(record[name])
             self._rows += 1
-            self._file_bytes += 200  # an estimate: rotation by size is approximate for Parquet
+            self._file_bytes += _PARQUET_ROW_BYTES
             if self._rows >= _PARQUET_ROWS:
                 self._write_row_group()
+
+    def write_rows(self, rows: Sequence[Row], topic_names: dict[bytes, str]) -> int:
+        """Parquet only: the records of `rows`, in order, as `write(build_record(row))` of each
+        would write them (same files, rotation and row groups), built column by column. Returns
+        how many rows could not be read into a record (logged; the others are written)."""
+        assert self.log_format == "parquet"
+        failed = 0
+        start, n = 0, len(rows)
+        while start < n:
+            ts_ms = rows[start][0]
+            self._roll(ts_ms)
+            hour = ts_ms // _HOUR_MS
+            # as many rows as fit: the same hour, before rotation by size, within one row group
+            room = min(-(-(self.rotate_bytes - self._file_bytes) // _PARQUET_ROW_BYTES),
+                       _PARQUET_ROWS - self._rows)
+            end = start + 1
+            limit = min(n, start + max(1, room))
+            while end < limit and rows[end][0] // _HOUR_MS == hour:
+                end += 1
+            failed += self._append_columns(rows[start:end], topic_names)
+            if self._rows >= _PARQUET_ROWS:
+                self._write_row_group()
+            start = end
+        return failed
+
+    def _append_columns(self, rows: Sequence[Row], topic_names: dict[bytes, str]) -> int:
+        try:
+            fields = [payload_fields(row, topic_names) for row in rows]
+        except Exception:  # a bug, not bad bytes (those give what could be read): find the row
+            fields, kept = [], []
+            for row in rows:
+                try:
+                    fields.append(payload_fields(row, topic_names))
+                    kept.append(row)
+                except Exception:
+                    log.exception("cannot write an access-log record")
+            failed, rows = len(rows) - len(kept), kept
+            if not rows:
+                return failed
+        else:
+            failed = 0
+        n = len(rows)
+        by_position = list(zip(*rows, strict=True))
+        columns = self._columns
+        for name, position in _COPIED:
+            columns[name].extend(by_position[position])
+        topics, throttles, errors = zip(*fields, strict=True)
+        columns["topics"].extend(topics)
+        columns["broker_throttle_time_ms"].extend(throttles)
+        columns["error_codes"].extend(errors)
+        columns["api_name"].extend([api_name(k) for k in by_position[_API_KEY]])
+        columns["schema_version"].extend([SCHEMA_VERSION] * n)
+        columns["instance"].extend([self.instance] * n)
+        columns["worker"].extend([self.worker] * n)
+        self._rows += n
+        self._file_bytes += _PARQUET_ROW_BYTES * n
+        return failed
+
+    def _roll(self, ts_ms: int) -> None:
+        """A new file when the hour changes or the file is full."""
+        hour = ts_ms // _HOUR_MS
+        if self._file_hour != hour or self._file_bytes >= self.rotate_bytes:
+            self.close()
+            self._file_hour = hour
+            self._open(ts_ms)
 
     def _open(self, ts_ms: int) -> None:
         path = partition_path(self.root, ts_ms, self.instance, self._seq, log_format=self.log_format,
@@ -226,13 +316,15 @@ class RecordFiles:
         import pyarrow.parquet as pq
 
         schema = arrow_schema()
-        table = pa.Table.from_pydict(self._columns, schema=schema)
-        if self._parquet is None:
-            assert self._path is not None
-            self._parquet = pq.ParquetWriter(self._path, schema)
-        self._parquet.write_table(table)
-        self._columns = {name: [] for name in FIELD_NAMES}
-        self._rows = 0
+        try:
+            table = pa.Table.from_pydict(self._columns, schema=schema)
+            if self._parquet is None:
+                assert self._path is not None
+                self._parquet = pq.ParquetWriter(self._path, schema)
+            self._parquet.write_table(table)
+        finally:  # a row group pyarrow refuses is dropped, never written again with the next ones
+            self._columns = {name: [] for name in FIELD_NAMES}
+            self._rows = 0
 
     def flush(self) -> None:
         if self._file is not None:
@@ -262,6 +354,7 @@ def serve(conn: Connection, root: str, instance: str, log_format: str, rotate_by
     files = RecordFiles(Path(root), instance, log_format, rotate_bytes, worker, sink)
     shared: Any = counters
     topic_names: dict[bytes, str] = {}
+    columnar = log_format == "parquet" and sink is None
     last_flush = time.monotonic()
     try:
         while True:
@@ -273,6 +366,15 @@ def serve(conn: Connection, root: str, instance: str, log_format: str, rotate_by
                 if not data:
                     break
                 rows: list[Row] = pickle.loads(data)
+                if columnar:
+                    try:
+                        failed = files.write_rows(rows, topic_names)
+                        shared[0] += len(rows) - failed
+                        shared[1] += failed
+                    except Exception:  # a row group pyarrow refused: dropped, the log goes on
+                        shared[1] += len(rows)
+                        log.exception("cannot write a batch of %d access-log records", len(rows))
+                    continue
                 for row in rows:
                     try:
                         files.write(build_record(row, instance, topic_names, worker))

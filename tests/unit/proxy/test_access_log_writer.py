@@ -14,9 +14,11 @@ from contracts.access_log import FIELD_NAMES, validate_record
 from protocol.apis import ApiKey
 from proxy.flow.inflight import InFlight
 from proxy.flow.pipeline import ConnectionContext, Pipeline, ResponseOutcome, StageBase
+from proxy.ops import access_log_files
 from proxy.ops.access_log import AccessLogStage, AccessLogWriter, row_of
-from proxy.ops.access_log_files import build_record
+from proxy.ops.access_log_files import RecordFiles, Row, build_record
 from quotas.clock import FakeClock
+from tests.unit.protocol.test_records import LEGACY
 
 CTX = ConnectionContext(3, "127.0.0.1:5000", "broker 1", 1, principal="alice",
                         client_software_name="test-client", client_software_version="1.0")
@@ -87,3 +89,79 @@ def test_the_brokers_throttle_is_logged_even_when_sluice_patched_a_larger_one() 
     pipeline.on_complete(CTX, entry, 0)
     record = build_record(row_of(writer.handoff[0]), "unit", {})
     assert record["broker_throttle_time_ms"] == 450
+
+
+# ------------------------------------------------------------------ the columnar path
+
+HOUR_MS = 3_600_000
+T0 = 1_767_225_600_000 + HOUR_MS - 40  # 40 ms before 01:00 UTC: the rows cross an hour
+
+
+def mixed_rows(n: int) -> list[Row]:
+    """Rows of every kind the writer reads payloads of, a broken one, and payload-less ones."""
+    from tests.unit.protocol.test_records import fetch_v4_response, produce_v3_request, produce_v10_response
+
+    kinds: list[tuple[int, int, bytes | None, bytes | None, bytes | None]] = [
+        (ApiKey.PRODUCE, 3, produce_v3_request(), None, None),          # topics a/0, a/1, b/7
+        (ApiKey.PRODUCE, 10, None, produce_v10_response(), None),       # no request kept: no topics
+        (ApiKey.FETCH, 4, None, fetch_v4_response(), None),             # topics and error codes
+        (ApiKey.FETCH, 4, None, None, struct.pack(">ii", 0, 250)),      # streamed: the head's throttle
+        (ApiKey.METADATA, 1, None, struct.pack(">i", 0) + b"\x00" * 8, None),
+        (ApiKey.FETCH, 4, None, b"\x00\x00\x00\x01\xff", None),         # truncated: what could be read
+        (ApiKey.API_VERSIONS, 3, None, None, None),                     # nothing to read
+    ]
+    rows: list[Row] = []
+    for i in range(n):
+        api_key, version, request, response, head = kinds[i % len(kinds)]
+        rows.append((T0 + i, 1 if i % 3 else None, "10.0.0.7:5211", "alice", f"app-{i % 4}", None, None,
+                     api_key, version, i, 100 + i, None if i % 5 == 0 else 64, 0.5 * (i % 3), i % 2,
+                     head, "client-id=app" if i % 2 else None, "producer_byte_rate" if i % 2 else None,
+                     1048576.0 if i % 2 else None, i % 7 == 0, 3 if i % 7 == 0 else None,
+                     request, response))
+    return rows
+
+
+def written(root: Path) -> list[tuple[str, int, list[dict[str, object]]]]:
+    """(file, row groups, records) of every Parquet file under `root`."""
+    out = []
+    for path in sorted(root.rglob("*.parquet")):
+        f = pq.ParquetFile(path)
+        out.append((str(path.relative_to(root)), f.num_row_groups, f.read().to_pylist()))
+    return out
+
+
+@pytest.mark.parametrize("worker", [None, 2])
+def test_rows_written_as_columns_equal_records_written_one_by_one(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, worker: int | None) -> None:
+    monkeypatch.setattr(access_log_files, "_PARQUET_ROWS", 64)   # several row groups per file
+    rows = mixed_rows(500)
+    one_by_one = RecordFiles(tmp_path / "one", "unit", "parquet", 200 * 150, worker, None)  # ~150 a file
+    names: dict[bytes, str] = {}
+    for row in rows:
+        one_by_one.write(build_record(row, "unit", names, worker))
+    one_by_one.close()
+    columns = RecordFiles(tmp_path / "columns", "unit", "parquet", 200 * 150, worker, None)
+    names = {}
+    failed = sum(columns.write_rows(rows[i:i + 97], names) for i in range(0, len(rows), 97))
+    columns.close()
+    expected, got = written(tmp_path / "one"), written(tmp_path / "columns")
+    assert failed == 0
+    # the hour boundary and the size rotation split files alike: 40 rows, then 150-row files
+    assert [(name.split("/")[1], len(records)) for name, _, records in got] == [
+        ("hour=00", 40), ("hour=01", 150), ("hour=01", 150), ("hour=01", 150), ("hour=01", 10)]
+    assert got == expected
+    records = [r for _, _, rs in got for r in rs]
+    assert all(validate_record(r) == [] for r in records)
+    assert records[0]["topics"] == [{"topic": "a", "partition": 0, "records": 5, "bytes": 127},
+                                    {"topic": "a", "partition": 1, "records": 0, "bytes": 0},  # null set
+                                    {"topic": "b", "partition": 7, "records": None, "bytes": len(LEGACY)}]
+    assert records[3]["broker_throttle_time_ms"] == 250 and records[0]["worker"] == worker
+
+
+def test_a_row_that_cannot_be_read_is_counted_and_the_others_are_written(tmp_path: Path) -> None:
+    rows = mixed_rows(10)
+    rows[4] = (*rows[4][:21], 12345)  # a bug's row (a Metadata response that is no bytes): it raises
+    files = RecordFiles(tmp_path, "unit", "parquet", 1 << 30, None, None)
+    assert files.write_rows(rows, {}) == 1
+    files.close()
+    assert [r["correlation_id"] for _, _, rs in written(tmp_path) for r in rs] == [0, 1, 2, 3, 5, 6, 7, 8, 9]
