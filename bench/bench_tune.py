@@ -16,6 +16,8 @@ lines), and no more than 2x the baseline.
 
     .venv/bin/python -m bench.bench_tune                   # 1M, 3M, 10M
     .venv/bin/python -m bench.bench_tune --max 1000000     # only sizes up to 1M
+    .venv/bin/python -m bench.bench_tune --workdir W --keep --generate-only   # the logs only, now,
+    .venv/bin/python -m bench.bench_tune --workdir W --reuse                  # timed later, quietly
 """
 
 from __future__ import annotations
@@ -212,7 +214,7 @@ def session(master: str, driver_memory: str) -> Any:
                          log_level="ERROR")
 
 
-def plot(runs: Sequence[dict[str, Any]], path: Path) -> None:
+def plot(runs: Sequence[dict[str, Any]], path: Path, log_format: str) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -222,8 +224,9 @@ def plot(runs: Sequence[dict[str, Any]], path: Path) -> None:
     fig, ax = plt.subplots(figsize=(7, 4.2))
     ax.plot(n, [r["job_s"] for r in runs], "o-", label="recommendation job")
     ax.plot(n, [r["baseline_s"] for r in runs], "s--", label="bare aggregation (baseline)")
-    ax.axhline(30, color="grey", linestyle=":", label="target at 10M: 30 s")
-    ax.set_xlabel("million records (JSON lines)")
+    ax.axhline(10 if log_format == "parquet" else 30, color="grey", linestyle=":",
+               label=f"target at 10M: {10 if log_format == 'parquet' else 30} s")
+    ax.set_xlabel(f"million records ({'Parquet' if log_format == 'parquet' else 'JSON lines'})")
     ax.set_ylabel("seconds on local[2]")
     ax.set_title("sluice tune: recommendation vs bare aggregation")
     ax.grid(alpha=0.3)
@@ -239,6 +242,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--max", type=int, default=None, help="skip sizes above this")
     p.add_argument("--workdir", type=Path, default=None, help="where the logs go (default: a temp dir)")
     p.add_argument("--keep", action="store_true", help="keep the generated logs")
+    p.add_argument("--reuse", action="store_true",
+                   help="use the logs an earlier run left in --workdir (same size and format)")
+    p.add_argument("--generate-only", action="store_true", help="write the logs and stop (with --keep)")
     p.add_argument("--workers", type=int, default=2, help="processes writing logs")
     p.add_argument("--master", default="local[2]")
     p.add_argument("--driver-memory", default="2g")
@@ -257,16 +263,26 @@ def main(argv: Sequence[str] | None = None) -> int:
     datasets = {}
     for n in sizes:
         root = work / f"logs-{n}"
-        if root.exists():
-            shutil.rmtree(root)
-        gen_s = generate(root, n, args.workers)
-        check_sample(root)
-        if args.format == "parquet":
-            gen_s += convert(root, args.workers)
+        marker = work / f"logs-{n}.done.json"
+        done = json.loads(marker.read_text()) if args.reuse and marker.exists() and root.exists() else None
+        if done is not None and done.get("format") == args.format:
+            gen_s = float(done["generate_s"])
+            print(f"reusing {root}", flush=True)
+        else:
+            if root.exists():
+                shutil.rmtree(root)
+            gen_s = generate(root, n, args.workers)
+            check_sample(root)
+            if args.format == "parquet":
+                gen_s += convert(root, args.workers)
+            marker.write_text(json.dumps({"records": n, "format": args.format,
+                                          "generate_s": round(gen_s, 2)}))
         datasets[n] = root
         print(f"generated {n:,} records in {gen_s:.1f}s ({n / gen_s:,.0f}/s, "
               f"{dir_bytes(root) / 1e9:.2f} GB)", flush=True)
         runs.append({"records": n, "generate_s": round(gen_s, 2), "bytes_on_disk": dir_bytes(root)})
+    if args.generate_only:
+        return 0
 
     t = time.perf_counter()
     spark = session(args.master, args.driver_memory)
@@ -304,7 +320,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                               "job_at_most_2x_baseline": last["ratio_job_to_baseline"] <= 2.0}
     args.results.mkdir(parents=True, exist_ok=True)
     (args.results / "tune.json").write_text(json.dumps(summary, indent=2) + "\n")
-    plot(runs, args.results / "tune.png")
+    plot(runs, args.results / "tune.png", args.format)
     print(json.dumps(summary["growth"] | summary.get("targets", {})))
     if not args.keep and args.workdir is None:
         shutil.rmtree(work, ignore_errors=True)
