@@ -59,6 +59,7 @@ from proxy.pumps.connection import ClientConnection
 from proxy.pumps.services import Upstream
 from proxy.pumps.upstreams import UpstreamTarget
 from proxy.server import ProxyServer
+from tests.harness.kafka import free_port
 
 REPO = Path(__file__).resolve().parent.parent
 RESULTS = REPO / "bench" / "results" / "hot_path.json"
@@ -264,12 +265,6 @@ def serve_canned_broker(port: int) -> None:
         print("canned broker ready", file=sys.stderr, flush=True)
         await server.serve_forever()
     asyncio.run(serve())
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def wait_port(port: int, proc: subprocess.Popen[bytes], timeout_s: float = 60.0) -> None:

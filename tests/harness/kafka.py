@@ -14,6 +14,7 @@ import base64
 import contextlib
 import ctypes
 import os
+import random
 import re
 import signal
 import socket
@@ -64,8 +65,41 @@ def kafka_version() -> str:
     return match.group(1)
 
 
+_PORTS_HANDED_OUT: set[int] = set()
+_PORTS_LOCK = threading.Lock()
+
+
+def _ephemeral_range_start() -> int:
+    try:
+        return int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768  # Linux's default
+
+
 def free_port() -> int:
-    with socket.socket() as s:
+    """A port free on 127.0.0.1 now, for a server the caller starts next.
+
+    It is taken below the kernel's ephemeral range, so nothing else can take it before the server
+    binds it: a port the kernel picked for `bind(0)` goes back into the range the kernel gives to
+    every other `bind(0)` (a Sluice listener) and every outgoing connection (a client), and a test
+    run lost a Sluice metrics port that way ("address already in use"). Random, so that processes
+    rarely choose alike, and never the same twice in one process.
+    """
+    top = _ephemeral_range_start()
+    bottom = max(1024, top - 20_000)
+    with _PORTS_LOCK:
+        for _ in range(1000 if top - bottom >= 1000 else 0):
+            port = random.randrange(bottom, top)
+            if port in _PORTS_HANDED_OUT:
+                continue
+            try:
+                with socket.socket() as s:
+                    s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            _PORTS_HANDED_OUT.add(port)
+            return port
+    with socket.socket() as s:  # no room below the ephemeral range: the kernel's choice
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
 

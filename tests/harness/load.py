@@ -103,16 +103,15 @@ def confluent_flood(bootstrap: str, topic: str, seconds: float, *, record_size: 
                     client_id: str = "flood", config: Mapping[str, object] | None = None,
                     rate_bytes_per_s: float | None = None, stop: threading.Event | None = None,
                     batch_bytes: int = 64 * 1024, timeline: Timeline | None = None,
-                    abandon_on_stop: bool = False,
-                    by_partition: dict[int, Timeline] | None = None) -> Timeline:
+                    abandon_on_stop: bool = False, partition: int | None = None) -> Timeline:
     """Produce for `seconds` as fast as the quota lets librdkafka (or at a fixed pace).
 
     `batch_bytes` bounds librdkafka's produce requests: against a small quota, 1 MiB batches
     would make a few huge requests and a measurement over seconds would be all-or-nothing.
     `abandon_on_stop`: when `stop` is set, drop what is in flight and close at once (a client that
     goes away) instead of waiting for the outstanding requests.
-    `by_partition`: also time each delivery in the timeline of its partition (added on first use,
-    with the flood's start): with one partition per broker, each broker connection's own flow.
+    `partition`: produce to this partition only (by default librdkafka's sticky partitioner spreads
+    the records, moving the demand between partitions, and so between brokers, batch by batch).
     """
     from confluent_kafka import KafkaError, Producer
 
@@ -126,13 +125,7 @@ def confluent_flood(bootstrap: str, topic: str, seconds: float, *, record_size: 
 
     def delivered(err: object, msg: object) -> None:
         if err is None:
-            at = time.monotonic()
-            timeline.add(record_size, at)
-            if by_partition is not None:
-                partition = msg.partition()  # type: ignore[attr-defined]
-                if partition not in by_partition:
-                    by_partition[partition] = Timeline(started=timeline.started)
-                by_partition[partition].add(record_size, at)
+            timeline.add(record_size)
         elif err.code() not in purged:  # type: ignore[attr-defined]
             timeline.fail(str(err))
 
@@ -145,7 +138,10 @@ def confluent_flood(bootstrap: str, topic: str, seconds: float, *, record_size: 
                 producer.poll(min(0.05, wait_s))  # never negative: that would block forever
                 continue
         try:
-            producer.produce(topic, value, on_delivery=delivered)
+            if partition is None:
+                producer.produce(topic, value, on_delivery=delivered)
+            else:
+                producer.produce(topic, value, partition=partition, on_delivery=delivered)
             sent += 1
         except BufferError:
             producer.poll(0.05)
