@@ -16,8 +16,13 @@ something in the interval, or throttled):
   members left)``; what nobody wants is split equally among the active members;
 * a member that is *not* active on a group (it has a sensor but used nothing lately, or has never
   seen the group) holds a *standby* share of ``1 / live members``: a client that turns up there is
-  served at once, not starved, and the others learn of it with the next report. This is the only
-  over-admission while shares move: at most ``quota / members`` for about one interval.
+  served at once, not starved, and the others learn of it with the next report.
+
+Over-admission happens only while shares move, by at most ``quota / members`` for about one
+interval plus the exchange's delay per move: the standby share of a member that turns active, and
+the share a member left to the others when its demand dropped, which they still hold for that long
+after it comes back. Demand that keeps moving (a producer whose records spread over per-broker
+budgets) keeps the shares moving, so its long-run rate can sit above the budget on a loaded machine.
 
 A member's own entry is taken from its fresh local counters, never from its echoed report, so
 its reaction to its own clients does not wait for the exchange. A member that has just become
