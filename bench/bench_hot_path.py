@@ -24,9 +24,8 @@ forwarder's in the same run. This is the issue-12 measure with the broker taken 
 
 **The writer's own paths**, in this process, over the rows the pairs would hand over (best of
 ``--repeats``, CPU per record): reading the payloads alone (`payload_fields`: the Produce walks and
-the broker's throttle time), a record dict built and written per row (the JSON and Kafka-sink path,
-and the Parquet path before the columnar one), and rows written as columns (`RecordFiles.write_rows`,
-the default Parquet path).
+the broker's throttle time), and a record built and written to Parquet per row (`build_record` and
+`RecordFiles.write`, the writer's one path).
 
     .venv/bin/python -m bench.bench_hot_path                 # both halves, 20,000 pairs x 5
     .venv/bin/python -m bench.bench_hot_path --profile OUT   # cProfile of the loop, log on
@@ -382,13 +381,6 @@ def measure_writer_paths(n: int, repeats: int, tmp: Path) -> dict[str, float]:
             files.write(build_record(row, "bench", names))
         files.close()
 
-    def as_columns() -> None:
-        files = RecordFiles(Path(tempfile.mkdtemp(dir=tmp)), "bench", "parquet", 1 << 40, None, None)
-        names: dict[bytes, str] = {}
-        for start in range(0, n, 5000):   # the feeder's batches
-            files.write_rows(rows[start:start + 5000], names)
-        files.close()
-
     def best_us(run: Callable[[], None]) -> float:
         best = float("inf")
         for _ in range(repeats):
@@ -397,8 +389,7 @@ def measure_writer_paths(n: int, repeats: int, tmp: Path) -> dict[str, float]:
             best = min(best, time.process_time() - began)
         return round(best / n * 1e6, 2)
 
-    return {"payload_walks": best_us(walks), "records_one_by_one": best_us(one_by_one),
-            "rows_as_columns": best_us(as_columns)}
+    return {"payload_walks": best_us(walks), "records_one_by_one": best_us(one_by_one)}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -7,12 +7,7 @@ proxy's event loop for the GIL. It reads batches of rows (`ROW_FIELDS`: plain va
 payloads the record needs, pickled) from a pipe until an empty batch or EOF (the proxy died), then
 closes its files. Files are partitioned by UTC date and hour and rotate by size and hour; JSON is
 flushed every second; Parquet files are written with pyarrow from columns, one row group per batch
-of up to 50,000 records.
-
-Parquet without a Kafka sink (the default) never builds a record: a batch of rows is turned into
-columns at once (`RecordFiles.write_rows`), and only the fields read from payloads (topics, error
-codes, the broker's throttle time) are computed row by row. JSON lines and the sink need one record
-per line, so they go through `build_record`; both paths write the same values.
+of up to 50,000 records. Each row becomes one record (`build_record`), whatever the format.
 """
 
 from __future__ import annotations
@@ -79,7 +74,6 @@ class KafkaSink:
 
 
 PayloadFields = tuple[list[dict[str, object]] | None, int | None, list[int]]
-_NO_PAYLOAD: PayloadFields = (None, None, [])
 
 
 def payload_fields(row: Row, topic_names: dict[bytes, str]) -> PayloadFields:
@@ -90,7 +84,7 @@ def payload_fields(row: Row, topic_names: dict[bytes, str]) -> PayloadFields:
     api_key, api_version = row[_API_KEY], row[_API_VERSION]
     broker_head, request, response = row[_BROKER_HEAD], row[_REQUEST], row[_RESPONSE]
     if request is None and response is None and broker_head is None:
-        return _NO_PAYLOAD
+        return None, None, []   # a fresh list: every record owns its error codes
     topics: list[dict[str, object]] | None = None
     error_codes: set[int] = set()
     try:
@@ -154,9 +148,7 @@ def build_record(row: Row, instance: str, topic_names: dict[bytes, str],
     }
 
 
-# record fields copied from a row as they are, and the row's payload fields (by position)
-_COPIED: tuple[tuple[str, int], ...] = tuple(
-    (name, ROW_FIELDS.index(name)) for name in FIELD_NAMES if name in ROW_FIELDS)
+# the row's fields the payload walks read (by position)
 _API_KEY, _API_VERSION = ROW_FIELDS.index("api_key"), ROW_FIELDS.index("api_version")
 _BROKER_HEAD = ROW_FIELDS.index("broker_throttle_head")
 _REQUEST, _RESPONSE = ROW_FIELDS.index("request_payload"), ROW_FIELDS.index("response_payload")
@@ -234,63 +226,6 @@ class RecordFiles:
             if self._rows >= _PARQUET_ROWS:
                 self._write_row_group()
 
-    def write_rows(self, rows: Sequence[Row], topic_names: dict[bytes, str]) -> int:
-        """Parquet only: the records of `rows`, in order, as `write(build_record(row))` of each
-        would write them (same files, rotation and row groups), built column by column. Returns
-        how many rows could not be read into a record (logged; the others are written)."""
-        assert self.log_format == "parquet"
-        failed = 0
-        start, n = 0, len(rows)
-        while start < n:
-            ts_ms = rows[start][0]
-            self._roll(ts_ms)
-            hour = ts_ms // _HOUR_MS
-            # as many rows as fit: the same hour, before rotation by size, within one row group
-            room = min(-(-(self.rotate_bytes - self._file_bytes) // _PARQUET_ROW_BYTES),
-                       _PARQUET_ROWS - self._rows)
-            end = start + 1
-            limit = min(n, start + max(1, room))
-            while end < limit and rows[end][0] // _HOUR_MS == hour:
-                end += 1
-            failed += self._append_columns(rows[start:end], topic_names)
-            if self._rows >= _PARQUET_ROWS:
-                self._write_row_group()
-            start = end
-        return failed
-
-    def _append_columns(self, rows: Sequence[Row], topic_names: dict[bytes, str]) -> int:
-        try:
-            fields = [payload_fields(row, topic_names) for row in rows]
-        except Exception:  # a bug, not bad bytes (those give what could be read): find the row
-            fields, kept = [], []
-            for row in rows:
-                try:
-                    fields.append(payload_fields(row, topic_names))
-                    kept.append(row)
-                except Exception:
-                    log.exception("cannot write an access-log record")
-            failed, rows = len(rows) - len(kept), kept
-            if not rows:
-                return failed
-        else:
-            failed = 0
-        n = len(rows)
-        by_position = list(zip(*rows, strict=True))
-        columns = self._columns
-        for name, position in _COPIED:
-            columns[name].extend(by_position[position])
-        topics, throttles, errors = zip(*fields, strict=True)
-        columns["topics"].extend(topics)
-        columns["broker_throttle_time_ms"].extend(throttles)
-        columns["error_codes"].extend(errors)
-        columns["api_name"].extend([api_name(k) for k in by_position[_API_KEY]])
-        columns["schema_version"].extend([SCHEMA_VERSION] * n)
-        columns["instance"].extend([self.instance] * n)
-        columns["worker"].extend([self.worker] * n)
-        self._rows += n
-        self._file_bytes += _PARQUET_ROW_BYTES * n
-        return failed
-
     def _roll(self, ts_ms: int) -> None:
         """A new file when the hour changes or the file is full."""
         hour = ts_ms // _HOUR_MS
@@ -354,7 +289,6 @@ def serve(conn: Connection, root: str, instance: str, log_format: str, rotate_by
     files = RecordFiles(Path(root), instance, log_format, rotate_bytes, worker, sink)
     shared: Any = counters
     topic_names: dict[bytes, str] = {}
-    columnar = log_format == "parquet" and sink is None
     last_flush = time.monotonic()
     try:
         while True:
@@ -366,15 +300,6 @@ def serve(conn: Connection, root: str, instance: str, log_format: str, rotate_by
                 if not data:
                     break
                 rows: list[Row] = pickle.loads(data)
-                if columnar:
-                    try:
-                        failed = files.write_rows(rows, topic_names)
-                        shared[0] += len(rows) - failed
-                        shared[1] += failed
-                    except Exception:  # a row group pyarrow refused: dropped, the log goes on
-                        shared[1] += len(rows)
-                        log.exception("cannot write a batch of %d access-log records", len(rows))
-                    continue
                 for row in rows:
                     try:
                         files.write(build_record(row, instance, topic_names, worker))

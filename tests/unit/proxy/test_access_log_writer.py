@@ -4,7 +4,11 @@ Parquet by default and JSON lines on request, every record valid against the sha
 from __future__ import annotations
 
 import json
+import pickle
+import signal
 import struct
+import threading
+from multiprocessing import Pipe
 from pathlib import Path
 
 import pyarrow.parquet as pq
@@ -16,7 +20,7 @@ from proxy.flow.inflight import InFlight
 from proxy.flow.pipeline import ConnectionContext, Pipeline, ResponseOutcome, StageBase
 from proxy.ops import access_log_files
 from proxy.ops.access_log import AccessLogStage, AccessLogWriter, row_of
-from proxy.ops.access_log_files import RecordFiles, Row, build_record
+from proxy.ops.access_log_files import Row, build_record, serve
 from quotas.clock import FakeClock
 from tests.unit.protocol.test_records import LEGACY
 
@@ -91,7 +95,7 @@ def test_the_brokers_throttle_is_logged_even_when_sluice_patched_a_larger_one() 
     assert record["broker_throttle_time_ms"] == 450
 
 
-# ------------------------------------------------------------------ the columnar path
+# ------------------------------------------------------------------ the writer process's loop
 
 HOUR_MS = 3_600_000
 T0 = 1_767_225_600_000 + HOUR_MS - 40  # 40 ms before 01:00 UTC: the rows cross an hour
@@ -130,38 +134,63 @@ def written(root: Path) -> list[tuple[str, int, list[dict[str, object]]]]:
     return out
 
 
+def serve_batches(root: Path, batches: list[list[Row]], worker: int | None = None,
+                  rotate_bytes: int = 1 << 30) -> tuple[int, int]:
+    """Runs the writer process's main loop in this process over `batches` (then the empty message
+    that ends it); returns its (written, failed) counters."""
+    receiver, sender = Pipe(duplex=False)
+
+    def feed() -> None:  # a thread sends, as the proxy would: a pipe holds less than these batches
+        for message in [*map(pickle.dumps, batches), b""]:
+            sender.send_bytes(message)
+
+    feeder = threading.Thread(target=feed)
+    feeder.start()
+    counters = [0, 0]
+    serve(receiver, str(root), "unit", "parquet", rotate_bytes, worker, None, counters)
+    feeder.join()
+    return counters[0], counters[1]
+
+
+@pytest.fixture
+def no_signal_handlers(monkeypatch: pytest.MonkeyPatch) -> None:
+    # serve() ignores SIGTERM and SIGINT for its own process; pytest's must keep them
+    monkeypatch.setattr(signal, "signal", lambda *_: None)
+
+
+@pytest.mark.usefixtures("no_signal_handlers")
 @pytest.mark.parametrize("worker", [None, 2])
-def test_rows_written_as_columns_equal_records_written_one_by_one(
+def test_batches_become_records_split_by_hour_size_and_row_group(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch, worker: int | None) -> None:
     monkeypatch.setattr(access_log_files, "_PARQUET_ROWS", 64)   # several row groups per file
     rows = mixed_rows(500)
-    one_by_one = RecordFiles(tmp_path / "one", "unit", "parquet", 200 * 150, worker, None)  # ~150 a file
-    names: dict[bytes, str] = {}
-    for row in rows:
-        one_by_one.write(build_record(row, "unit", names, worker))
-    one_by_one.close()
-    columns = RecordFiles(tmp_path / "columns", "unit", "parquet", 200 * 150, worker, None)
-    names = {}
-    failed = sum(columns.write_rows(rows[i:i + 97], names) for i in range(0, len(rows), 97))
-    columns.close()
-    expected, got = written(tmp_path / "one"), written(tmp_path / "columns")
-    assert failed == 0
-    # the hour boundary and the size rotation split files alike: 40 rows, then 150-row files
+    batches = [rows[i:i + 97] for i in range(0, len(rows), 97)]
+    assert serve_batches(tmp_path, batches, worker, rotate_bytes=200 * 150) == (500, 0)  # ~150 a file
+    got = written(tmp_path)
+    # the hour boundary and the size rotation split files: 40 rows in hour 00, then 150-row files
     assert [(name.split("/")[1], len(records)) for name, _, records in got] == [
         ("hour=00", 40), ("hour=01", 150), ("hour=01", 150), ("hour=01", 150), ("hour=01", 10)]
-    assert got == expected
+    # row groups of at most 64 rows: 150 rows make three
+    assert [groups for _, groups, _ in got] == [1, 3, 3, 3, 1]
     records = [r for _, _, rs in got for r in rs]
+    assert [r["correlation_id"] for r in records] == list(range(500))
     assert all(validate_record(r) == [] for r in records)
     assert records[0]["topics"] == [{"topic": "a", "partition": 0, "records": 5, "bytes": 127},
                                     {"topic": "a", "partition": 1, "records": 0, "bytes": 0},  # null set
                                     {"topic": "b", "partition": 7, "records": None, "bytes": len(LEGACY)}]
-    assert records[3]["broker_throttle_time_ms"] == 250 and records[0]["worker"] == worker
+    assert records[1]["topics"] is None                            # Produce without its request kept
+    assert records[3]["broker_throttle_time_ms"] == 250            # read from the streamed head
+    assert records[5]["topics"] is None and records[5]["error_codes"] == []  # truncated: none read
+    assert records[6]["topics"] is None and records[6]["error_codes"] == []
+    assert all(r["worker"] == worker and r["instance"] == "unit" for r in records)
+    # every record owns its error-code list (payload-less rows too)
+    kept = [build_record(row, "unit", {}) for row in rows[6:21:7]]   # three ApiVersions rows
+    assert len({id(r["error_codes"]) for r in kept}) == 3
 
 
+@pytest.mark.usefixtures("no_signal_handlers")
 def test_a_row_that_cannot_be_read_is_counted_and_the_others_are_written(tmp_path: Path) -> None:
     rows = mixed_rows(10)
     rows[4] = (*rows[4][:21], 12345)  # a bug's row (a Metadata response that is no bytes): it raises
-    files = RecordFiles(tmp_path, "unit", "parquet", 1 << 30, None, None)
-    assert files.write_rows(rows, {}) == 1
-    files.close()
+    assert serve_batches(tmp_path, [rows[:6], rows[6:]]) == (9, 1)
     assert [r["correlation_id"] for _, _, rs in written(tmp_path) for r in rs] == [0, 1, 2, 3, 5, 6, 7, 8, 9]
