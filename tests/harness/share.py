@@ -2,9 +2,12 @@
 `tests/share/ShareGroupMember.java`, run from the broker's Maven jars) and librdkafka's share
 consumer (confluent-kafka >= 2.16, in a thread).
 
-Both accept and commit every record explicitly and report it only once its acknowledgement
-succeeded; with `leave_after` set, a member stops acknowledging after that many records, reports
-the batch it holds, and closes, so the broker releases those records to the rest of the group.
+Both take at most 100 records a poll, accept and commit every record explicitly and report it only
+once its acknowledgement succeeded. With `leave_after` set, a member leaves on the batch that brings
+it to that many records: it accepts the batch up to `leave_after` (all but its last record at most),
+reports the rest as held, and closes, so the broker releases those to the rest of the group. It so
+leaves as soon as it has been given more than `leave_after - 1` records, however the broker splits
+them into batches (`split_for_leaving`).
 """
 
 from __future__ import annotations
@@ -125,7 +128,8 @@ class ConfluentShareMember:
         from confluent_kafka import ShareConsumer
 
         consumer: Any = ShareConsumer({"bootstrap.servers": bootstrap, "group.id": group,
-                                       "client.id": client_id, "share.acknowledgement.mode": "explicit"})
+                                       "client.id": client_id, "share.acknowledgement.mode": "explicit",
+                                       "max.poll.records": 100})
         try:
             consumer.subscribe([topic])
             self.log.add("ready")
@@ -133,23 +137,30 @@ class ConfluentShareMember:
                 batch = [m for m in consumer.poll(0.5) if m.error() is None]
                 if not batch:
                     continue
-                if leave_after >= 0 and self.log.count() >= leave_after:
-                    for m in batch:
+                take = split_for_leaving(self.log.count(), len(batch), leave_after)
+                held = batch[take:] if take is not None else []
+                batch = batch[:take] if take is not None else batch
+                if batch:
+                    self._accept(consumer, batch)
+                if held:
+                    for m in held:
                         self.log.add(f"held {_describe(m)}")
-                    break
-                for m in batch:
-                    consumer.acknowledge(m)
-                result = consumer.commit_sync()
-                failed = {tp.partition for tp, err in result.items() if err is not None}
-                for tp, err in result.items():
-                    if err is not None:
-                        self.log.add(f"ack-error {tp} {err}")
-                for m in batch:
-                    if m.partition() not in failed:
-                        self.log.add(f"acc {_describe(m)}")
+                    break  # close without acknowledging them: the broker releases them to the group
         finally:
             consumer.close()
             self.log.add("closed")
+
+    def _accept(self, consumer: Any, batch: list[Any]) -> None:
+        for m in batch:
+            consumer.acknowledge(m)
+        result = consumer.commit_sync()
+        failed = {tp.partition for tp, err in result.items() if err is not None}
+        for tp, err in result.items():
+            if err is not None:
+                self.log.add(f"ack-error {tp} {err}")
+        for m in batch:
+            if m.partition() not in failed:
+                self.log.add(f"acc {_describe(m)}")
 
     def stop(self, timeout_s: float = 60.0) -> None:
         self._stop.set()
@@ -158,6 +169,15 @@ class ConfluentShareMember:
     def wait_closed(self, timeout_s: float) -> bool:
         self._thread.join(timeout_s)
         return not self._thread.is_alive()
+
+
+def split_for_leaving(accepted: int, batch_size: int, leave_after: int) -> int | None:
+    """How many of the next batch a member that leaves after `leave_after` records accepts before it
+    holds the rest and leaves; None: it accepts the whole batch and stays. At least one record is
+    held, so a batch that ends exactly at `leave_after` does not make the member wait for another."""
+    if leave_after < 0 or accepted + batch_size < leave_after:
+        return None
+    return max(0, min(leave_after - accepted, batch_size - 1))
 
 
 def _describe(message: Any) -> str:

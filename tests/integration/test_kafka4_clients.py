@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import collections
 import json
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -84,6 +84,19 @@ def produce_records(bootstrap: str, topic: str) -> set[str]:
     return {v.decode() for v in values}
 
 
+def join_once_given_records(leaver: Any, start: Callable[[], Any]) -> Any:
+    """The staying member joins once the leaving one has been given records. Both are then held to
+    the same fetch quota and take at most 100 records a poll, so they share what is left and the
+    leaver is sure to reach LEAVE_AFTER; had the stayer started first, its first fetches could take
+    all but a few records and the leaver would never be given enough to leave with."""
+    try:
+        assert wait_until(lambda: leaver.log.count() > 0 or bool(leaver.log.held), 120), "leaver got nothing"
+    except BaseException:
+        leaver.stop()
+        raise
+    return start()
+
+
 def check_group_outcome(produced: set[str], members: list[Any], leaver: Any) -> None:
     accepted = [d for m in members for d in m.log.accepted]
     counts = collections.Counter(d.value for d in accepted)
@@ -115,8 +128,9 @@ def test_java_share_group_through_sluice_under_a_fetch_quota(kafka: KafkaCluster
     topic = create_topic(kafka.bootstrap, unique_name("share-java"), partitions=2)
     group = unique_name("sg-java")
     produced = produce_records(kafka.bootstrap, topic)
-    stayer = JavaShareMember(sluice.bootstrap, group, topic, "share-java-a")
     leaver = JavaShareMember(sluice.bootstrap, group, topic, "share-java-b", leave_after=LEAVE_AFTER)
+    stayer = join_once_given_records(leaver, lambda: JavaShareMember(sluice.bootstrap, group, topic,
+                                                                     "share-java-a"))
     try:
         assert leaver.wait_closed(180), leaver.tail()
         assert wait_until(lambda: len({d.value for m in (stayer, leaver) for d in m.log.accepted}) >= RECORDS,
@@ -145,8 +159,9 @@ def test_librdkafka_share_group_through_sluice_under_a_fetch_quota(kafka: KafkaC
     KafkaTools(sluice.bootstrap).configs("--alter", "--entity-type", "groups", "--entity-name", group,
                                          "--add-config", "share.auto.offset.reset=earliest").check()
     produced = produce_records(kafka.bootstrap, topic)
-    stayer = ConfluentShareMember(sluice.bootstrap, group, topic, "share-rdk-a")
     leaver = ConfluentShareMember(sluice.bootstrap, group, topic, "share-rdk-b", leave_after=LEAVE_AFTER)
+    stayer = join_once_given_records(leaver, lambda: ConfluentShareMember(sluice.bootstrap, group, topic,
+                                                                          "share-rdk-a"))
     try:
         assert leaver.wait_closed(180), leaver.failure
         assert wait_until(lambda: len({d.value for m in (stayer, leaver) for d in m.log.accepted}) >= RECORDS,

@@ -5,13 +5,17 @@
 //   Sets the group's share.auto.offset.reset=earliest, subscribes, and polls with explicit
 //   acknowledgement: every record is accepted and committed (commitSync), and printed once its
 //   acknowledgement succeeded:            acc <partition> <offset> <delivery count> <value>
-//   With leave-after >= 0, after that many acceptances the next non-empty batch is NOT
-//   acknowledged: its records are printed   held <partition> <offset> <delivery count> <value>
-//   and the member closes (its acquired records go back to the group for redelivery).
+//   With leave-after >= 0, the batch that brings the member to leave-after records is accepted up
+//   to leave-after (all but its last record at most) and the rest is NOT acknowledged: those are
+//   printed                                  held <partition> <offset> <delivery count> <value>
+//   and the member closes (its acquired records go back to the group for redelivery). So it leaves
+//   as soon as it has been given leave-after records, however the broker batches them (the same
+//   rule as tests/harness/share.py's split_for_leaving).
 //   Otherwise it runs until a line "stop" (or EOF) arrives on stdin, then closes.
 // Also prints "ready" once subscribed, "closed" at the end, and the highest throttle time its
 // share fetches reported: "throttle-max <ms>".
 import java.time.Duration;
+import java.util.ArrayList;
 import java.util.HashSet;
 import java.util.List;
 import java.util.Map;
@@ -72,29 +76,39 @@ public class ShareGroupMember {
             while (!stop.get()) {
                 ConsumerRecords<String, String> records = consumer.poll(Duration.ofMillis(500));
                 if (records.isEmpty()) continue;
-                if (leaveAfter >= 0 && accepted >= leaveAfter) {
-                    for (ConsumerRecord<String, String> r : records) {
+                List<ConsumerRecord<String, String>> batch = new ArrayList<>();
+                records.forEach(batch::add);
+                int take = batch.size();
+                if (leaveAfter >= 0 && accepted + batch.size() >= leaveAfter) {
+                    take = Math.max(0, Math.min(leaveAfter - accepted, batch.size() - 1));
+                }
+                List<ConsumerRecord<String, String>> accept = batch.subList(0, take);
+                List<ConsumerRecord<String, String>> held = batch.subList(take, batch.size());
+                if (!accept.isEmpty()) {
+                    for (ConsumerRecord<String, String> r : accept) {
+                        consumer.acknowledge(r, AcknowledgeType.ACCEPT);
+                    }
+                    Map<TopicIdPartition, Optional<KafkaException>> result = consumer.commitSync();
+                    Set<Integer> failed = new HashSet<>();
+                    for (Map.Entry<TopicIdPartition, Optional<KafkaException>> e : result.entrySet()) {
+                        if (e.getValue().isPresent()) {
+                            failed.add(e.getKey().partition());
+                            System.out.println("ack-error " + e.getKey() + " " + e.getValue().get());
+                        }
+                    }
+                    for (ConsumerRecord<String, String> r : accept) {
+                        if (!failed.contains(r.partition())) {
+                            System.out.println("acc " + line(r));
+                            accepted++;
+                        }
+                    }
+                }
+                if (!held.isEmpty()) {
+                    for (ConsumerRecord<String, String> r : held) {
                         System.out.println("held " + line(r));
                     }
                     System.out.flush();
-                    break;  // close without acknowledging: the broker releases them to the group
-                }
-                for (ConsumerRecord<String, String> r : records) {
-                    consumer.acknowledge(r, AcknowledgeType.ACCEPT);
-                }
-                Map<TopicIdPartition, Optional<KafkaException>> result = consumer.commitSync();
-                Set<Integer> failed = new HashSet<>();
-                for (Map.Entry<TopicIdPartition, Optional<KafkaException>> e : result.entrySet()) {
-                    if (e.getValue().isPresent()) {
-                        failed.add(e.getKey().partition());
-                        System.out.println("ack-error " + e.getKey() + " " + e.getValue().get());
-                    }
-                }
-                for (ConsumerRecord<String, String> r : records) {
-                    if (!failed.contains(r.partition())) {
-                        System.out.println("acc " + line(r));
-                        accepted++;
-                    }
+                    break;  // close without acknowledging them: the broker releases them to the group
                 }
                 System.out.flush();
             }
