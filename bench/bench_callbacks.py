@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import argparse
 import ast
-import contextlib
 import json
 import os
 import signal
@@ -36,8 +35,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from bench.bench_hot_path import client_pairs, tree_cpu_s, wait_port
-from tests.harness.kafka import free_port
+from bench.bench_hot_path import SocketBench, client_pairs, tree_cpu_s
 
 REPO = Path(__file__).resolve().parent.parent
 RESULTS = REPO / "bench" / "results" / "callbacks.json"
@@ -91,38 +89,12 @@ def read_totals(proc: subprocess.Popen[bytes], path: Path) -> dict[str, int]:
 
 
 def measure(pairs_n: int, repeats: int, tmp: Path) -> list[dict[str, Any]]:
-    import yaml
-
-    python = sys.executable
-    broker_port = free_port()
-    procs: list[subprocess.Popen[bytes]] = []
     rows: list[dict[str, Any]] = []
-    try:
-        broker = subprocess.Popen([python, "-m", "bench.bench_hot_path", "--canned-broker", str(broker_port)],
-                                  cwd=REPO, stderr=subprocess.DEVNULL)
-        procs.append(broker)
-        wait_port(broker_port, broker)
-        for mode in ("raw", "log_off", "log_on"):
-            port = free_port()
+    with SocketBench(tmp) as bench:
+        for mode in bench.MODES:
             totals_path = tmp / f"{mode}.totals"
-            if mode == "raw":
-                cmd = [python, "-m", "bench.raw_forwarder", "--listen", f"127.0.0.1:{port}",
-                       "--upstream", f"127.0.0.1:{broker_port}"]
-            else:
-                config: dict[str, Any] = {
-                    "upstream": {"bootstrap": f"127.0.0.1:{broker_port}"},
-                    "listen": {"host": "127.0.0.1", "port": port}, "broker_port_base": free_port(),
-                    "data_dir": str(tmp / mode),
-                    "quotas": {"entries": [{"client_id": "<default>", "producer_byte_rate": 10**12}]}}
-                if mode == "log_on":
-                    config["access_log"] = {"dir": str(tmp / mode / "logs")}
-                (tmp / f"{mode}.yaml").write_text(yaml.safe_dump(config))
-                cmd = [python, "-m", "bench.bench_callbacks", "--instrumented", str(totals_path), "--",
-                       "proxy", "--config", str(tmp / f"{mode}.yaml")]
-            proc = subprocess.Popen(cmd, cwd=REPO, stderr=subprocess.DEVNULL)
-            procs.append(proc)
-            wait_port(port, proc)
-            client_pairs(port, 1000)  # warm-up
+            launcher = [bench.python, "-m", "bench.bench_callbacks", "--instrumented", str(totals_path), "--"]
+            proc, port = bench.start(mode, sluice=launcher)
             best: dict[str, Any] | None = None
             for _ in range(repeats):
                 t0 = read_totals(proc, totals_path) if mode != "raw" else {}
@@ -144,12 +116,6 @@ def measure(pairs_n: int, repeats: int, tmp: Path) -> list[dict[str, Any]]:
             assert best is not None
             rows.append(best)
             print("  ".join(f"{k} {v}" for k, v in best.items()), flush=True)
-    finally:
-        for proc in procs:
-            proc.terminate()
-        for proc in procs:
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                proc.wait(30)
     return rows
 
 

@@ -302,39 +302,67 @@ def client_pairs(port: int, n: int) -> float:
         return time.perf_counter() - t0
 
 
+class SocketBench:
+    """A canned broker as a process and, one at a time, what runs in front of it: the raw forwarder
+    or Sluice (log off, log on). Every process started is stopped on exit."""
+
+    MODES = ("raw", "log_off", "log_on")
+
+    def __init__(self, tmp: Path) -> None:
+        self.tmp = tmp
+        self.python = sys.executable
+        self.broker_port = free_port()
+        self.procs: list[subprocess.Popen[bytes]] = []
+
+    def __enter__(self) -> SocketBench:
+        broker = self._spawn([self.python, "-m", "bench.bench_hot_path", "--canned-broker",
+                              str(self.broker_port)])
+        wait_port(self.broker_port, broker)
+        return self
+
+    def start(self, mode: str, sluice: list[str] | None = None) -> tuple[subprocess.Popen[bytes], int]:
+        """The process of `mode`, listening and warmed up; `sluice` replaces `python -m proxy`."""
+        import yaml
+
+        port = free_port()
+        if mode == "raw":
+            cmd = [self.python, "-m", "bench.raw_forwarder", "--listen", f"127.0.0.1:{port}",
+                   "--upstream", f"127.0.0.1:{self.broker_port}"]
+        else:
+            config: dict[str, Any] = {
+                "upstream": {"bootstrap": f"127.0.0.1:{self.broker_port}"},
+                "listen": {"host": "127.0.0.1", "port": port}, "broker_port_base": free_port(),
+                "data_dir": str(self.tmp / f"sockets-{mode}"),
+                "quotas": {"entries": [{"client_id": "<default>", "producer_byte_rate": 10**12}]}}
+            if mode == "log_on":
+                config["access_log"] = {"dir": str(self.tmp / f"sockets-{mode}" / "logs")}
+            path = self.tmp / f"{mode}.yaml"
+            path.write_text(yaml.safe_dump(config))
+            cmd = [*(sluice or [self.python, "-m", "proxy"]), "proxy", "--config", str(path)]
+        proc = self._spawn(cmd)
+        wait_port(port, proc)
+        client_pairs(port, 1000)  # warm-up: connections, sensors, the writer's first file
+        return proc, port
+
+    def _spawn(self, cmd: list[str]) -> subprocess.Popen[bytes]:
+        proc = subprocess.Popen(cmd, cwd=REPO, stderr=subprocess.DEVNULL)
+        self.procs.append(proc)
+        return proc
+
+    def __exit__(self, *_: object) -> None:
+        for proc in self.procs:
+            proc.terminate()
+        for proc in self.procs:
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                proc.wait(30)
+
+
 def measure_sockets(pairs_n: int, repeats: int, tmp: Path) -> list[dict[str, Any]]:
     """Raw forwarder, Sluice log off and Sluice log on, in front of one canned broker."""
-    import yaml
-
-    python = sys.executable
-    broker_port = free_port()
-    procs: list[subprocess.Popen[bytes]] = []
     rows = []
-    try:
-        broker = subprocess.Popen([python, "-m", "bench.bench_hot_path", "--canned-broker", str(broker_port)],
-                                  cwd=REPO, stderr=subprocess.DEVNULL)
-        procs.append(broker)
-        wait_port(broker_port, broker)
-        for mode in ("raw", "log_off", "log_on"):
-            port = free_port()
-            if mode == "raw":
-                cmd = [python, "-m", "bench.raw_forwarder", "--listen", f"127.0.0.1:{port}",
-                       "--upstream", f"127.0.0.1:{broker_port}"]
-            else:
-                config: dict[str, Any] = {
-                    "upstream": {"bootstrap": f"127.0.0.1:{broker_port}"},
-                    "listen": {"host": "127.0.0.1", "port": port}, "broker_port_base": free_port(),
-                    "data_dir": str(tmp / f"sockets-{mode}"),
-                    "quotas": {"entries": [{"client_id": "<default>", "producer_byte_rate": 10**12}]}}
-                if mode == "log_on":
-                    config["access_log"] = {"dir": str(tmp / f"sockets-{mode}" / "logs")}
-                path = tmp / f"{mode}.yaml"
-                path.write_text(yaml.safe_dump(config))
-                cmd = [python, "-m", "proxy", "proxy", "--config", str(path)]
-            proc = subprocess.Popen(cmd, cwd=REPO, stderr=subprocess.DEVNULL)
-            procs.append(proc)
-            wait_port(port, proc)
-            client_pairs(port, 1000)  # warm-up: connections, sensors, the writer's first file
+    with SocketBench(tmp) as bench:
+        for mode in bench.MODES:
+            proc, port = bench.start(mode)
             best_cpu, best_wall = float("inf"), float("inf")
             for _ in range(repeats):
                 c0 = tree_cpu_s(proc.pid)
@@ -346,12 +374,6 @@ def measure_sockets(pairs_n: int, repeats: int, tmp: Path) -> list[dict[str, Any
                          "wall_us_per_pair": round(best_wall * 1e6 / pairs_n, 1)})
             print(f"sockets {mode:8s} CPU {rows[-1]['cpu_us_per_pair']:6.1f} us/pair  "
                   f"round trip {rows[-1]['wall_us_per_pair']:6.1f} us", flush=True)
-    finally:
-        for proc in procs:
-            proc.terminate()
-        for proc in procs:
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                proc.wait(30)
     raw = rows[0]["cpu_us_per_pair"]
     for row in rows:
         row["cpu_x_raw"] = round(row["cpu_us_per_pair"] / raw, 2) if raw else None
