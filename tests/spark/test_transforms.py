@@ -15,6 +15,7 @@ from spark_analytics.transforms import (
     client_seconds,
     client_stats,
     entity_seconds,
+    nameable,
     rate_stats,
     rate_timeline,
     recommend,
@@ -96,6 +97,21 @@ def test_sharing_entity_for_unmatched_traffic(spark: SparkSession, level: Any,
     got = data.orderBy("n").select(
         sharing_entity(F.col("matched"), F.col("principal"), F.col("client_id"), level).alias("e"))
     assert [r["e"] for r in got.collect()] == expected
+
+
+@pytest.mark.parametrize("level", ["user", "client-id", "user-client-id", "skip"])
+def test_nameable_is_where_sharing_entity_is_not_null(spark: SparkSession, level: Any) -> None:
+    matched = [None, "", "user=alice", "user=<default>", "client-id=<default>", "client-id=app",
+               "user=<default>,client-id=<default>", "user=bob,client-id=<default>",
+               "user=<default>,client-id=a"]
+    rows = [(m, p, c) for m in matched for p in (None, "", "a,b") for c in (None, "", "c=1")]
+    data = df(spark, rows, "matched string, principal string, client_id string")
+    who = (F.col("matched"), F.col("principal"), F.col("client_id"), level)
+    got = data.select("*", sharing_entity(*who).isNotNull().alias("named"), nameable(*who).alias("nameable"))
+    assert got.where(F.col("nameable").isNull()).count() == 0
+    differ = got.where(F.col("named") != F.col("nameable")).collect()
+    assert not differ, differ
+    assert got.where("named").count() > 0 or level == "skip"
 
 
 def _cs(spark: SparkSession) -> DataFrame:
