@@ -205,8 +205,20 @@ def read_current_quotas(path: Path) -> list[QuotaEntry]:
 
 
 def quotas_frame(spark: SparkSession, entries: Sequence[QuotaEntry]) -> DataFrame:
+    """The current quotas as (entity, quota_key, value) rows held in the plan itself (an inline
+    VALUES table: a LocalRelation, whose size Spark knows, so it joins by broadcast with no job of
+    its own; `createDataFrame` from Python rows makes an RDD, which cost two shuffle stages and two
+    broadcast jobs per run, competing with the scan for the cores)."""
     rows = [(e.entity, key, float(value)) for e in entries for key, value in sorted(e.values.items())]
-    return spark.createDataFrame(rows, "entity string, quota_key string, value double")
+    if not rows:
+        return spark.createDataFrame([], "entity string, quota_key string, value double")
+    args: dict[str, Any] = {}
+    values = []
+    for i, (entity, key, value) in enumerate(rows):
+        args |= {f"e{i}": entity, f"k{i}": key, f"v{i}": value}
+        values.append(f"(:e{i}, :k{i}, :v{i})")
+    return spark.sql("SELECT entity, quota_key, CAST(value AS DOUBLE) AS value FROM VALUES "
+                     + ", ".join(values) + " AS current(entity, quota_key, value)", args=args)
 
 
 # ------------------------------------------------------------------------------ load
