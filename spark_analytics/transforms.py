@@ -54,24 +54,29 @@ def client_seconds(logs: DataFrame) -> DataFrame:
     charges both), null for other APIs (bytes 0; ShareAcknowledge counts as a request).
     """
     api = F.col("api_key")
+    produce, fetch = api == PRODUCE_API_KEY, api.isin(FETCH_API_KEY, SHARE_FETCH_API_KEY)
     usage = logs.select(
         "principal", "client_id", "quota_entity", "broker_id", "ts_ms", "quota_limit",
         F.expr("ts_ms div 1000").alias("second"),
-        F.when(api == PRODUCE_API_KEY, F.lit(PRODUCE_KEY))
-         .when(api.isin(FETCH_API_KEY, SHARE_FETCH_API_KEY), F.lit(FETCH_KEY)).alias("quota_key"),
-        F.when(api == PRODUCE_API_KEY, F.col("request_bytes"))
-         .when(api.isin(FETCH_API_KEY, SHARE_FETCH_API_KEY), F.coalesce(F.col("response_bytes"), F.lit(0)))
+        # grouped as a byte (0 produce, 1 fetch, null other) and named after the aggregation: a
+        # string key per record costs the hash aggregation more than the name is worth
+        F.when(produce, F.lit(0)).when(fetch, F.lit(1)).cast("byte").alias("key_code"),
+        F.when(produce, F.col("request_bytes"))
+         .when(fetch, F.coalesce(F.col("response_bytes"), F.lit(0)))
          .otherwise(F.lit(0)).cast("long").alias("bytes"),
         "throttle_time_ms", "broker_throttle_time_ms", "would_throttle_ms",
     )
-    return (usage.groupBy("principal", "client_id", "quota_key", "quota_entity", "broker_id", "second")
-            .agg(F.sum("bytes").alias("bytes"),
-                 F.count(F.lit(1)).alias("requests"),
-                 F.max("throttle_time_ms").alias("throttle_ms"),
-                 F.max("broker_throttle_time_ms").alias("broker_throttle_ms"),
-                 F.max("would_throttle_ms").alias("would_throttle_ms"),
-                 F.max_by("quota_limit", "ts_ms").alias("quota_limit"),
-                 F.max("ts_ms").alias("last_ts_ms")))
+    code = F.col("key_code")
+    quota_key = F.when(code == 0, F.lit(PRODUCE_KEY)).when(code == 1, F.lit(FETCH_KEY)).alias("quota_key")
+    aggregated = (usage.groupBy("principal", "client_id", "key_code", "quota_entity", "broker_id", "second")
+                  .agg(F.sum("bytes").alias("bytes"),
+                       F.count(F.lit(1)).alias("requests"),
+                       F.max("throttle_time_ms").alias("throttle_ms"),
+                       F.max("broker_throttle_time_ms").alias("broker_throttle_ms"),
+                       F.max("would_throttle_ms").alias("would_throttle_ms"),
+                       F.max_by("quota_limit", "ts_ms").alias("quota_limit"),
+                       F.max("ts_ms").alias("last_ts_ms")))
+    return aggregated.select("principal", "client_id", quota_key, *aggregated.columns[3:])
 
 
 # --------------------------------------------------------------------------- quota entities
