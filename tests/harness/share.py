@@ -6,7 +6,7 @@ Both take at most 100 records a poll, accept and commit every record explicitly 
 once its acknowledgement succeeded. With `leave_after` set, a member leaves on the batch that brings
 it to that many records: it accepts the batch up to `leave_after` (all but its last record at most),
 reports the rest as held, and closes, so the broker releases those to the rest of the group. It so
-leaves as soon as it has been given more than `leave_after - 1` records, however the broker splits
+leaves as soon as it has been given at least `leave_after` records, however the broker splits
 them into batches (`split_for_leaving`).
 """
 
@@ -138,8 +138,7 @@ class ConfluentShareMember:
                 if not batch:
                     continue
                 take = split_for_leaving(self.log.count(), len(batch), leave_after)
-                held = batch[take:] if take is not None else []
-                batch = batch[:take] if take is not None else batch
+                batch, held = batch[:take], batch[take:]
                 if batch:
                     self._accept(consumer, batch)
                 if held:
@@ -171,12 +170,14 @@ class ConfluentShareMember:
         return not self._thread.is_alive()
 
 
-def split_for_leaving(accepted: int, batch_size: int, leave_after: int) -> int | None:
-    """How many of the next batch a member that leaves after `leave_after` records accepts before it
-    holds the rest and leaves; None: it accepts the whole batch and stays. At least one record is
-    held, so a batch that ends exactly at `leave_after` does not make the member wait for another."""
+def split_for_leaving(accepted: int, batch_size: int, leave_after: int) -> int:
+    """How many of the next batch a member accepts; it holds the rest and leaves when any are held.
+    A member that leaves after `leave_after` records (`leave_after` < 0: never) takes the whole
+    batch while that keeps it below the count; the batch that brings it to at least `leave_after`
+    is split, with at least one record held, so a batch ending exactly at the count does not make
+    the member wait for another."""
     if leave_after < 0 or accepted + batch_size < leave_after:
-        return None
+        return batch_size
     return max(0, min(leave_after - accepted, batch_size - 1))
 
 

@@ -9,9 +9,9 @@ from tests.harness.share import split_for_leaving
 
 
 @pytest.mark.parametrize(("accepted", "batch", "leave_after", "take"), [
-    (0, 100, -1, None),     # not a leaving member: accepts everything
-    (0, 100, 150, None),    # 0 + 100 < 150: accepts the batch and stays
-    (100, 49, 150, None),   # 149 < 150: stays
+    (0, 100, -1, 100),      # not a leaving member: accepts everything
+    (0, 100, 150, 100),     # 0 + 100 < 150: accepts the batch and stays
+    (100, 49, 150, 49),     # 149 < 150: accepts the batch and stays
     (100, 100, 150, 50),    # reaches 150 within the batch: accepts 50, holds 50, leaves
     (0, 390, 150, 150),     # one large batch: accepts 150, holds 240 (run 11's librdkafka case)
     (100, 50, 150, 49),     # ends exactly at 150: accepts 49 and holds 1, never waits for another
@@ -19,5 +19,5 @@ from tests.harness.share import split_for_leaving
     (149, 1, 150, 0),       # a one-record batch that reaches it is held
 ])
 def test_the_leaving_member_leaves_on_the_batch_that_reaches_its_count(
-        accepted: int, batch: int, leave_after: int, take: int | None) -> None:
+        accepted: int, batch: int, leave_after: int, take: int) -> None:
     assert split_for_leaving(accepted, batch, leave_after) == take
