@@ -6,8 +6,7 @@ Three steps, each cheaper for the event loop than the last one was:
    the connection context says now) appended to a deque. No lock, no record, no encoding. When
    `queue_size` records are waiting the record is dropped and counted; the loop never blocks.
 2. A feeder thread (`AccessLogWriter`), every 50 ms: turns each tuple into a row of plain values
-   (`proxy.ops.access_log_files.ROW_FIELDS`), pickles them (in C) and sends them down a pipe, in
-   slices of 32 with a short pause between, so that it never keeps the loop waiting for the GIL.
+   (`proxy.ops.access_log_files.ROW_FIELDS`), pickles the batch (in C) and sends it down a pipe.
 3. A writer process (`proxy.ops.access_log_files.serve`): parses Produce/Fetch partitions and
    error codes, builds the records of `contracts.access_log` (the one contract shared with the
    Spark jobs) and writes Parquet (the default) or JSON lines, partitioned by UTC date and hour,
@@ -43,9 +42,6 @@ log = logging.getLogger("sluice.access_log")
 
 _SMALL_RESPONSE_BYTES = 64 * 1024   # larger responses are streamed: only their head is seen
 _FEED_INTERVAL_S = 0.05
-_SLICE_ROWS = 32            # rows per message: the feeder holds the GIL for ~50 us at a time
-_YIELD_S = 0.0002           # the feeder's pause between slices, for the event loop (see _feed)
-_CATCH_UP_ROWS = 4096       # with more than this waiting the feeder does not pause
 _HEAD_BYTES = 32                    # a Fetch response's header and throttle_time_ms
 
 # what the stage hands over: (entry, broker_id, client_address, principal, software name, version, ts_ms)
@@ -140,17 +136,6 @@ class AccessLogWriter:
     # ------------------------------------------------------------------ feeder thread
 
     def _feed(self) -> None:
-        """Every 50 ms, hand what is queued to the writer process in slices of `_SLICE_ROWS`, pausing
-        `_YIELD_S` between slices.
-
-        The pause is for the event loop's latency. This thread and the loop share the GIL, and a
-        thread that releases it (here, in the pipe write) and asks for it again at once usually gets
-        it back before a waiting thread has woken up: CPython forces a hand-over only after the
-        waiter has waited its 5 ms switch interval. Without the pause a request that arrived while
-        the feeder turned a few hundred tuples into rows waited for all of them (bench_proxy's
-        latency loop, log on: p99 0.37-0.72 ms above direct, against 0.16-0.18 with the feeder's
-        work taken out); with it, for one slice at most. Past `_CATCH_UP_ROWS` queued, throughput
-        comes first and the feeder does not pause."""
         handoff, pipe = self.handoff, self._pipe
         try:
             while True:
@@ -158,7 +143,7 @@ class AccessLogWriter:
                 while handoff:
                     batch: list[Row] = []
                     released = 0
-                    for _ in range(min(len(handoff), _SLICE_ROWS)):
+                    for _ in range(min(len(handoff), 5000)):
                         item = handoff.popleft()
                         batch.append(row_of(item))
                         released += _payload_bytes(item[0])
@@ -166,8 +151,6 @@ class AccessLogWriter:
                     self._released_bytes += released
                     pipe.send_bytes(data)
                     self.sent += len(batch)
-                    if handoff and len(handoff) <= _CATCH_UP_ROWS:
-                        time.sleep(_YIELD_S)
                 if stopping:
                     pipe.send_bytes(b"")  # the writer closes its files and exits
                     return

@@ -76,33 +76,6 @@ def test_a_full_handoff_drops_and_counts_instead_of_blocking(tmp_path: Path) -> 
     assert len(writer.handoff) == 100 and writer.dropped == 50
 
 
-class RecordingPipe:
-    def __init__(self) -> None:
-        self.messages: list[bytes] = []
-
-    def send_bytes(self, data: bytes) -> None:
-        self.messages.append(data)
-
-    def close(self) -> None:
-        pass
-
-
-def test_the_feeder_hands_over_in_slices_and_ends_with_an_empty_message(tmp_path: Path) -> None:
-    writer = AccessLogWriter(tmp_path / "logs", "unit")  # not started: the test runs its feeder
-    serve_requests(writer, 100)
-    pipe = RecordingPipe()
-    writer._pipe = pipe
-    writer._stop.set()   # one pass: hand over everything queued, then the end message
-    writer._feed()
-    assert pipe.messages[-1] == b""
-    batches = [pickle.loads(m) for m in pipe.messages[:-1]]
-    # 100 rows in slices of at most 32 (the feeder's GIL hold is one slice): 32 + 32 + 32 + 4
-    assert [len(b) for b in batches] == [32, 32, 32, 4]
-    corr = access_log_files.ROW_FIELDS.index("correlation_id")
-    assert [row[corr] for b in batches for row in b] == list(range(100))
-    assert writer.sent == 100 and not writer.handoff
-
-
 def test_the_brokers_throttle_is_logged_even_when_sluice_patched_a_larger_one() -> None:
     writer = AccessLogWriter(Path("/nonexistent"), "unit")  # not started: only the stage and the row
     clock = FakeClock(0)
