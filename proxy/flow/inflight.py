@@ -58,6 +58,13 @@ class InFlight:
     sasl_exchange: object | None = None   # principals.SaslInspector: the exchange this request is part of
     sasl_round: int = 0                   # ... and its client message number (0: the handshake)
 
+    def answer(self, payload: bytes, now_ms: int) -> None:
+        """Sluice's own response to it (a stage answered here, or later): never forwarded."""
+        self.forwarded = False
+        self.response = payload
+        self.response_bytes = len(payload)
+        self.response_received_ms = now_ms
+
 
 class CorrelationMismatch(Exception):
     """The broker answered a correlation id that is not the oldest forwarded request."""

@@ -4,21 +4,11 @@
 Protocol-based forwarder moves about twice the bytes of a streams-based one on this kind of
 machine). They only move frames: framing is `protocol.FrameSplitter`, order is `InFlightRequests`,
 the throttle delay is `ThrottleTimer`, large Fetch responses are `FetchStream`, raw SASL tokens are
-`SaslMode`, and every decision about a request or response is the pipeline's. Reading from the
-client stops while:
-
-- the upstream connection is not up yet;
-- the channel is muted for a throttle (KIP-219), until the throttled response has been written
-  and the delay has passed, and something the client sent is waiting (frames already buffered
-  wait too). A muted channel with nothing buffered still reads, so that a client that goes away
-  while muted (a librdkafka request timeout closes and reconnects) is noticed at once and its
-  upstream connection and buffers are freed, instead of at the mute's end; what a client sends
-  while muted waits unprocessed, one read at most, as it would in the socket. While a muted
-  channel is not read, `PeerWatch` checks the socket's TCP state every second, so a client that
-  pipelined before it went away (librdkafka) is noticed too;
-- the upstream socket's write buffer is full (back-pressure), or the proxy is draining;
-- `max_in_flight_requests_per_connection` requests await their responses (Kafka itself reads one
-  request per connection at a time; Sluice lets clients pipeline up to this many).
+`SaslMode`, what it writes to the client goes through `ClientOutput`, and every decision about a
+request or response is the pipeline's. When the client's socket is read and its frames handled is
+the `ReadGate`'s (`proxy.pumps.read_gate`): not before the upstream connection is up, not while
+the channel is muted for a throttle with something buffered, not under back-pressure or while
+draining, not with `max_in_flight_requests_per_connection` requests awaiting responses.
 
 Reading from the broker stops while the client's write buffer is over
 `max_buffered_bytes_per_connection` or the total budget pauses this connection
@@ -41,27 +31,26 @@ from typing import Any, cast
 
 from protocol.apis import ApiKey, api_name
 from protocol.errors import ProtocolError
-from protocol.framing import FrameSplitter, size_prefix
+from protocol.framing import FrameSplitter
 from protocol.headers import RequestHeader, read_request_header, read_response_correlation_id
 from protocol.produce import read_produce_acks
 from protocol.sasl import SASL_API_KEYS
 from proxy.flow.connection_stats import ConnectionStats
 from proxy.flow.inflight import CorrelationMismatch, InFlight, InFlightRequests
-from proxy.flow.pipeline import AnswerHere, AnswerLater, Close, ConnectionContext, Forward, Pipeline
+from proxy.flow.pipeline import AnswerHere, AnswerLater, Close, ConnectionContext, Forward
+from proxy.pumps.client_output import ClientOutput
 from proxy.pumps.fetch_stream import FetchStream
-from proxy.pumps.limits import MAX_IN_FLIGHT, ClientBuffer, ConnectionWatchdog
-from proxy.pumps.muting import ChannelMute, ChannelMuteState
-from proxy.pumps.peer_watch import PeerWatch, peer_has_closed
+from proxy.pumps.limits import ClientBuffer, ConnectionWatchdog, LimitLog
+from proxy.pumps.muting import ChannelMuteState
+from proxy.pumps.read_gate import ReadGate
 from proxy.pumps.sasl_mode import FrameHandler, SaslMode
-from proxy.pumps.services import ConnectionServices, Upstream
+from proxy.pumps.services import ConnectionServices, Upstream, UpstreamLink
 from proxy.pumps.throttle_timer import ThrottleTimer
 from proxy.pumps.upstreams import UpstreamTarget
-from quotas.clock import Clock
 
 log = logging.getLogger("sluice.connection")
 
 _ids = itertools.count(1)
-_NOT_MUTED = ChannelMuteState.NOT_MUTED
 
 __all__ = ["ClientConnection", "ConnectionServices", "connection_factory", "describe_api"]
 
@@ -71,9 +60,9 @@ class ClientConnection(asyncio.Protocol):
                  real_address: tuple[str, int] | None = None) -> None:
         self.services = self._services = services
         self._target = target
-        self._clock: Clock = services.clock
-        self._pipeline: Pipeline = services.pipeline
-        self.clock, self.pipeline = self._clock, self._pipeline   # for FetchStream
+        self.clock = self._clock = services.clock
+        self.pipeline = self._pipeline = services.pipeline
+        self._now_ms = self._clock.now_ms
         self._splitter = FrameSplitter(services.max_frame_bytes)
         self._inflight = InFlightRequests()
         self.throttle = ThrottleTimer(services.clock, services.call_later, self._read_on)
@@ -81,8 +70,8 @@ class ClientConnection(asyncio.Protocol):
         self.fetch_stream: FetchStream = FetchStream(self)
         self._sasl: SaslMode | None = None
         self._transport: asyncio.Transport | None = None
-        self._upstream: Upstream | None = None
-        self._reading_paused = self._upstream_backpressure = self._draining = False
+        self._link = UpstreamLink()
+        self._upstream_write = self.send_upstream = self._link.write
         self._processing = self.closed = False
         self._close_reason: str | None = None
         self.ctx = ConnectionContext(next(_ids), "?", target.describe(), target.node_id,
@@ -90,21 +79,18 @@ class ClientConnection(asyncio.Protocol):
         self._real_address = real_address           # the client behind a PROXY-protocol hop
         self._client_frame: FrameHandler = self._on_request
         self._broker_frame: FrameHandler = self._on_response
-        limits = services.limits
-        self._limits = limits
-        self._max_in_flight = limits.settings.max_in_flight_requests_per_connection
+        self._limits = limits = services.limits
         self.admitted_ip: str | None = None  # set by the AdmissionGate; released when this closes
-        self._in_flight_queue = self._inflight.queue  # len() of it on every frame, without a Python call
-        self._now_ms = self._clock.now_ms
         self._watchdog = ConnectionWatchdog(self._clock, services.call_later, limits.settings,
-                                            lambda: len(self._inflight), self._limit_close)
-        self._buffer = ClientBuffer(limits, self.ctx.connection_id, self._pause_upstream)
-        self._upstream_paused = False
-        self._peer_watch = PeerWatch(services.call_later, self._peer_closed, self._peer_gone)
-
-    @property
-    def mute(self) -> ChannelMute:
-        return self.throttle.mute
+                                            lambda: len(self._inflight),
+                                            _limit_closer(limits.log, self.ctx, self.close))
+        self._buffer = ClientBuffer(limits, self.ctx.connection_id, self._link.set_paused)
+        self._out = ClientOutput(self._buffer, self._watchdog, self._now_ms)
+        self.write_client, self.write_client_lines = self._out.write, self._out.writelines
+        self.send_client = self._out.frame
+        self._gate = ReadGate(self._mute, self._splitter, self._inflight.queue,
+                              limits.settings.max_in_flight_requests_per_connection, self.ctx,
+                              limits.log, services.call_later, self.close)
 
     @property
     def in_flight(self) -> int:
@@ -120,6 +106,8 @@ class ClientConnection(asyncio.Protocol):
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self._transport = cast(asyncio.Transport, transport)  # uvloop's are not subclasses
         self._buffer.attach(self._transport)
+        self._out.attach(self._transport)
+        self._gate.attach(self._transport)
         self._watchdog.start()
         peer = self._real_address or transport.get_extra_info("peername")
         self.ctx.client_address = f"{peer[0]}:{peer[1]}" if peer else "?"
@@ -132,7 +120,7 @@ class ClientConnection(asyncio.Protocol):
         except ProtocolError as exc:
             self.close(f"no principal for the client certificate: {exc}")
             return
-        self._update_reading()  # paused until the upstream is connected
+        self._gate.update()  # paused until the upstream is connected
         task = asyncio.get_running_loop().create_task(self._services.connect_upstream(self, self._target))
         task.add_done_callback(self._upstream_ready)
 
@@ -150,16 +138,15 @@ class ClientConnection(asyncio.Protocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.closed = True
+        self._gate.stop()
         self.throttle.cancel()
-        self._peer_watch.stop()
         self._watchdog.cancel()
         self._buffer.close()
         if self.admitted_ip is not None:
             self._limits.release(self.admitted_ip)
             self.admitted_ip = None
         _log_closed(self.ctx, self._close_reason, exc, self._inflight.pending_upstream())
-        if self._upstream is not None:
-            self._upstream.close()
+        self._link.close()
         self._services.connections.discard(self)
         if self._services.on_close:
             self._services.on_close(self)
@@ -170,43 +157,17 @@ class ClientConnection(asyncio.Protocol):
     def resume_writing(self) -> None:
         self._buffer.client_full(False)
 
-    def _peer_closed(self) -> bool:
-        transport = self._transport
-        return transport is not None and peer_has_closed(transport.get_extra_info("socket"))
-
-    def _peer_gone(self) -> None:
-        """The client closed while its muted channel was not being read."""
-        log.debug("connection %d from %s: the client closed while muted", self.ctx.connection_id,
-                  self.ctx.client_address)
-        self.close()
-
-    def _pause_upstream(self, paused: bool) -> None:
-        self._upstream_paused = paused
-        if self._upstream is not None:
-            if paused:
-                self._upstream.pause_reading()
-            else:
-                self._upstream.resume_reading()
-
-    def _limit_close(self, cause: str, detail: str) -> None:
-        """A watchdog's limit: counted and logged once per cause, so the close itself is quiet."""
-        self._limits.log.hit(cause, f"connection from {self.ctx.client_address}: {detail}")
-        log.debug("connection %d from %s closed: %s: %s", self.ctx.connection_id, self.ctx.client_address,
-                  cause, detail)
-        self.close()
-
     def close(self, reason: str | None = None) -> None:
         if reason is not None and self._close_reason is None:
             self._close_reason = reason
         if self._transport is not None and not self._transport.is_closing():
             self._transport.close()
-        if self._upstream is not None:
-            self._upstream.close()
+        self._link.close()
 
     def begin_drain(self) -> None:
         """Stop reading requests; close once every forwarded request has been answered."""
-        self._draining = True
-        self._update_reading()
+        self._gate.draining = True
+        self._gate.update()
         if len(self._inflight) == 0:
             self.close()
 
@@ -219,53 +180,20 @@ class ClientConnection(asyncio.Protocol):
         elif self.closed:
             result.close()
         else:
-            self._upstream = result
-            if self._upstream_paused:
-                result.pause_reading()
+            self._link.connected(result)
+            self._gate.upstream_up = True
             self._read_on()
 
     # ------------------------------------------------------------------ requests
 
-    def _open_for_requests(self) -> bool:
-        """Everything but the mute that lets requests in (see the module's docstring)."""
-        return (self._upstream is not None and len(self._in_flight_queue) < self._max_in_flight
-                and not (self._draining or self._upstream_backpressure or self.closed))
-
-    def _reading_allowed(self) -> bool:
-        """Whether the next buffered frame may be handled."""
-        return self._mute.state is _NOT_MUTED and self._open_for_requests()
-
-    def _socket_readable(self) -> bool:
-        """Whether the transport reads: a mute alone stops it only once something the client
-        sent is buffered."""
-        return ((self._mute.state is _NOT_MUTED or not self._splitter.buffered_bytes)
-                and self._open_for_requests())
-
-    def _update_reading(self) -> None:
-        transport = self._transport
-        if transport is None or transport.is_closing():
-            return
-        allowed = self._socket_readable()
-        if allowed and self._reading_paused:
-            transport.resume_reading()
-            self._reading_paused = False
-            self._peer_watch.stop()
-        elif not allowed and not self._reading_paused:
-            transport.pause_reading()
-            self._reading_paused = True
-            if len(self._inflight) >= self._max_in_flight:
-                self._limits.log.hit(MAX_IN_FLIGHT, f"connection from {self.ctx.client_address}: "
-                                     f"{self._max_in_flight} requests await responses; reading paused")
-        if self._reading_paused and self._mute.state is not _NOT_MUTED:
-            self._peer_watch.start()  # not read while muted: ask the kernel whether the client left
-
     def _read_on(self) -> None:
-        """Handle the buffered client frames while reading is allowed."""
+        """Handle the buffered client frames while the gate allows."""
         if self._processing:  # re-entered from a flush inside a frame handler: the outer loop goes on
             return
         self._processing = True
+        gate = self._gate
         try:
-            while self._reading_allowed():
+            while gate.frames_allowed():
                 try:
                     payload = self._splitter.next_frame()
                 except ProtocolError as exc:
@@ -276,7 +204,7 @@ class ClientConnection(asyncio.Protocol):
                 self._client_frame(payload)
         finally:
             self._processing = False
-        self._update_reading()
+        gate.update()
 
     def _on_request(self, payload: bytes) -> None:
         try:
@@ -293,14 +221,9 @@ class ClientConnection(asyncio.Protocol):
             self._watchdog.request(api_key)
         outcome = self._pipeline.on_request(self.ctx, entry, header, payload)
         if type(outcome) is Forward:
-            upstream = self._upstream
-            assert upstream is not None
-            upstream.write(payload if outcome.payload is None else outcome.payload)
+            self._upstream_write(payload if outcome.payload is None else outcome.payload)
         elif type(outcome) is AnswerHere:
-            entry.forwarded = False
-            entry.response = outcome.response
-            entry.response_bytes = len(outcome.response)
-            entry.response_received_ms = now_ms
+            entry.answer(outcome.response, now_ms)
         elif type(outcome) is AnswerLater:
             entry.forwarded = False
             self._answer_later(entry, outcome.pending)
@@ -333,16 +256,14 @@ class ClientConnection(asyncio.Protocol):
                 self.close(f"Sluice could not answer {api_name(entry.api_key)}: "
                            f"{'cancelled' if future.cancelled() else future.exception()!r}")
                 return
-            entry.response = payload = future.result()
-            entry.response_bytes = len(payload)
-            entry.response_received_ms = self._clock.now_ms()
+            entry.answer(future.result(), self._clock.now_ms())
             self._flush()
 
         pending.add_done_callback(done)
 
     def start_throttle(self, now_ms: int, throttle_time_ms: int) -> None:
         self.throttle.start(now_ms, throttle_time_ms)
-        self._update_reading()
+        self._gate.update()
 
     # ------------------------------------------------------------------ responses
 
@@ -370,24 +291,24 @@ class ClientConnection(asyncio.Protocol):
         self._flush()
 
     def _flush(self) -> None:
-        transport = self._transport
-        if transport is None:
+        if self._transport is None:
             return
+        send = self._out.frame
         sent_any = False
         for entry in self._inflight.ready():
             response = entry.response
             assert response is not None
-            if not entry.streamed and not transport.is_closing():
-                transport.writelines((size_prefix(len(response)), response))
-                self._wrote()
+            if not entry.streamed:
+                send(response)
             entry.response = None
             if entry.mutes_channel:
                 self.throttle.response_sent()
             self._pipeline.on_complete(self.ctx, entry, self._clock.now_ms())
             sent_any = True
-        if self._draining and len(self._inflight) == 0:
+        gate = self._gate
+        if gate.draining and len(self._inflight) == 0:
             self.close()
-        elif sent_any and (self._reading_paused or self._splitter.buffered_bytes):
+        elif sent_any and (gate.paused or self._splitter.buffered_bytes):
             self._read_on()  # a response left: a mute may have ended, or frames wait
 
     def on_upstream_lost(self, exc: Exception | None) -> None:
@@ -402,9 +323,9 @@ class ClientConnection(asyncio.Protocol):
             log.info("connection %d: %s", self.ctx.connection_id, what)
 
     def on_upstream_backpressure(self, paused: bool) -> None:
-        self._upstream_backpressure = paused
+        self._gate.backpressure = paused
         if paused:
-            self._update_reading()
+            self._gate.update()
         else:
             self._read_on()
 
@@ -412,26 +333,6 @@ class ClientConnection(asyncio.Protocol):
 
     def first_in_flight(self) -> InFlight | None:
         return self._inflight.first()
-
-    def write_client(self, data: bytes | memoryview) -> None:
-        transport = self._transport
-        if transport is not None and not transport.is_closing():
-            transport.write(data)
-            self._wrote()
-
-    def write_client_lines(self, parts: tuple[bytes | memoryview, ...]) -> None:
-        transport = self._transport
-        if transport is not None and not transport.is_closing():
-            transport.writelines(parts)
-            self._wrote()
-
-    def _wrote(self) -> None:
-        """After a write to the client: activity for the idle timeout, and what the client holds."""
-        self._watchdog.last_active_ms = self._now_ms()
-        buffer = self._buffer
-        transport = self._transport
-        if transport is not None and transport.get_write_buffer_size() != buffer.held_bytes:
-            buffer.measure()
 
     def response_done(self, entry: InFlight) -> None:
         self._flush()
@@ -442,13 +343,6 @@ class ClientConnection(asyncio.Protocol):
 
     def unread(self, frames: list[bytes]) -> None:
         self._splitter.unread(frames)
-
-    def send_upstream(self, payload: bytes) -> None:
-        assert self._upstream is not None
-        self._upstream.write(payload)
-
-    def send_client(self, payload: bytes) -> None:
-        self.write_client_lines((size_prefix(len(payload)), payload))
 
     read_on = _read_on
 
@@ -471,6 +365,18 @@ def _log_closed(ctx: ConnectionContext, reason: str | None, exc: Exception | Non
         log.warning("%s lost: %s", where, exc)
     elif pending:
         log.info("%s closed by the client with %d request(s) in flight", where, pending)
+
+
+def _limit_closer(limit_log: LimitLog, ctx: ConnectionContext, close: Callable[[], None]
+                  ) -> Callable[[str, str], None]:
+    """A watchdog's limit: counted and logged once per cause, so the close itself is quiet."""
+    def expire(cause: str, detail: str) -> None:
+        limit_log.hit(cause, f"connection from {ctx.client_address}: {detail}")
+        log.debug("connection %d from %s closed: %s: %s", ctx.connection_id, ctx.client_address,
+                  cause, detail)
+        close()
+
+    return expire
 
 
 def describe_api(api_key: int, api_version: int) -> str:

@@ -39,6 +39,38 @@ class Upstream(Protocol):
     def close(self) -> None: ...
 
 
+class UpstreamLink:
+    """A client connection's upstream once it is connected. The client buffer may pause its
+    reading before it is up: the pause is applied when it comes."""
+
+    __slots__ = ("_paused", "upstream")
+
+    def __init__(self) -> None:
+        self.upstream: Upstream | None = None
+        self._paused = False
+
+    def connected(self, upstream: Upstream) -> None:
+        self.upstream = upstream
+        if self._paused:
+            upstream.pause_reading()
+
+    def set_paused(self, paused: bool) -> None:
+        self._paused = paused
+        if self.upstream is not None:
+            if paused:
+                self.upstream.pause_reading()
+            else:
+                self.upstream.resume_reading()
+
+    def write(self, payload: bytes) -> None:
+        assert self.upstream is not None
+        self.upstream.write(payload)
+
+    def close(self) -> None:
+        if self.upstream is not None:
+            self.upstream.close()
+
+
 ConnectUpstream = Callable[["ClientConnection", UpstreamTarget], Coroutine[Any, Any, "Upstream | str"]]
 """Connects a client connection's upstream: the upstream, or why it could not be reached."""
 

@@ -42,3 +42,14 @@ def test_a_local_answer_waits_for_the_earlier_broker_response() -> None:
 def test_response_with_nothing_in_flight_is_a_mismatch() -> None:
     with pytest.raises(CorrelationMismatch, match="nothing in flight"):
         InFlightRequests().match_upstream(1)
+
+
+def test_sluices_own_answer_is_never_matched_to_a_broker_response() -> None:
+    tracker = InFlightRequests()
+    local = tracker.add(entry(1))
+    upstream = tracker.add(entry(2))
+    local.answer(b"answered by sluice", now_ms=1_234)
+    assert (local.forwarded, local.response_bytes, local.response_received_ms) == (False, 18, 1_234)
+    assert tracker.match_upstream(2) is upstream  # the broker's first response is request 2's
+    upstream.response = b"from broker"
+    assert [e.response for e in tracker.ready()] == [b"answered by sluice", b"from broker"]

@@ -1,0 +1,52 @@
+"""Everything written to one client goes through here.
+
+A write is activity for the idle timeout (`ConnectionWatchdog.last_active_ms`), and what the
+client's transport holds afterwards is re-measured for the buffer limits (`ClientBuffer`) when it
+changed. Writes after the transport started closing are dropped: the client is gone.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+
+from protocol.framing import size_prefix
+from proxy.pumps.limits import ClientBuffer, ConnectionWatchdog
+
+
+class ClientOutput:
+    __slots__ = ("_buffer", "_now_ms", "_transport", "_watchdog")
+
+    def __init__(self, buffer: ClientBuffer, watchdog: ConnectionWatchdog, now_ms: Callable[[], int]) -> None:
+        self._buffer = buffer
+        self._watchdog = watchdog
+        self._now_ms = now_ms
+        self._transport: asyncio.Transport | None = None
+
+    def attach(self, transport: asyncio.Transport) -> None:
+        self._transport = transport
+
+    def write(self, data: bytes | memoryview) -> None:
+        transport = self._transport
+        if transport is not None and not transport.is_closing():
+            transport.write(data)
+            self._wrote(transport)
+
+    def writelines(self, parts: tuple[bytes | memoryview, ...]) -> None:
+        transport = self._transport
+        if transport is not None and not transport.is_closing():
+            transport.writelines(parts)
+            self._wrote(transport)
+
+    def frame(self, payload: bytes) -> None:
+        """One whole Kafka frame: the size prefix, then the payload."""
+        self.writelines((size_prefix(len(payload)), payload))
+
+    def _wrote(self, transport: asyncio.Transport) -> None:
+        self._watchdog.last_active_ms = self._now_ms()
+        buffer = self._buffer
+        if transport.get_write_buffer_size() != buffer.held_bytes:
+            buffer.measure()
+
+
+__all__ = ["ClientOutput"]
