@@ -44,6 +44,7 @@ from protocol.records import (
     fetch_response_partitions,
     produce_request_partitions,
     produce_response_errors,
+    produce_response_summary,
     response_error_codes,
     topic_ids_from_metadata_response,
 )
@@ -93,6 +94,7 @@ __all__ = [
     "plan_throttle_patch",
     "produce_request_partitions",
     "produce_response_errors",
+    "produce_response_summary",
     "read_api_versions_request_client_software",
     "read_fetch_session",
     "read_produce_acks",

@@ -87,12 +87,16 @@ def payload_fields(row: Row, topic_names: dict[bytes, str]) -> PayloadFields:
         return None, None, []   # a fresh list: every record owns its error codes
     topics: list[dict[str, object]] | None = None
     error_codes: set[int] = set()
+    broker_throttle_ms: int | None = None
+    throttle_read = False  # a Produce response's walk reads it with the error codes
     try:
         if api_key == ApiKey.PRODUCE and request is not None:
             header = read_request_header(request)
             topics = [_topic(p, topic_names) for p in records.produce_request_partitions(request, header)]
             if response is not None:
-                error_codes.update(records.produce_response_errors(response, api_version))
+                codes, broker_throttle_ms = records.produce_response_summary(response, api_version)
+                error_codes.update(codes)
+                throttle_read = True
         elif api_key == ApiKey.FETCH and response is not None:
             top, parts = records.fetch_response_partitions(response, api_version)
             error_codes.update([top, *(p.error_code for p in parts)])
@@ -105,8 +109,9 @@ def payload_fields(row: Row, topic_names: dict[bytes, str]) -> PayloadFields:
     except ProtocolError:
         pass  # the record is still written, without what could not be read
     error_codes.discard(0)
-    broker_throttle_ms = _broker_throttle(response if response is not None else broker_head,
-                                          api_key, api_version)
+    if not throttle_read:
+        broker_throttle_ms = _broker_throttle(response if response is not None else broker_head,
+                                              api_key, api_version)
     return (topics if api_key in (ApiKey.PRODUCE, ApiKey.FETCH) else None, broker_throttle_ms,
             sorted(error_codes))
 

@@ -51,6 +51,7 @@ from protocol import (
     fetch_response_partitions,
     produce_request_partitions,
     produce_response_errors,
+    produce_response_summary,
     read_request_header,
     response_error_codes,
     topic_ids_from_metadata_response,
@@ -412,6 +413,10 @@ def test_produce_response_errors_every_kio_version(api_version: int, data: st.Da
     payload = response_payload(body)
     assert produce_response_errors(payload, api_version) == expected
     assert response_error_codes(payload, ApiKey.PRODUCE, api_version) == expected  # the kio path
+    if api_version >= 1:  # v0 has no throttle_time_ms (and is not a verified response layout)
+        # one walk gives both: the throttle time is the one kio encoded
+        throttle_ms = body.throttle_time // datetime.timedelta(milliseconds=1)
+        assert produce_response_summary(payload, api_version) == (expected, throttle_ms)
 
 
 # --- Fetch responses -------------------------------------------------------------------------------
