@@ -84,12 +84,18 @@ def test_a_muted_channel_is_read_until_something_is_buffered() -> None:
     assert parts.transport.paused                          # something waits: stop reading
 
 
-def test_a_client_that_leaves_while_muted_and_unread_is_closed_within_a_check() -> None:
+def muted_and_unread() -> tuple[Parts, ReadGate]:
+    """A long throttle with a frame waiting: the socket is not read, the peer check is armed."""
     parts = Parts()
     gate = parts.open()
     parts.mute.throttle_started(deadline_ms=60_000)
     parts.buffer_a_frame()
     gate.update()
+    return parts, gate
+
+
+def test_a_client_that_leaves_while_muted_and_unread_is_closed_within_a_check() -> None:
+    parts, _ = muted_and_unread()
     parts.timers.advance(1_000)
     assert parts.closed == 0                               # still ESTABLISHED
     parts.transport.tcp_state = 8                          # CLOSE_WAIT: the client sent its FIN
@@ -98,11 +104,7 @@ def test_a_client_that_leaves_while_muted_and_unread_is_closed_within_a_check() 
 
 
 def test_stopping_disarms_the_peer_check() -> None:
-    parts = Parts()
-    gate = parts.open()
-    parts.mute.throttle_started(deadline_ms=60_000)
-    parts.buffer_a_frame()
-    gate.update()
+    parts, gate = muted_and_unread()
     assert parts.timers.pending
     gate.stop()
     assert not parts.timers.pending and gate.closed and not gate.frames_allowed()
