@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import threading
 import time
+from typing import Any
 
 import pytest
 
@@ -12,16 +13,31 @@ from tests.conftest import create_topic, unique_name
 from tests.harness import clients
 from tests.harness.kafka import KafkaCluster
 from tests.harness.sluice import SluiceProcess
+from tests.harness.wait import eventually
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 
-def test_leaders_on_every_broker_are_reached_through_sluice(kafka_cluster3: KafkaCluster,
-                                                            sluice3: SluiceProcess) -> None:
+def metadata_with_leaders(bootstrap: str, name: str, partitions: int) -> Any:
+    """The topic's metadata once every partition has a leader in it. A new topic reaches each
+    broker's metadata a little after CreateTopics returns (KRaft brokers follow the controller's
+    log), so the broker that answers may not know it yet: ask again until it does."""
     from confluent_kafka.admin import AdminClient
 
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+
+    def complete(md: Any) -> bool:
+        topic = md.topics.get(name)
+        return (topic is not None and len(topic.partitions) == partitions
+                and all(p.leader >= 0 for p in topic.partitions.values()))
+
+    return eventually(lambda: admin.list_topics(name, timeout=10), complete, timeout_s=30)
+
+
+def test_leaders_on_every_broker_are_reached_through_sluice(kafka_cluster3: KafkaCluster,
+                                                            sluice3: SluiceProcess) -> None:
     name = create_topic(sluice3.bootstrap, unique_name("route"), partitions=6, replication=3)
-    md = AdminClient({"bootstrap.servers": sluice3.bootstrap}).list_topics(name, timeout=10)
+    md = metadata_with_leaders(sluice3.bootstrap, name, 6)
     assert sorted(md.brokers) == [1, 2, 3]
     real_ports = {n.port for n in kafka_cluster3.nodes}
     assert not {b.port for b in md.brokers.values()} & real_ports
@@ -40,7 +56,7 @@ def test_leader_change_while_clients_run_loses_and_duplicates_nothing(
     from confluent_kafka.admin import AdminClient
 
     name = create_topic(sluice3.bootstrap, unique_name("failover"), partitions=3, replication=3)
-    md = AdminClient({"bootstrap.servers": sluice3.bootstrap}).list_topics(name, timeout=10)
+    md = metadata_with_leaders(sluice3.bootstrap, name, 3)
     victim = md.topics[name].partitions[0].leader
 
     total = 6000
