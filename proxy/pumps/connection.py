@@ -71,7 +71,7 @@ class ClientConnection(asyncio.Protocol):
         self._sasl: SaslMode | None = None
         self._transport: asyncio.Transport | None = None
         self._link = UpstreamLink()
-        self._upstream_write = self.send_upstream = self._link.write
+        self._upstream_write = self.send_upstream = self._link.write  # the upstream's own, once it is up
         self._processing = self.closed = False
         self._close_reason: str | None = None
         self.ctx = ConnectionContext(next(_ids), "?", target.describe(), target.node_id,
@@ -181,6 +181,7 @@ class ClientConnection(asyncio.Protocol):
             result.close()
         else:
             self._link.connected(result)
+            self._upstream_write = result.write  # frames are read only from here on: no hop per request
             self._gate.upstream_up = True
             self._read_on()
 
