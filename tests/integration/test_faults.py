@@ -200,14 +200,24 @@ def test_a_hung_broker_times_out_its_clients_only_and_its_connections_are_releas
 
     hung: list[RawKafkaSocket] = []
     with frozen(cluster, hung_id):
+        stopped = time.monotonic()
         for _ in range(5):  # requests in flight to a broker that will not answer
             raw = RawKafkaSocket(listener[hung_id], timeout_s=10)
             raw.send(metadata_request())
             hung.append(raw)
-        for raw in hung:  # each client sees a timeout
+        for index, raw in enumerate(hung):  # each client sees a timeout
             raw.sock.settimeout(2.0)
-            with pytest.raises(TimeoutError):
-                raw.recv(ApiKey.METADATA, 12)
+            try:
+                correlation_id, answer = raw.recv(ApiKey.METADATA, 12)
+            except TimeoutError:
+                continue
+            after_s = time.monotonic() - stopped
+            pytest.fail(f"client {index} of the hung broker {hung_id} was answered {after_s:.1f} s "
+                        f"after SIGSTOP (correlation id {correlation_id}, brokers "
+                        f"{sorted((int(b.node_id), b.port) for b in answer.brokers)}, controller "
+                        f"{int(answer.controller_id)}); broker {hung_id}: {process_state(cluster, hung_id)}, "
+                        f"listeners {listener}, broker ports {[(n.node_id, n.port) for n in cluster.nodes]}\n"
+                        f"Sluice: {sluice.log()[-3000:]}")
         # Sluice holds the hung connections, and meanwhile serves everyone else
         assert until(lambda: open_connections(metrics_port) >= 5, 10), open_connections(metrics_port)
         started = time.monotonic()
@@ -224,6 +234,19 @@ def test_a_hung_broker_times_out_its_clients_only_and_its_connections_are_releas
     assert until(lambda: _try(lambda: served(listener[hung_id], 5)), 60), "the resumed broker is not served"
     assert until(lambda: open_connections(metrics_port) == 0, 20)
     assert sluice.process is not None and sluice.process.poll() is None
+
+
+def process_state(cluster: KafkaCluster, node_id: int) -> str:
+    """The node's pid and its State line in /proc (`T (stopped)` while frozen)."""
+    process = cluster.node(node_id).process
+    if process is None:
+        return "no process"
+    try:
+        status = Path(f"/proc/{process.pid}/status").read_text()
+    except OSError as exc:
+        return f"pid {process.pid}: {exc}"
+    state = next((line for line in status.splitlines() if line.startswith("State:")), "no State line")
+    return f"pid {process.pid}, {state}"
 
 
 def _try(probe: Callable[[], bool]) -> bool:
