@@ -4,8 +4,9 @@
 Protocol-based forwarder moves about twice the bytes of a streams-based one on this kind of
 machine). They only move frames: framing is `protocol.FrameSplitter`, order is `InFlightRequests`,
 the throttle delay is `ThrottleTimer`, large Fetch responses are `FetchStream`, raw SASL tokens are
-`SaslMode`, what it writes to the client goes through `ClientOutput`, and every decision about a
-request or response is the pipeline's. When the client's socket is read and its frames handled is
+`SaslMode`, what it writes to the client goes through `ClientOutput`, responses go back in request
+order through `ResponseOrder` (`proxy.pumps.responses`), and every decision about a request or
+response is the pipeline's. When the client's socket is read and its frames handled is
 the `ReadGate`'s (`proxy.pumps.read_gate`): not before the upstream connection is up, not while
 the channel is muted for a throttle with something buffered, not under back-pressure or while
 draining, not with `max_in_flight_requests_per_connection` requests awaiting responses.
@@ -32,17 +33,18 @@ from typing import Any, cast
 from protocol.apis import ApiKey, api_name
 from protocol.errors import ProtocolError
 from protocol.framing import FrameSplitter
-from protocol.headers import RequestHeader, read_request_header, read_response_correlation_id
+from protocol.headers import RequestHeader, read_request_header
 from protocol.produce import read_produce_acks
 from protocol.sasl import SASL_API_KEYS
 from proxy.flow.connection_stats import ConnectionStats
-from proxy.flow.inflight import CorrelationMismatch, InFlight, InFlightRequests
+from proxy.flow.inflight import InFlight, InFlightRequests
 from proxy.flow.pipeline import AnswerHere, AnswerLater, Close, ConnectionContext, Forward
 from proxy.pumps.client_output import ClientOutput
 from proxy.pumps.fetch_stream import FetchStream
 from proxy.pumps.limits import ClientBuffer, ConnectionWatchdog, LimitLog
 from proxy.pumps.muting import ChannelMuteState
 from proxy.pumps.read_gate import ReadGate
+from proxy.pumps.responses import ResponseOrder
 from proxy.pumps.sasl_mode import FrameHandler, SaslMode
 from proxy.pumps.services import ConnectionServices, Upstream, UpstreamLink
 from proxy.pumps.throttle_timer import ThrottleTimer
@@ -60,8 +62,8 @@ class ClientConnection(asyncio.Protocol):
                  real_address: tuple[str, int] | None = None) -> None:
         self.services = self._services = services
         self._target = target
-        self.clock = self._clock = services.clock
-        self.pipeline = self._pipeline = services.pipeline
+        self._clock = services.clock
+        self._pipeline = services.pipeline
         self._now_ms = self._clock.now_ms
         self._splitter = FrameSplitter(services.max_frame_bytes)
         self._inflight = InFlightRequests()
@@ -78,7 +80,6 @@ class ClientConnection(asyncio.Protocol):
                                      stats=ConnectionStats(self._clock.now_ms()))
         self._real_address = real_address           # the client behind a PROXY-protocol hop
         self._client_frame: FrameHandler = self._on_request
-        self._broker_frame: FrameHandler = self._on_response
         self._limits = limits = services.limits
         self.admitted_ip: str | None = None  # set by the AdmissionGate; released when this closes
         self._watchdog = ConnectionWatchdog(self._clock, services.call_later, limits.settings,
@@ -91,6 +92,13 @@ class ClientConnection(asyncio.Protocol):
         self._gate = ReadGate(self._mute, self._splitter, self._inflight.queue,
                               limits.settings.max_in_flight_requests_per_connection, self.ctx,
                               limits.log, services.call_later, self.close)
+        self.responses = ResponseOrder(self.ctx, self._pipeline, self._clock, self._inflight, self.throttle,
+                                       self._gate, self._splitter, target.describe(), send=self._out.frame,
+                                       start_throttle=self.start_throttle, read_on=self._read_on,
+                                       close=self.close, is_closed=lambda: self.closed)
+        self._flush = self.response_done = self.responses.flush
+        self.run_response_stages = self.responses.run_stages
+        self._broker_frame: FrameHandler = self.responses.on_broker_frame
 
     @property
     def in_flight(self) -> int:
@@ -227,7 +235,7 @@ class ClientConnection(asyncio.Protocol):
             entry.answer(outcome.response, now_ms)
         elif type(outcome) is AnswerLater:
             entry.forwarded = False
-            self._answer_later(entry, outcome.pending)
+            self.responses.answer_later(entry, outcome.pending)
         elif type(outcome) is Close:
             self.close(outcome.reason)
             return
@@ -235,7 +243,8 @@ class ClientConnection(asyncio.Protocol):
             self._inflight.add(entry)
         if api_key in SASL_API_KEYS:  # SaslHandshake, SaslAuthenticate
             if self._sasl is None:
-                self._sasl = SaslMode(self, self._services.auth, self._services.max_frame_bytes)
+                self._sasl = self.responses.sasl = SaslMode(self, self._services.auth,
+                                                            self._services.max_frame_bytes)
             self._sasl.on_request(header, payload, entry)
         if outcome.throttle_time_ms > 0:
             self.start_throttle(now_ms, outcome.throttle_time_ms)
@@ -248,20 +257,6 @@ class ClientConnection(asyncio.Protocol):
         if entry.response is not None:
             self._flush()
 
-    def _answer_later(self, entry: InFlight, pending: asyncio.Future[bytes]) -> None:
-        """A stage answers this request itself once `pending` is done; later requests wait their turn."""
-        def done(future: asyncio.Future[bytes]) -> None:
-            if self.closed:
-                return
-            if future.cancelled() or future.exception() is not None:
-                self.close(f"Sluice could not answer {api_name(entry.api_key)}: "
-                           f"{'cancelled' if future.cancelled() else future.exception()!r}")
-                return
-            entry.answer(future.result(), self._clock.now_ms())
-            self._flush()
-
-        pending.add_done_callback(done)
-
     def start_throttle(self, now_ms: int, throttle_time_ms: int) -> None:
         self.throttle.start(now_ms, throttle_time_ms)
         self._gate.update()
@@ -271,46 +266,6 @@ class ClientConnection(asyncio.Protocol):
     def on_upstream_frame(self, payload: bytes) -> None:
         if not self.closed:
             self._broker_frame(payload)
-
-    def _on_response(self, payload: bytes) -> None:
-        try:
-            entry = self._inflight.match_upstream(read_response_correlation_id(payload))
-        except (ProtocolError, CorrelationMismatch) as exc:
-            self.close(f"bad response from {self._target.describe()}: {exc}")
-            return
-        if self._sasl is not None and entry.api_key in SASL_API_KEYS:
-            self._sasl.on_response(entry, payload)
-        now_ms = self._clock.now_ms()
-        entry.response_received_ms = now_ms
-        entry.upstream_response_bytes = len(payload)
-        outcome = self._pipeline.on_response(self.ctx, entry, payload)
-        entry.response = outcome.payload
-        entry.response_bytes = len(outcome.payload)
-        if outcome.throttle_time_ms > 0:
-            self.start_throttle(now_ms, outcome.throttle_time_ms)
-            entry.mutes_channel = True
-        self._flush()
-
-    def _flush(self) -> None:
-        if self._transport is None:
-            return
-        send = self._out.frame
-        sent_any = False
-        for entry in self._inflight.ready():
-            response = entry.response
-            assert response is not None
-            if not entry.streamed:
-                send(response)
-            entry.response = None
-            if entry.mutes_channel:
-                self.throttle.response_sent()
-            self._pipeline.on_complete(self.ctx, entry, self._clock.now_ms())
-            sent_any = True
-        gate = self._gate
-        if gate.draining and len(self._inflight) == 0:
-            self.close()
-        elif sent_any and (gate.paused or self._splitter.buffered_bytes):
-            self._read_on()  # a response left: a mute may have ended, or frames wait
 
     def on_upstream_lost(self, exc: Exception | None) -> None:
         if self.closed:
@@ -335,12 +290,9 @@ class ClientConnection(asyncio.Protocol):
     def first_in_flight(self) -> InFlight | None:
         return self._inflight.first()
 
-    def response_done(self, entry: InFlight) -> None:
-        self._flush()
-
     def set_frame_handlers(self, client: FrameHandler | None, broker: FrameHandler | None) -> None:
         self._client_frame = self._on_request if client is None else client
-        self._broker_frame = self._on_response if broker is None else broker
+        self._broker_frame = self.responses.on_broker_frame if broker is None else broker
 
     def unread(self, frames: list[bytes]) -> None:
         self._splitter.unread(frames)

@@ -20,8 +20,7 @@ from typing import Protocol
 from protocol.apis import ApiKey
 from protocol.framing import FrameSplitter, size_prefix
 from proxy.flow.inflight import InFlight
-from proxy.flow.pipeline import ConnectionContext, Pipeline, StreamTail
-from quotas.clock import Clock
+from proxy.flow.pipeline import ResponseOutcome, StreamTail
 
 STREAM_MIN_BYTES = 64 * 1024   # smaller responses are simply buffered whole
 STREAM_HEAD_BYTES = 32         # header, throttle_time_ms, error_code and session_id of any Fetch
@@ -30,19 +29,19 @@ STREAM_HEAD_BYTES = 32         # header, throttle_time_ms, error_code and sessio
 class StreamHost(Protocol):
     """What the stream needs of its client connection."""
 
-    ctx: ConnectionContext
-    pipeline: Pipeline
-    clock: Clock
-
     def first_in_flight(self) -> InFlight | None: ...
 
-    def start_throttle(self, now_ms: int, throttle_time_ms: int) -> None: ...
+    def run_response_stages(self, entry: InFlight, head: bytes, size: int) -> ResponseOutcome:
+        """The response stages on a response's head (`proxy.pumps.responses.ResponseOrder.run_stages`)."""
+        ...
 
     def write_client(self, data: bytes | memoryview) -> None: ...
 
     def write_client_lines(self, parts: tuple[bytes | memoryview, ...]) -> None: ...
 
-    def response_done(self, entry: InFlight) -> None: ...
+    def response_done(self) -> None:
+        """A response is complete: write what is ready, in order."""
+        ...
 
 
 class FetchStream:
@@ -75,7 +74,7 @@ class FetchStream:
         sent_head, replaced, tail = self._decide(entry, size, head)
         self._entry, self._forward, self._tail, self.left = entry, not replaced, tail, left
         if replaced:
-            self._host.response_done(entry)
+            self._host.response_done()
         elif tail is None:
             self._host.write_client_lines((size_prefix(size), sent_head, part[len(head):]))
         else:
@@ -87,14 +86,7 @@ class FetchStream:
 
     def _decide(self, entry: InFlight, size: int, head: bytes) -> tuple[bytes, bool, StreamTail | None]:
         """Run the response stages on the head: (head to send, replaced, tail rewrite)."""
-        host = self._host
-        now_ms = host.clock.now_ms()
-        entry.response_received_ms = now_ms
-        entry.upstream_response_bytes = size
-        outcome = host.pipeline.on_response(host.ctx, entry, head)
-        if outcome.throttle_time_ms > 0:
-            host.start_throttle(now_ms, outcome.throttle_time_ms)
-            entry.mutes_channel = True
+        outcome = self._host.run_response_stages(entry, head, size)
         if outcome.replaced:
             entry.response = outcome.payload
             entry.response_bytes = len(outcome.payload)
@@ -130,4 +122,4 @@ class FetchStream:
             self._host.write_client(tail.finish())
         entry.streamed = True
         entry.response = b""
-        self._host.response_done(entry)
+        self._host.response_done()
