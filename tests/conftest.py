@@ -16,12 +16,14 @@ import os
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from tests.harness.kafka import KafkaCluster
 from tests.harness.sluice import SluiceProcess
 from tests.harness.tools import KafkaTools, sasl_properties
+from tests.harness.wait import eventually
 
 _CLUSTERS: list[KafkaCluster] = []
 
@@ -73,6 +75,22 @@ def create_topic(bootstrap: str, name: str, partitions: int = 1, replication: in
                                   operation_timeout=30)
     futures[name].result(timeout=60)
     return name
+
+
+def metadata_with_leaders(bootstrap: str, name: str, partitions: int) -> Any:
+    """The topic's metadata once every partition has a leader in it. A new topic reaches each
+    broker's metadata a little after CreateTopics returns (KRaft brokers follow the controller's
+    log), so the broker that answers may not know it yet: ask again until it does."""
+    from confluent_kafka.admin import AdminClient
+
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+
+    def complete(md: Any) -> bool:
+        topic = md.topics.get(name)
+        return (topic is not None and len(topic.partitions) == partitions
+                and all(p.leader >= 0 for p in topic.partitions.values()))
+
+    return eventually(lambda: admin.list_topics(name, timeout=10), complete, timeout_s=30)
 
 
 @pytest.fixture

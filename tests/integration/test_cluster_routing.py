@@ -5,33 +5,15 @@ from __future__ import annotations
 import json
 import threading
 import time
-from typing import Any
 
 import pytest
 
-from tests.conftest import create_topic, unique_name
+from tests.conftest import create_topic, metadata_with_leaders, unique_name
 from tests.harness import clients
 from tests.harness.kafka import KafkaCluster
 from tests.harness.sluice import SluiceProcess
-from tests.harness.wait import eventually
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
-
-
-def metadata_with_leaders(bootstrap: str, name: str, partitions: int) -> Any:
-    """The topic's metadata once every partition has a leader in it. A new topic reaches each
-    broker's metadata a little after CreateTopics returns (KRaft brokers follow the controller's
-    log), so the broker that answers may not know it yet: ask again until it does."""
-    from confluent_kafka.admin import AdminClient
-
-    admin = AdminClient({"bootstrap.servers": bootstrap})
-
-    def complete(md: Any) -> bool:
-        topic = md.topics.get(name)
-        return (topic is not None and len(topic.partitions) == partitions
-                and all(p.leader >= 0 for p in topic.partitions.values()))
-
-    return eventually(lambda: admin.list_topics(name, timeout=10), complete, timeout_s=30)
 
 
 def test_leaders_on_every_broker_are_reached_through_sluice(kafka_cluster3: KafkaCluster,

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.conftest import create_topic, unique_name
+from tests.conftest import create_topic, metadata_with_leaders, unique_name
 from tests.harness import clients
 from tests.harness.kafka import KafkaCluster, kafka_version
 from tests.harness.tools import KafkaTools
@@ -83,10 +83,8 @@ def test_sasl_listener_rejects_a_wrong_password(kafka: KafkaCluster) -> None:
 
 
 def test_three_node_cluster_spreads_leaders(kafka_cluster3: KafkaCluster) -> None:
-    from confluent_kafka.admin import AdminClient
-
     name = create_topic(kafka_cluster3.bootstrap, unique_name("spread"), partitions=6, replication=3)
-    md = AdminClient({"bootstrap.servers": kafka_cluster3.bootstrap}).list_topics(name, timeout=10)
+    md = metadata_with_leaders(kafka_cluster3.bootstrap, name, 6)
     assert sorted(md.brokers) == [1, 2, 3]
     leaders = {p.leader for p in md.topics[name].partitions.values()}
     assert leaders == {1, 2, 3}
