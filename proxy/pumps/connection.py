@@ -70,7 +70,6 @@ class ClientConnection(asyncio.Protocol):
         self.throttle = ThrottleTimer(services.clock, services.call_later, self._read_on)
         self._mute = self.throttle.mute  # read on every frame: one attribute, no property chain
         self.fetch_stream: FetchStream = FetchStream(self)
-        self._sasl: SaslMode | None = None
         self._transport: asyncio.Transport | None = None
         self._link = UpstreamLink()
         self._upstream_write = self.send_upstream = self._link.write  # the upstream's own, once it is up
@@ -242,10 +241,11 @@ class ClientConnection(asyncio.Protocol):
         if expects_response:
             self._inflight.add(entry)
         if api_key in SASL_API_KEYS:  # SaslHandshake, SaslAuthenticate
-            if self._sasl is None:
-                self._sasl = self.responses.sasl = SaslMode(self, self._services.auth,
-                                                            self._services.max_frame_bytes)
-            self._sasl.on_request(header, payload, entry)
+            sasl = self.responses.sasl  # one SaslMode per connection, kept where responses reach it
+            if sasl is None:
+                services = self._services
+                sasl = self.responses.sasl = SaslMode(self, services.auth, services.max_frame_bytes)
+            sasl.on_request(header, payload, entry)
         if outcome.throttle_time_ms > 0:
             self.start_throttle(now_ms, outcome.throttle_time_ms)
             if expects_response:
