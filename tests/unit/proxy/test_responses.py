@@ -138,6 +138,14 @@ def test_a_draining_connection_closes_once_its_last_response_is_written() -> Non
     assert parts.closes == [None]                          # a quiet close: nothing went wrong
 
 
+async def callbacks_ran(future: asyncio.Future[bytes], timeout_s: float = 5.0) -> None:
+    """Until the future's done callbacks have run: they run in the order they were added, so once
+    one added now has run, ResponseOrder's has too (a deadline, not a fixed wait)."""
+    ran = asyncio.Event()
+    future.add_done_callback(lambda _: ran.set())
+    await asyncio.wait_for(ran.wait(), timeout_s)
+
+
 async def test_an_answer_later_goes_out_in_turn_and_a_failed_one_closes_with_the_reason() -> None:
     parts = Parts()
     first = parts.request(1)
@@ -145,14 +153,14 @@ async def test_an_answer_later_goes_out_in_turn_and_a_failed_one_closes_with_the
     pending: asyncio.Future[bytes] = asyncio.get_running_loop().create_future()
     parts.order.answer_later(first, pending)
     pending.set_result(response(1, b"later"))
-    await asyncio.sleep(0)                                 # done callbacks run on the next loop turn
+    await callbacks_ran(pending)
     assert parts.sent == [response(1, b"later")]
 
     second = parts.request(2)
     failing: asyncio.Future[bytes] = asyncio.get_running_loop().create_future()
     parts.order.answer_later(second, failing)
     failing.set_exception(RuntimeError("store down"))
-    await asyncio.sleep(0)
+    await callbacks_ran(failing)
     assert parts.closes == ["Sluice could not answer Metadata: RuntimeError('store down')"]
 
 
@@ -163,7 +171,7 @@ async def test_an_answer_that_comes_after_the_connection_closed_is_dropped() -> 
     parts.order.answer_later(entry, pending)
     parts.closed = True
     pending.set_result(response(1))
-    await asyncio.sleep(0)
+    await callbacks_ran(pending)
     assert parts.sent == [] and parts.closes == []
 
 
