@@ -18,6 +18,13 @@ lines), and no more than 2x the baseline.
     .venv/bin/python -m bench.bench_tune --max 1000000     # only sizes up to 1M
     .venv/bin/python -m bench.bench_tune --workdir W --keep --generate-only   # the logs only, now,
     .venv/bin/python -m bench.bench_tune --workdir W --reuse                  # timed later, quietly
+    .venv/bin/python -m bench.bench_tune --workdir W --reuse --stages         # + the job's parts
+
+`--stages` adds, at the largest size and in the same warm session, the job's parts timed alone
+(each written to Spark's `noop` sink, three runs each): the columns it reads, its first
+aggregation (`client_seconds`), that plus `entity_seconds`, and two bare sums over the same
+records, one grouped by the bare aggregation's three keys and one by the first aggregation's six:
+the last is the floor of any plan that keeps the per-broker, per-quota-key detail the plan needs.
 """
 
 from __future__ import annotations
@@ -207,6 +214,42 @@ def recommendation(spark: Any, root: Path, out: Path, log_format: str) -> tuple[
     return time.perf_counter() - t, len(read_plan(path).entries)
 
 
+def _noop_s(df: Any) -> float:
+    t = time.perf_counter()
+    df.write.format("noop").mode("overwrite").save()
+    return time.perf_counter() - t
+
+
+def stages(spark: Any, root: Path, log_format: str, repeats: int = 3) -> dict[str, list[float]]:
+    """The job's parts timed alone over `root` (see the module's docstring), seconds per run."""
+    from pyspark.sql import functions as F
+
+    from spark_analytics.policy import QuotaPolicy
+    from spark_analytics.schema import read_access_logs
+    from spark_analytics.transforms import client_seconds, entity_seconds
+
+    def logs() -> Any:
+        return read_access_logs(spark, str(root), log_format)
+
+    second = F.expr("ts_ms div 1000").alias("second")
+    parts: dict[str, Any] = {
+        # client_seconds' input columns: reading and decoding them is the floor of any plan
+        "read the job's columns": lambda: logs().select(
+            "principal", "client_id", "quota_entity", "broker_id", "ts_ms", "quota_limit", "api_key",
+            "request_bytes", "response_bytes", "throttle_time_ms", "broker_throttle_time_ms",
+            "would_throttle_ms"),
+        "sum by 3 keys (the bare aggregation's)": lambda: logs().groupBy(
+            "principal", "client_id", second).agg(F.sum("request_bytes")),
+        "sum by 6 keys (client_seconds')": lambda: logs().groupBy(
+            "principal", "client_id", "api_key", "quota_entity", "broker_id", second)
+            .agg(F.sum("request_bytes")),
+        "client_seconds": lambda: logs().transform(client_seconds),
+        "client_seconds + entity_seconds": lambda: logs().transform(client_seconds)
+            .transform(entity_seconds(QuotaPolicy())),
+    }
+    return {name: [round(_noop_s(build()), 2) for _ in range(repeats)] for name, build in parts.items()}
+
+
 def session(master: str, driver_memory: str) -> Any:
     from spark_analytics.session import build_session
 
@@ -249,6 +292,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--master", default="local[2]")
     p.add_argument("--driver-memory", default="2g")
     p.add_argument("--results", type=Path, default=RESULTS)
+    p.add_argument("--stages", action="store_true",
+                   help="also time the job's parts alone at the largest size (see above)")
     p.add_argument("--format", choices=["parquet", "json"], default="parquet",
                    help="log format (Sluice's default: parquet, converted from the generated JSON lines)")
     args = p.parse_args(argv)
@@ -302,11 +347,14 @@ def main(argv: Sequence[str] | None = None) -> int:
                 "baseline_clients": clients, "plan_entries": entries}
         print(f"{run['records']:>11,} records: job {job_s:6.1f}s ({run['job_records_per_s']:>9,}/s), "
               f"baseline {base_s:6.1f}s, ratio {job_s / base_s:.2f}", flush=True)
+    parts = stages(spark, datasets[sizes[-1]], args.format) if args.stages else None
+    for name, times in (parts or {}).items():
+        print(f"  {name:<40} {' '.join(f'{t:5.2f}' for t in times)} s", flush=True)
     spark.stop()
 
     first, last = runs[0], runs[-1]
     scale = last["records"] / first["records"]
-    summary = {
+    summary: dict[str, Any] = {
         "machine": {"cores": os.cpu_count(), "python": platform.python_version(),
                     "platform": platform.platform(),
                     # the machine is shared: the 1-minute load average before and after the runs
@@ -320,6 +368,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         "growth": {"records_x": scale, "job_x": round(last["job_s"] / first["job_s"], 2),
                    "baseline_x": round(last["baseline_s"] / first["baseline_s"], 2)},
     }
+    if parts is not None:
+        summary["stages_s"] = {"records": last["records"], "noop_sink_runs": parts}
     if last["records"] >= 10_000_000:
         summary["targets"] = {"job_under_30s_at_10M": last["job_s"] < 30,
                               "job_under_10s_at_10M": last["job_s"] <= 10,  # issue 12, over Parquet
