@@ -261,7 +261,11 @@ def test_sighup_reloads_quotas_without_dropping_connections(kafka: KafkaCluster,
         sluice.config_path.write_text(yaml.safe_dump(config))
         reload_at = time.monotonic()
         sluice.signal(signal.SIGHUP)
-        time.sleep(8)
+        time.sleep(8)  # the window the faster rate is measured over, the producer still running
+        # read while the producer is still connected: once it returns, librdkafka closes its
+        # connections whenever the Producer is freed, which is the client's doing, not the reload's
+        after_connections = metrics.value("sluice_open_connections", listener="broker 1")
+        log_after_reload = sluice.log()
         stop.set()
         worker.join(30)
         timeline = box["t"]
@@ -270,9 +274,10 @@ def test_sighup_reloads_quotas_without_dropping_connections(kafka: KafkaCluster,
         assert slow <= 1.15 * 256 * KiB
         assert fast >= 3 * slow, (slow, fast)
         assert metrics.value("sluice_quota_limit", client_id="hup", kind="produce") == 2 * MiB
-        assert "configuration reloaded" in sluice.log()
-        assert "closed" not in sluice.log().split("configuration reloaded", 1)[1].split("sluice ready")[0]
-        assert before_connections == metrics.value("sluice_open_connections", listener="broker 1")
+        assert "configuration reloaded" in log_after_reload
+        assert "closed" not in log_after_reload.split("configuration reloaded", 1)[1]
+        assert before_connections is not None and before_connections >= 1
+        assert after_connections == before_connections
     finally:
         sluice.stop()
 
