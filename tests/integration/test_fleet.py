@@ -220,7 +220,7 @@ def test_a_java_consumer_group_through_three_instances_holds_one_fetch_budget(
 
 def _after_records(bootstrap: str, topic: str, records: int) -> threading.Event:
     """An event set once `topic` holds `records` records (polled on the broker)."""
-    from confluent_kafka import Consumer, TopicPartition
+    from confluent_kafka import Consumer, KafkaException, TopicPartition
 
     done = threading.Event()
 
@@ -228,9 +228,12 @@ def _after_records(bootstrap: str, topic: str, records: int) -> threading.Event:
         consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": "fleet-watch"})
 
         def filled() -> bool:
-            meta = consumer.list_topics(topic, timeout=5).topics[topic]
-            return sum(consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=5)[1]
-                       for p in meta.partitions) >= records
+            try:
+                meta = consumer.list_topics(topic, timeout=5).topics[topic]
+                return sum(consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=5)[1]
+                           for p in meta.partitions) >= records
+            except KafkaException:  # a new topic's leader not known yet (NOT_LEADER_FOR_PARTITION,
+                return False        # once in a loaded run): ask again, do not end the watch
 
         try:
             if poll(filled, 300, interval_s=0.2):
