@@ -13,6 +13,8 @@ import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
+from tests.harness.wait import wait_until
+
 
 @dataclass
 class Timeline:
@@ -97,6 +99,16 @@ class Timeline:
         lo, hi = self.started + from_s, self.started + end
         got = sum(n for t, n in self.events if lo <= t < hi)
         return got / max(end - from_s, 1e-9)
+
+
+def load_until(timeline: Timeline, monotonic_s: float) -> None:
+    """Let the load run until the producer has delivered something at or after `monotonic_s` (so
+    the span before it is covered by deliveries, however slow the machine)."""
+    def delivered_after() -> bool:
+        with timeline.lock:  # events are appended in delivery order: the last is the latest
+            return bool(timeline.events) and timeline.events[-1][0] >= monotonic_s
+
+    wait_until(delivered_after, monotonic_s - time.monotonic() + 30, "deliveries past the measured span")
 
 
 def confluent_flood(bootstrap: str, topic: str, seconds: float, *, record_size: int = 1000,

@@ -37,7 +37,7 @@ from tests.harness import load
 from tests.harness.kafka import REPO, KafkaCluster, free_port
 from tests.harness.sluice import SluiceProcess
 from tests.harness.tools import KafkaTools, sasl_properties
-from tests.harness.wait import eventually, wait_until
+from tests.harness.wait import eventually
 
 pytestmark = pytest.mark.integration
 
@@ -88,13 +88,6 @@ def key(**entity: str | None) -> str:
     return json.dumps({k.replace("_", "-"): v for k, v in entity.items()}, sort_keys=True)
 
 
-def load_until(timeline: load.Timeline, monotonic_s: float) -> None:
-    """Let the load run until the producer has delivered something at or after `monotonic_s` (so
-    the span before it is covered by deliveries, however slow the machine)."""
-    wait_until(lambda: any(t >= monotonic_s for t, _ in timeline.events[-50:]),
-               monotonic_s - time.monotonic() + 30, "deliveries past the measured span")
-
-
 def metric(port: int, name: str, **labels: str) -> float | None:
     with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as r:
         text = r.read().decode()
@@ -128,7 +121,7 @@ def test_kafka_configs_and_the_cli_change_a_live_producers_rate(kafka: KafkaClus
         assert first > 0, "the producer delivered nothing through Sluice"
         first_s = min(t for t, _ in timeline.events) - timeline.started
         # two whole periods of the sawtooth (11 x 500 ms)
-        load_until(timeline, timeline.started + first_s + 2 * 5.5)
+        load.load_until(timeline, timeline.started + first_s + 2 * 5.5)
         connections = metric(port, "sluice_open_connections", listener="broker 1")
 
         # kafka-configs raises it to 1 MiB/s for this client id. The change applies somewhere between
@@ -139,7 +132,7 @@ def test_kafka_configs_and_the_cli_change_a_live_producers_rate(kafka: KafkaClus
         tools.configs("--alter", "--add-config", f"producer_byte_rate={MiB}", "--entity-type", "clients",
                       "--entity-name", cid).check()
         raised_at = time.monotonic()
-        load_until(timeline, raised_at + 14)  # two periods of the new sawtooth after its catch-up
+        load.load_until(timeline, raised_at + 14)  # two periods of the new sawtooth after its catch-up
 
         # `sluice quotas alter` brings it down to 512 KiB/s: a (1 MiB - 512 KiB) / 512 KiB x 5.5 s = 5.5 s
         # mute first (the window still holds 1 MiB/s), then 512 KiB/s
@@ -148,7 +141,7 @@ def test_kafka_configs_and_the_cli_change_a_live_producers_rate(kafka: KafkaClus
                    "--add", f"producer_byte_rate={512 * KiB}")
         assert done.returncode == 0, done.stderr
         lowered_at = time.monotonic()
-        load_until(timeline, lowered_at + 18)  # the mute, then two periods at 512 KiB/s
+        load.load_until(timeline, lowered_at + 18)  # the mute, then two periods at 512 KiB/s
         connections_after = metric(port, "sluice_open_connections", listener="broker 1")
         stop.set()
         worker.join(60)

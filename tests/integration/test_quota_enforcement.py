@@ -250,25 +250,26 @@ def test_sighup_reloads_quotas_without_dropping_connections(kafka: KafkaCluster,
     try:
         topic = create_topic(kafka.bootstrap, unique_name("hup"))
         stop = threading.Event()
-        box: dict[str, load.Timeline] = {}
-        worker = threading.Thread(target=lambda: box.update(t=load.confluent_flood(
-            sluice.bootstrap, topic, 40, client_id="hup", stop=stop, batch_bytes=32 * KiB)))
+        timeline = load.Timeline()
+        worker = threading.Thread(target=lambda: load.confluent_flood(
+            sluice.bootstrap, topic, 60, client_id="hup", stop=stop, batch_bytes=32 * KiB,
+            timeline=timeline))
+
         worker.start()
-        time.sleep(2 * PERIOD_S)
+        load.load_until(timeline, timeline.started + 2 * PERIOD_S)  # the slow window is covered
         before_connections = metrics.value("sluice_open_connections", listener="broker 1")
         config = yaml.safe_load(sluice.config_path.read_text())
         config["quotas"]["entries"][0]["producer_byte_rate"] = 2 * MiB
         sluice.config_path.write_text(yaml.safe_dump(config))
         reload_at = time.monotonic()
         sluice.signal(signal.SIGHUP)
-        time.sleep(8)  # the window the faster rate is measured over, the producer still running
+        load.load_until(timeline, reload_at + 8)  # and the fast one
         # read while the producer is still connected: once it returns, librdkafka closes its
         # connections whenever the Producer is freed, which is the client's doing, not the reload's
         after_connections = metrics.value("sluice_open_connections", listener="broker 1")
         log_after_reload = sluice.log()
         stop.set()
         worker.join(30)
-        timeline = box["t"]
         slow = timeline.rate(0, 2 * PERIOD_S)
         fast = timeline.rate(reload_at - timeline.started + 0.5, reload_at - timeline.started + 8)
         assert slow <= 1.15 * 256 * KiB
