@@ -30,6 +30,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 import pydantic
+from kio.schema.errors import ErrorCode
 from pydantic import BaseModel, ConfigDict, Field
 
 from protocol.apis import ApiKey
@@ -49,7 +50,6 @@ PLUGIN_KEYS = ("callback", "scope", "cluster_entries")
 
 CallbackFactory = Callable[[int | None], QuotaCallback]
 
-_UNKNOWN_TOPIC_OR_PARTITION = 3
 
 
 class _CallbackModel(BaseModel):
@@ -188,9 +188,9 @@ class ClusterMetadataFeed:
             name = topic.name
             if name is None:
                 continue
-            if topic.error_code == _UNKNOWN_TOPIC_OR_PARTITION:
+            if topic.error_code == ErrorCode.unknown_topic_or_partition:
                 gone.append(str(name))
-            elif topic.error_code == 0:
+            elif topic.error_code == ErrorCode.none:
                 seen[str(name)] = [(int(p.partition_index), int(p.leader_id)) for p in topic.partitions]
         view = self.view.merged(seen, gone)
         if view is not self.view:

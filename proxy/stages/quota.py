@@ -44,7 +44,8 @@ import logging
 import math
 import struct
 from collections.abc import Iterator
-from dataclasses import dataclass
+
+from kio.schema.errors import ErrorCode
 
 from protocol.apis import ApiKey, api_name, response_header_version
 from protocol.errors import ProtocolError
@@ -70,13 +71,6 @@ _NOT_REQUEST_RATED = frozenset({ApiKey.API_VERSIONS, ApiKey.SASL_HANDSHAKE, ApiK
 _FETCH_METERED = frozenset({ApiKey.FETCH, ApiKey.SHARE_FETCH})  # charged to consumer_byte_rate
 _MAX_TRACKED_CALLERS = 10_000
 _TOPIC_FETCH_KINDS = frozenset({QuotaKind.FETCH, QuotaKind.CONSUMER_RECORD_RATE, QuotaKind.REQUEST_RATE})
-
-@dataclass(frozen=True, slots=True)
-class Scope:
-    """Which broker's sensors a connection uses: a broker id, or None for the bootstrap listener."""
-
-    broker_id: int | None
-
 
 class QuotaManagers:
     """One `QuotaManager` per broker behind Sluice (Kafka's quotas are per broker), or one for
@@ -468,7 +462,7 @@ class QuotaStage(StageBase):
             if version >= 7:
                 body = response_body_offset(payload, response_header_version(ApiKey.FETCH, version))
                 _throttle, error_code, session_id = struct.unpack_from(">ihi", payload, body)
-                if error_code != 0:
+                if error_code != ErrorCode.none:
                     return None  # a top-level error (e.g. a session problem) goes through as it is
             return empty_fetch_response(entry.correlation_id, version, throttle_ms, session_id)
         except (ProtocolError, struct.error) as exc:

@@ -20,7 +20,7 @@ from protocol.headers import RequestHeader, read_request_header
 from proxy.admin.api import QuotaAdminStage, kafka_entity_string
 from proxy.admin.store import StoreError
 from proxy.flow.inflight import InFlight
-from proxy.flow.pipeline import AnswerHere, AnswerLater, ConnectionContext
+from proxy.flow.pipeline import AnswerHere, AnswerLater, Close, ConnectionContext
 from quotas import DEFAULT, QuotaConfigError, QuotaEntity
 from quotas.table import SHADOW_KEY, QuotaChange, QuotaTable
 
@@ -314,3 +314,18 @@ async def test_other_apis_pass_through() -> None:
 def test_entities_print_as_java_does() -> None:
     assert kafka_entity_string([("user", "alice"), ("client-id", None)]) == (
         "ClientQuotaEntity(entries={client-id=null, user=alice})")
+
+
+@pytest.mark.parametrize("api_key", [ApiKey.DESCRIBE_CLIENT_QUOTAS, ApiKey.ALTER_CLIENT_QUOTAS])
+def test_a_request_it_cannot_read_closes_the_connection_with_its_reason(api_key: int) -> None:
+    header = RequestHeader(api_key, 1, 42, "tester", 2, 0)
+    payload = encode_request(header, request_schema(api_key, 1)(
+        **({"components": (), "strict": False} if api_key == ApiKey.DESCRIBE_CLIENT_QUOTAS
+           else {"entries": (), "validate_only": False})))
+    header = read_request_header(payload)
+    truncated = payload[:-1]  # the body ends early: unreadable
+    entry = InFlight(header.correlation_id, header.api_key, header.api_version, header.client_id,
+                     len(truncated), 0)
+    verdict = QuotaAdminStage(FakeBackend(), ["admin"]).on_request(ctx(), entry, header, truncated)
+    assert isinstance(verdict, Close)
+    assert verdict.reason.startswith("cannot answer ") and " v1: " in verdict.reason
