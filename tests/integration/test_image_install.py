@@ -32,7 +32,7 @@ from dockerfile_parse import DockerfileParser
 
 from tests.harness import load
 from tests.harness.kafka import KafkaCluster, free_port
-from tests.integration.test_quota_enforcement import Metrics
+from tests.harness.metrics import Metrics
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 

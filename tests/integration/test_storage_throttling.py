@@ -22,10 +22,10 @@ import yaml
 
 from tests.harness import load
 from tests.harness.kafka import KafkaCluster, free_port
+from tests.harness.metrics import Metrics
 from tests.harness.sluice import SluiceProcess
 from tests.harness.tls import TestCA
 from tests.harness.wait import wait_until as wait_for
-from tests.integration.test_quota_enforcement import Metrics
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
