@@ -25,7 +25,6 @@ import argparse
 import json
 import os
 import signal
-import subprocess
 import sys
 import tempfile
 import threading
@@ -34,12 +33,19 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from tests.conftest import create_topic, unique_name
+from bench.common.cpu import own_cpu_s
+from bench.common.results import commit, load_avg, pyplot
+from bench.common.setup import (
+    REPO,
+    KafkaCluster,
+    Metrics,
+    SluiceProcess,
+    create_topic,
+    free_port,
+    unique_name,
+)
 from tests.harness import load
-from tests.harness.kafka import REPO, KafkaCluster, free_port
-from tests.harness.sluice import SluiceProcess
-from tests.harness.wait import Sampler, wait_until
-from tests.integration.test_fleet import (
+from tests.harness.fleet import (
     Fleet,
     filled_topic,
     flood_through,
@@ -48,28 +54,13 @@ from tests.integration.test_fleet import (
     start_fleet,
     total_rate,
 )
-from tests.integration.test_quota_enforcement import PERIOD_S, RUN_S, WINDOW, Metrics, MiB
+from tests.harness.quotas import PERIOD_S, RUN_S, WINDOW, MiB
+from tests.harness.wait import Sampler, wait_until
 
 DEFAULT_OUT = REPO / "bench" / "results" / "fleet.json"
 QUOTA = MiB
 CLIENT = "fleet-app"
 ENTRY = {"client_id": CLIENT, "producer_byte_rate": QUOTA, "consumer_byte_rate": QUOTA}
-TICK_S = os.sysconf("SC_CLK_TCK")
-
-
-def cpu_seconds(pid: int) -> float:
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / TICK_S   # utime + stime
-
-
-def load_avg() -> list[float]:
-    return [round(x, 2) for x in os.getloadavg()]
-
-
-def commit() -> str:
-    done = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True,
-                          check=False)
-    return done.stdout.strip()
 
 
 def plain_sluices(kafka: KafkaCluster, workdir: Path, n: int, workers: int | None = None) -> Fleet:
@@ -220,8 +211,8 @@ def exchange_cost(kafka: KafkaCluster, workdir: Path, idle_s: float) -> dict[str
         def snap() -> tuple[list[tuple[float, float]], list[float], list[float]]:
             reports = [(counter(fleet.metrics(i), "sluice_fleet_reports_sent_total"),
                         counter(fleet.metrics(i), "sluice_fleet_report_bytes_sent_total")) for i in range(3)]
-            return (reports, [cpu_seconds(s.process.pid) for s in fleet.sluices if s.process],
-                    [cpu_seconds(s.process.pid) for s in plain.sluices if s.process])
+            return (reports, [own_cpu_s(s.process.pid) for s in fleet.sluices if s.process],
+                    [own_cpu_s(s.process.pid) for s in plain.sluices if s.process])
         time.sleep(2)   # past start-up work
         load_before = load_avg()
         r0, f0, p0 = snap()
@@ -251,7 +242,7 @@ def worker_cost(kafka: KafkaCluster, workdir: Path, workers: int, run_s: float) 
         topic = create_topic(kafka.bootstrap, unique_name("fw"))
         load_before = load_avg()
         req0 = counter(metrics, "sluice_requests_total", api="Produce")
-        cpu0 = sum(cpu_seconds(p) for p in pids)
+        cpu0 = sum(own_cpu_s(p) for p in pids)
         threads = [threading.Thread(target=load.confluent_flood, args=(sluice.bootstrap, topic, run_s),
                                     kwargs={"client_id": f"small-{i}", "record_size": 100,
                                             "config": {"linger.ms": 0, "log_level": 2}, "batch_bytes": 1024})
@@ -260,7 +251,7 @@ def worker_cost(kafka: KafkaCluster, workdir: Path, workers: int, run_s: float) 
             t.start()
         for t in threads:
             t.join(run_s + 60)
-        cpu = sum(cpu_seconds(p) for p in pids) - cpu0
+        cpu = sum(own_cpu_s(p) for p in pids) - cpu0
         requests = counter(metrics, "sluice_requests_total", api="Produce") - req0
         return {"workers": workers, "producers": 2 * workers, "requests": int(requests),
                 "worker_cpu_s": round(cpu, 2), "requests_per_cpu_s": round(requests / max(cpu, 1e-9)),
@@ -351,10 +342,7 @@ f"{s['event']}: shares settle in {s['share_settle_s']} s (sum {s['final_share_su
 
 
 def plot(report: dict[str, Any], path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     fig, (bars, shift) = plt.subplots(1, 2, figsize=(13, 4.5))
     done = [c for c in report["cases"] if "ratio" in c]
