@@ -42,6 +42,7 @@ from bench.common.setup import (
     SluiceProcess,
     create_topic,
     free_port,
+    kafka_cluster,
     unique_name,
 )
 from tests.harness import load
@@ -262,55 +263,57 @@ def worker_cost(kafka: KafkaCluster, workdir: Path, workers: int, run_s: float) 
 
 # ------------------------------------------------------------------------------------ the run
 
-def run_benchmark(quick: bool, java: bool, workdir: Path, log: Callable[[str], None]) -> dict[str, Any]:
-    run_s = 2 * PERIOD_S if quick else RUN_S
+def run_benchmark(quick: bool, java: bool, workdir: Path, log: Callable[[str], None],
+                  bootstrap: str | None = None) -> dict[str, Any]:
     started = time.monotonic()
-    kafka = KafkaCluster(workdir / "kafka", 1)
-    kafka.start()
-    log(f"broker up: {kafka.bootstrap}; load {load_avg()}")
+    with kafka_cluster(workdir, bootstrap) as kafka:
+        log(f"broker up: {kafka.bootstrap}; load {load_avg()}")
+        return measure(kafka, quick, java, workdir, log, started)
+
+
+def measure(kafka: KafkaCluster, quick: bool, java: bool, workdir: Path, log: Callable[[str], None],
+            started: float) -> dict[str, Any]:
+    run_s = 2 * PERIOD_S if quick else RUN_S
     cases: list[dict[str, Any]] = []
-    try:
-        plan: list[tuple[str, int, int, bool, int | None]] = [   # name, instances, producers, fleet, workers
-            ("alone", 1, 1, False, None), ("fleet-2", 2, 2, True, None)] if quick else [
-            ("alone", 1, 1, False, None), ("no-fleet-3", 3, 3, False, None), ("fleet-1", 1, 1, True, None),
-            ("fleet-2", 2, 2, True, None), ("fleet-3", 3, 3, True, None), ("workers-3", 1, 3, False, 3)]
-        for name, n, producers, with_fleet, workers in plan:
+    plan: list[tuple[str, int, int, bool, int | None]] = [   # name, instances, producers, fleet, workers
+        ("alone", 1, 1, False, None), ("fleet-2", 2, 2, True, None)] if quick else [
+        ("alone", 1, 1, False, None), ("no-fleet-3", 3, 3, False, None), ("fleet-1", 1, 1, True, None),
+        ("fleet-2", 2, 2, True, None), ("fleet-3", 3, 3, True, None), ("workers-3", 1, 3, False, 3)]
+    for name, n, producers, with_fleet, workers in plan:
+        fleet = (start_fleet(kafka, workdir / unique_name(name), n, [ENTRY]) if with_fleet
+                 else plain_sluices(kafka, workdir, n, workers=workers))
+        try:
+            if workers:
+                wait_until(lambda f=fleet, w=workers: f.metrics(0).value(  # type: ignore[misc]
+                    "sluice_fleet_members", worker="0") == w, 60, "workers to hear from each other")
+            cases.append(produce_case(kafka, fleet, name, n, producers, run_s, with_fleet, workers))
+        finally:
+            fleet.stop()
+        log(f"{name}: {cases[-1]['ratio']:.3f} x quota (load {cases[-1]['load_avg'][0]})")
+    if java and not quick:
+        for name, n, with_fleet in (("java-alone", 1, False), ("java-fleet-3", 3, True)):
             fleet = (start_fleet(kafka, workdir / unique_name(name), n, [ENTRY]) if with_fleet
-                     else plain_sluices(kafka, workdir, n, workers=workers))
+                     else plain_sluices(kafka, workdir, n))
             try:
-                if workers:
-                    wait_until(lambda f=fleet, w=workers: f.metrics(0).value(  # type: ignore[misc]
-                        "sluice_fleet_members", worker="0") == w, 60, "workers to hear from each other")
-                cases.append(produce_case(kafka, fleet, name, n, producers, run_s, with_fleet, workers))
+                cases.append(fetch_case(kafka, [s.bootstrap for s in fleet.sluices], name, with_fleet,
+                                        run_s, workdir))
+            except Exception as exc:   # report it, keep the rest of the run
+                cases.append({"name": name, "client": "java", "workload": "fetch",
+                              "error_text": repr(exc)})
             finally:
                 fleet.stop()
-            log(f"{name}: {cases[-1]['ratio']:.3f} x quota (load {cases[-1]['load_avg'][0]})")
-        if java and not quick:
-            for name, n, with_fleet in (("java-alone", 1, False), ("java-fleet-3", 3, True)):
-                fleet = (start_fleet(kafka, workdir / unique_name(name), n, [ENTRY]) if with_fleet
-                         else plain_sluices(kafka, workdir, n))
-                try:
-                    cases.append(fetch_case(kafka, [s.bootstrap for s in fleet.sluices], name, with_fleet,
-                                            run_s, workdir))
-                except Exception as exc:   # report it, keep the rest of the run
-                    cases.append({"name": name, "client": "java", "workload": "fetch",
-                                  "error_text": repr(exc)})
-                finally:
-                    fleet.stop()
-                log(f"{name}: {cases[-1].get('ratio')}")
-        after_s = 3 + (PERIOD_S if quick else RUN_S)
-        shifts = [shift_case(kafka, workdir, kill, after_s) for kill in (False, True)]
-        for s in shifts:
-            log(f"{s['event']}: shares settle {s['share_settle_s']} s, rate 0.9 x quota after "
-                f"{s['rate_reach_0_9_s']} s")
-        cost = exchange_cost(kafka, workdir, 5 if quick else 30)
-        log(f"exchange: {cost['members']} vs plain cpu {cost['plain_cpu_fraction']}")
-        counts = (1, 2) if quick else (1, 2, 3)
-        scaling = [worker_cost(kafka, workdir, w, 4 if quick else 15) for w in counts]
-        for w in scaling:
-            log(f"workers {w['workers']}: {w['requests_per_cpu_s']} requests per CPU-second")
-    finally:
-        kafka.stop()
+            log(f"{name}: {cases[-1].get('ratio')}")
+    after_s = 3 + (PERIOD_S if quick else RUN_S)
+    shifts = [shift_case(kafka, workdir, kill, after_s) for kill in (False, True)]
+    for s in shifts:
+        log(f"{s['event']}: shares settle {s['share_settle_s']} s, rate 0.9 x quota after "
+            f"{s['rate_reach_0_9_s']} s")
+    cost = exchange_cost(kafka, workdir, 5 if quick else 30)
+    log(f"exchange: {cost['members']} vs plain cpu {cost['plain_cpu_fraction']}")
+    counts = (1, 2) if quick else (1, 2, 3)
+    scaling = [worker_cost(kafka, workdir, w, 4 if quick else 15) for w in counts]
+    for w in scaling:
+        log(f"workers {w['workers']}: {w['requests_per_cpu_s']} requests per CPU-second")
     return {"benchmark": "fleet", "quick": quick, "java_fetch": java and not quick, "commit": commit(),
             "cpus": os.cpu_count(),
             "quota_bytes_per_s": QUOTA, "window": WINDOW, "run_s": run_s,
@@ -374,13 +377,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT, help="results JSON")
     parser.add_argument("--no-java", action="store_true", help="skip the Java consumer-group fetch cases")
     parser.add_argument("--workdir", type=Path, help="where Kafka and Sluice keep their files")
+    parser.add_argument("--bootstrap", help="use the Kafka cluster at HOST:PORT (unique topics) instead of "
+                                            "starting one")
     args = parser.parse_args(argv)
     workdir = args.workdir or Path(tempfile.mkdtemp(prefix="bench-fleet-"))
 
     def log(msg: str) -> None:
         print(msg, file=sys.stderr, flush=True)
 
-    report = run_benchmark(args.quick, not args.no_java, workdir, log)
+    report = run_benchmark(args.quick, not args.no_java, workdir, log, args.bootstrap)
     print(table(report))
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(report, indent=1) + "\n")

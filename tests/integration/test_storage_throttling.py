@@ -84,7 +84,7 @@ def test_hard_limit_above_free_space_stops_production_and_lifting_it_resumes(
         reload_at = time.monotonic() - timeline.started
         sluice.signal(signal.SIGHUP)
         wait_for(lambda: metrics.value("sluice_storage_throttle_factor") == 1.0, 10, "factor 1")
-        time.sleep(14)
+        load.load_until(timeline, timeline.started + reload_at + 14)  # deliveries cover the span
         stop.set()
         worker.join(60)
         resumed = timeline.rate(reload_at + 6.5, reload_at + 14)  # after the last 5.5 s mute
