@@ -12,11 +12,18 @@ setup:
 demo: setup
 	$(PY) -m scripts.demo
 
-test: setup lint
-	$(PYTEST) -n $(WORKERS) --dist loadgroup --no-loadscope-reorder tests
+# `make test` and `make check` run lint beside the tests (both mostly wait); either failing fails them.
+# $(1): the pytest command line
+beside_lint = rm -f .lint.log; ($(MAKE) --no-print-directory lint > .lint.log 2>&1; echo $$? >> .lint.log) & \
+	lint=$$!; $(1); tests=$$?; wait $$lint; lint_rc=$$(tail -n 1 .lint.log); \
+	if [ "$$lint_rc" != 0 ]; then sed '$$d' .lint.log; echo "lint FAILED (ruff, mypy, import-linter, hadolint)"; \
+	else echo "lint passed (ruff, mypy, import-linter, hadolint)"; fi; [ "$$tests" = 0 ] && [ "$$lint_rc" = 0 ]
 
-check: setup lint
-	$(PYTEST) -n $(WORKERS) -m "not integration and not spark and not slow" tests
+test: setup
+	@$(call beside_lint,$(PYTEST) -n $(WORKERS) --dist loadgroup --no-loadscope-reorder tests)
+
+check: setup
+	@$(call beside_lint,$(PYTEST) -n $(WORKERS) -m "not integration and not spark and not slow" tests)
 
 lint:
 	$(PY) -m ruff check proxy protocol quotas spark_analytics contracts tests bench scripts

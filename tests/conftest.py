@@ -3,6 +3,7 @@
 - `kafka`: one KRaft node with a PLAINTEXT listener and a SASL_PLAINTEXT listener (PLAIN,
   SCRAM-SHA-256, SCRAM-SHA-512; users from `tests.harness.kafka.DEFAULT_USERS`).
 - `kafka_cluster3`: three KRaft nodes on loopback with a static controller quorum.
+- `tls_kafka`: one KRaft node with an SSL listener requiring client certificates, and its CA.
 - `topic` / `topic_factory`: a fresh, uniquely named topic per test on the single node.
 
 Under pytest-xdist (`make test` runs `-n 4 --dist loadgroup`) every worker is its own session, so each
@@ -26,6 +27,7 @@ import pytest
 
 from tests.harness.kafka import KafkaCluster
 from tests.harness.sluice import SluiceProcess
+from tests.harness.tls import TestCA
 from tests.harness.tools import KafkaTools, sasl_properties
 from tests.harness.topics import create_topic, metadata_with_leaders, unique_name
 
@@ -53,6 +55,21 @@ def kafka_cluster3(tmp_path_factory: pytest.TempPathFactory) -> Iterator[KafkaCl
     cluster.start()
     try:
         yield cluster
+    finally:
+        cluster.stop()
+
+
+@pytest.fixture(scope="session")
+def tls_kafka(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[KafkaCluster, TestCA]]:
+    """One KRaft node with an SSL listener that requires client certificates signed by the CA given
+    with it (`ca.issue(...)` makes one), beside its PLAINTEXT listener."""
+    root = tmp_path_factory.mktemp("tls-kafka")
+    ca = TestCA(root / "ca")
+    cluster = KafkaCluster(root, 1, tls=ca)
+    _CLUSTERS.append(cluster)
+    cluster.start()
+    try:
+        yield cluster, ca
     finally:
         cluster.stop()
 
@@ -86,7 +103,8 @@ def topic(topic_factory: Callable[..., str]) -> str:
 
 # Fixtures whose set-up is costly (a JVM or a cluster) and shared: a test that uses one runs on the
 # worker of that fixture's group. Listed in priority order: a test that uses both joins the first.
-SHARED_GROUPS: tuple[tuple[str, str], ...] = (("spark", "spark"), ("kafka_cluster3", "cluster3"))
+SHARED_GROUPS: tuple[tuple[str, str], ...] = (("spark", "spark"), ("kafka_cluster3", "cluster3"),
+                                               ("tls_kafka", "tls_kafka"))
 
 
 def xdist_group_of(item: pytest.Item) -> str | None:

@@ -13,7 +13,6 @@ import shutil
 import signal
 import threading
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -101,17 +100,6 @@ def test_hard_limit_above_free_space_stops_production_and_lifting_it_resumes(
         assert sluice.wait_for_log("-> 1.000: every volume above the soft limit"), sluice.log()[-2000:]
     finally:
         sluice.stop()
-
-
-@pytest.fixture(scope="module")
-def tls_kafka(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[KafkaCluster, TestCA]]:
-    root = tmp_path_factory.mktemp("storage-tls-kafka")
-    ca = TestCA(root / "ca")
-    cluster = KafkaCluster(root, 1, tls=ca).start()  # requires client certificates
-    try:
-        yield cluster, ca
-    finally:
-        cluster.stop()
 
 
 def test_polls_over_the_upstream_tls_settings_and_falls_back_when_they_fail(
