@@ -9,8 +9,9 @@
 Under pytest-xdist (`make test` runs `-n 4 --dist loadgroup`) every worker is its own session, so each
 starts its own single node the first time a test asks for `kafka`. Tests are grouped so that what is
 expensive to start is started once: every test that uses the three-node cluster runs on one worker,
-every test that uses the SparkSession on one worker, and the tests of a module that starts its own
-module-scoped set-up (a TLS cluster, say) on one worker. The groups and the slow tests go first.
+every Spark test (marked `spark`) on one worker, the TLS broker's tests on one worker, and the tests
+of a module that starts its own module-scoped set-up (a broker with options of its own, say) on one
+worker. The groups and the slow tests go first.
 
 Set SLUICE_KAFKA_BOOTSTRAP to run the single-node tests against a cluster you already run.
 When a test that used a broker fails, every node's last WARN and ERROR lines are attached to the report
@@ -110,6 +111,8 @@ SHARED_GROUPS: tuple[tuple[str, str], ...] = (("spark", "spark"), ("kafka_cluste
 def xdist_group_of(item: pytest.Item) -> str | None:
     """The xdist group an item belongs to: a shared costly fixture's, or its module's when the module
     sets up something of its own at module (or class) scope, or None: any worker will do."""
+    if item.get_closest_marker("spark") is not None:  # a Spark test that builds its own session gets the
+        return "spark"                                  # worker's one (getOrCreate), not one more JVM
     names = getattr(item, "fixturenames", ())
     for fixture, group in SHARED_GROUPS:
         if fixture in names:
