@@ -91,3 +91,75 @@ def test_concurrent_changes_to_different_keys_through_two_instances_all_land(kaf
     finally:
         first.stop()
         second.stop()
+
+
+# ----------------------------------------------------------------------------- mixed configuration
+
+KiB = 1024
+QUOTA_BYTES = 256 * KiB
+RECORD_RATE = 1000
+FLOOD_S = 8.0
+
+
+def test_prefix_and_topic_quotas_hold_beside_a_kafka_type_entity_in_the_kafka_store(
+        kafka: KafkaCluster, tmp_path: Path) -> None:
+    """Issue 26's mixed configuration: a client-id-prefix quota and a topic quota beside one
+    {client_id: rec-flood, producer_record_rate: 1000} entry, all seeded into `store: {type: kafka}`.
+    On main the store dropped the prefix and topic records, so with the client-id entity in it
+    they vanished (71-86 x their budgets); here each holds.
+
+    Bounds: the token bucket with burst_ms 200 admits at most Q x T + 0.2 s x Q over T seconds; over
+    the T = 6 s after the first second that is 1.03 Q, plus one 8 KiB batch (3 % of Q) in flight at
+    either end of the span: 1.15 Q allows for them and for timing. Unthrottled, each producer runs at
+    many times its budget on this machine, so the bound fails the moment a quota vanishes."""
+    store = {"type": "kafka", "topic": unique_name("sluice-quotas-mixed")}
+    tag = unique_name("mix")
+    prefix, topic_name, rec_client = f"{tag}-etl-", unique_name("mix-topic"), f"{tag}-rec-flood"
+    entries = [{"client_id_prefix": prefix, "producer_byte_rate": QUOTA_BYTES},
+               {"topic": topic_name, "producer_byte_rate": QUOTA_BYTES},
+               {"client_id": rec_client, "producer_record_rate": RECORD_RATE}]
+    config = {"instance": "mixed", "store": store,
+              "quotas": {"rate_model": "token_bucket", "burst_ms": 200, "entries": entries}}
+    sluice = SluiceProcess(kafka.bootstrap, tmp_path / "mixed", config=config).start()
+    try:
+        from tests.conftest import create_topic
+        from tests.harness import load
+
+        free_topic = create_topic(kafka.bootstrap, unique_name("mix-free"))
+        create_topic(kafka.bootstrap, topic_name)
+        runs = {  # (client id, topic, record size)
+            "prefix": (f"{prefix}1", free_topic, 1000),
+            "topic": (f"{tag}-unlimited", topic_name, 1000),
+            "records": (rec_client, free_topic, 100),
+        }
+        got: dict[str, load.Timeline] = {}
+
+        def run(name: str) -> None:
+            client_id, topic, size = runs[name]
+            got[name] = load.confluent_flood(sluice.bootstrap, topic, FLOOD_S, record_size=size,
+                                             client_id=client_id, batch_bytes=8 * KiB)
+
+        import threading
+
+        threads = [threading.Thread(target=run, args=(name,)) for name in runs]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(120)
+
+        def after_first_second(timeline: load.Timeline, span_s: float) -> tuple[float, int]:
+            first = min(t for t, _ in timeline.events)
+            inside = [n for t, n in timeline.events if first + 1 <= t < first + 1 + span_s]
+            return sum(inside) / span_s, len(inside)
+
+        span_s = FLOOD_S - 2
+        prefix_bps, _ = after_first_second(got["prefix"], span_s)
+        topic_bps, _ = after_first_second(got["topic"], span_s)
+        _, records = after_first_second(got["records"], span_s)
+        ratios = {"prefix": prefix_bps / QUOTA_BYTES, "topic": topic_bps / QUOTA_BYTES,
+                  "records": records / span_s / RECORD_RATE}
+        print(f"x budget: {ratios}")
+        assert all(r <= 1.15 for r in ratios.values()), ratios
+        assert all(r >= 0.3 for r in ratios.values()), ratios  # held, not stalled
+    finally:
+        sluice.stop()
