@@ -190,6 +190,8 @@ class QuotaStore(Protocol):
 
     def subscribe(self, callback: Callable[[QuotaTable], None]) -> None: ...
 
+    def unreadable(self) -> dict[str, str]: ...
+
     def close(self) -> None: ...
 
     def describe(self) -> str: ...
@@ -237,6 +239,9 @@ class MemoryStore(_Subscribers):
     def meta(self, name: str) -> str | None:
         return self._meta.get(name)
 
+    def unreadable(self) -> dict[str, str]:
+        return {}
+
     def close(self) -> None:
         pass
 
@@ -265,6 +270,7 @@ class SqliteStore(_Subscribers):
         self.path = path
         self._lock = threading.Lock()
         self._closed = threading.Event()
+        self._problem: str | None = None
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
             self._db = sqlite3.connect(str(path), check_same_thread=False, isolation_level=None)
@@ -309,10 +315,19 @@ class SqliteStore(_Subscribers):
             try:
                 changed = self.poll_external_change()
             except StoreError as exc:
-                log.warning("%s", exc)
+                if self._problem != str(exc):  # once per problem: it is on /healthz and a metric
+                    log.error("%s; the quotas as last read stay in force", exc)
+                self._problem = str(exc)
                 continue
+            self._problem = None
             if changed is not None:
                 self.notify(changed)
+
+    def unreadable(self) -> dict[str, str]:
+        """The file's problem when another process last changed it into something Sluice cannot
+        read (the quotas as last read stay in force); empty otherwise."""
+        problem = self._problem
+        return {} if problem is None else {str(self.path): problem}
 
     def poll_external_change(self) -> QuotaTable | None:
         """The table as another process left it, when one committed since the last poll; else None."""
