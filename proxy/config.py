@@ -26,7 +26,7 @@ from pydantic import (
     model_validator,
 )
 
-from proxy.admin.store import StoreConfig
+from proxy.admin.store import StoreConfig, librdkafka_text
 from proxy.fleet.config import FleetConfig
 from proxy.ops.disk_guard import StorageConfig
 from proxy.stages.callbacks import PLUGIN_KEYS, QuotaPlugins
@@ -182,6 +182,12 @@ class AccessLogConfig(BaseModel):
     kafka_config: dict[str, SecretStr] = Field(default_factory=dict,
                                                description="librdkafka settings of the topic sink (SASL, "
                                                            "TLS, message.timeout.ms); never shown in logs")
+
+    @field_validator("kafka_config", mode="before")
+    @classmethod
+    def _settings_as_text(cls, value: object) -> object:
+        """librdkafka settings are strings; YAML numbers and booleans are written as librdkafka does."""
+        return librdkafka_text(value)
 
     @model_validator(mode="after")
     def _kafka(self) -> AccessLogConfig:

@@ -81,6 +81,15 @@ class StoreError(Exception):
 
 # ---------------------------------------------------------------------------------- config
 
+def librdkafka_text(value: object) -> object:
+    """A mapping of librdkafka settings with YAML's numbers and booleans as the strings librdkafka
+    takes (``30000``, ``true``); anything else is left for validation to refuse."""
+    if not isinstance(value, dict):
+        return value
+    return {k: (str(v).lower() if isinstance(v, bool) else str(v)) if isinstance(v, bool | int | float)
+            else v for k, v in value.items()}
+
+
 class StoreSasl(BaseModel):
     """Credentials for the brokers' quota import over SASL (PLAIN or SCRAM)."""
 
@@ -124,6 +133,12 @@ class StoreConfig(BaseModel):
         if not value.is_absolute() and base is not None:
             return Path(base) / value
         return value
+
+    @field_validator("kafka_config", mode="before")
+    @classmethod
+    def _settings_as_text(cls, value: object) -> object:
+        """YAML numbers and booleans as the strings librdkafka takes (``30000``, ``true``)."""
+        return librdkafka_text(value)
 
     @model_validator(mode="after")
     def _kafka_library(self) -> StoreConfig:

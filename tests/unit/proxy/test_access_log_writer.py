@@ -245,3 +245,40 @@ def test_a_row_that_cannot_be_read_is_counted_and_the_others_are_written(tmp_pat
     rows[4] = (*rows[4][:21], 12345)  # a bug's row (a Metadata response that is no bytes): it raises
     assert serve_batches(tmp_path, [rows[:6], rows[6:]]) == (9, 1)
     assert [r["correlation_id"] for _, _, rs in written(tmp_path) for r in rs] == [0, 1, 2, 3, 5, 6, 7, 8, 9]
+
+
+def test_the_topic_sinks_settings_are_secret_and_need_the_sink() -> None:
+    from proxy.config import ConfigError, load_config
+    from proxy.server import make_access_log
+
+    base = {"upstream": {"bootstrap": "localhost:9092"}}
+    sink = {"dir": "/tmp/al", "format": "json", "kafka_bootstrap": "b:9092", "kafka_topic": "log",
+            "kafka_config": {"sasl.password": "hunter2", "message.timeout.ms": 5000,
+                             "enable.idempotence": True}}
+    config = load_config(None, {**base, "access_log": sink}, environ={})
+    assert "hunter2" not in repr(config) and "hunter2" not in str(config.access_log)
+    writer = make_access_log(config)
+    assert writer is not None  # what the writer process gets: librdkafka's strings
+    assert writer._kafka == ("b:9092", "log", {"sasl.password": "hunter2", "message.timeout.ms": "5000",
+                                               "enable.idempotence": "true"})
+    with pytest.raises(ConfigError, match="access_log"):
+        load_config(None, {**base, "access_log": {"dir": "/tmp/al", "kafka_config": {"a": "b"}}}, environ={})
+
+
+@pytest.mark.usefixtures("no_signal_handlers")
+def test_records_the_topic_sink_cannot_deliver_are_counted_dropped_not_delivered(tmp_path: Path) -> None:
+    """A sink whose cluster is unreachable: after message.timeout.ms every record it was given is
+    counted dropped (the files still have them)."""
+    import socket
+
+    with socket.socket() as s:  # a port nothing listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    receiver, sender = Pipe(duplex=False)
+    sender.send_bytes(pickle.dumps(mixed_rows(10)))
+    sender.send_bytes(b"")
+    counters = [0] * len(access_log_files.COUNTERS)
+    serve(receiver, str(tmp_path), "unit", "json", 1 << 20, None,
+          (f"127.0.0.1:{port}", "log", {"message.timeout.ms": "300"}), counters)
+    assert counters[access_log_files.WRITTEN] == 10
+    assert counters[access_log_files.TOPIC_DROPPED] == 10 and counters[access_log_files.TOPIC_DELIVERED] == 0
