@@ -163,3 +163,76 @@ def test_prefix_and_topic_quotas_hold_beside_a_kafka_type_entity_in_the_kafka_st
         assert all(r >= 0.3 for r in ratios.values()), ratios  # held, not stalled
     finally:
         sluice.stop()
+
+
+# ----------------------------------------------------------------------------- every entity and key
+
+def yaml_entry(entity: Any, values: dict[str, float]) -> dict[str, Any]:
+    """A `quotas.entries` item holding `values` (store keys) for `entity`."""
+    out: dict[str, Any] = {t.replace("-", "_"): "<default>" if n is None else n for t, n in entity.to_kafka()}
+    flags = {"sluice.shadow": ("shadow", True), "sluice.token_bucket": ("rate_model", "token_bucket"),
+             "sluice.each_client_id": ("each_client_id", True)}
+    for key, value in values.items():
+        if key in flags:
+            out[flags[key][0]] = flags[key][1]
+        elif key == "sluice.burst_ms":
+            out["burst_ms"] = int(value)
+        else:
+            out[key] = value
+    return out
+
+
+def described_all(bootstrap: str) -> dict[str, dict[str, float]]:
+    with QuotaClient(bootstrap, connect, client_id="store-rt-check") as client:
+        return {json.dumps(dict(sorted(e.entity)), sort_keys=True): dict(e.values) for e in client.describe()}
+
+
+@pytest.mark.parametrize("store_type", ["kafka", "sqlite"])
+def test_every_entity_type_and_key_survives_seed_alter_restart_and_another_instance(
+        kafka: KafkaCluster, tmp_path: Path, store_type: str) -> None:
+    """Through real Sluice processes: the YAML seed of every entity type and key Sluice knows
+    (`test_quota_store_formats.ENTITIES`, `VALUES`), AlterClientQuotas from kafka-python on every
+    entity, a restart, and (Kafka store) another instance reading the topic: each describes all of
+    it. On main the Kafka store dropped the client-id-prefix, topic and topic-prefix entities."""
+    from tests.harness.quota_writer import alter_request
+    from tests.integration.test_quota_store_formats import full_table
+
+    seed = full_table()
+    store: dict[str, Any] = ({"type": "kafka", "topic": unique_name("sluice-quotas-every")}
+                             if store_type == "kafka" else {"type": "sqlite", "path": str(tmp_path / "q.db")})
+    config = {"admins": ["ANONYMOUS"], "instance": "every-a", "store": store,
+              "quotas": {"entries": [yaml_entry(e, dict(v)) for e, v in seed.sorted_items()]}}
+
+    def as_described(table: Any) -> dict[str, dict[str, float]]:
+        return {json.dumps(dict(sorted(e.to_kafka())), sort_keys=True): dict(v) for e, v in table.items()}
+
+    first = SluiceProcess(kafka.bootstrap, tmp_path / "a", config=config).start()
+    try:
+        assert described_all(first.bootstrap) == as_described(seed)          # the YAML seed
+        from kafka.admin import KafkaAdminClient
+
+        admin = KafkaAdminClient(bootstrap_servers=first.bootstrap, client_id="store-rt")
+        try:
+            entities = [dict(e.to_kafka()) for e in seed]
+            response = admin._manager.run(admin._manager.send, alter_request(entities, "request_rate", 700.0))
+        finally:
+            admin.close()
+        assert [e.error_code for e in response.entries] == [0] * len(entities)
+        from quotas.table import QuotaChange
+
+        want = as_described(seed.apply([QuotaChange(e, "request_rate", 700.0) for e in seed]))
+        assert described_all(first.bootstrap) == want                        # AlterClientQuotas
+    finally:
+        first.stop()
+    restarted = SluiceProcess(kafka.bootstrap, tmp_path / "a", config=config).start()   # a restart
+    try:
+        assert described_all(restarted.bootstrap) == want
+    finally:
+        restarted.stop()
+    if store_type == "kafka":                                                # another instance
+        other = SluiceProcess(kafka.bootstrap, tmp_path / "b",
+                              config={**config, "instance": "every-b", "quotas": {}}).start()
+        try:
+            assert described_all(other.bootstrap) == want
+        finally:
+            other.stop()
