@@ -749,13 +749,22 @@ class KafkaStore(_Subscribers):
             transactional_id = f"sluice-quota-store-{self._instance}-{uuid.uuid4().hex}"  # one per process
             producer = Producer({**self._common, "acks": "all", "enable.idempotence": True, "linger.ms": 0,
                                  "transactional.id": transactional_id,
-                                 "transaction.timeout.ms": max(60_000, int(self._timeout_s * 2000)),
+                                 # a process that dies mid-batch holds readers back until the broker
+                                 # aborts its transaction: this long, just over a batch's own limit
+                                 "transaction.timeout.ms": int(self._timeout_s * 1000) + 5_000,
                                  "client.id": f"sluice-quota-store-{self._instance}"})
-            try:
-                producer.init_transactions(self._timeout_s)
-            except KafkaException as exc:
-                raise StoreError(f"cannot start writing to the quota store topic {self.topic}: "
-                                 f"{exc}") from exc
+            # the first transactional producer of a cluster makes it create and load its transaction
+            # log: retriable errors (coordinator loading, not available) are retried for a while
+            deadline = time.monotonic() + max(30.0, self._timeout_s)
+            while True:
+                try:
+                    producer.init_transactions(max(1.0, deadline - time.monotonic()))
+                    break
+                except KafkaException as exc:
+                    if not exc.args[0].retriable() or time.monotonic() >= deadline:
+                        raise StoreError(f"cannot start writing to the quota store topic {self.topic} "
+                                         f"(Kafka transactions): {exc}") from exc
+                    log.info("quota store topic %s: %s; retrying", self.topic, exc.args[0].str())
             self._producer = producer
         return self._producer
 

@@ -234,3 +234,26 @@ def test_a_batch_is_all_or_nothing_for_every_reader(kafka: KafkaCluster) -> None
     finally:
         writer.close()
         reader.close()
+
+
+def test_an_aborted_batch_is_never_seen_and_does_not_hold_a_reader_back(kafka: KafkaCluster) -> None:
+    """Another writer's aborted transaction: a store opened afterwards reads past it to the end and
+    applies none of it; a committed record after it applies."""
+    topic = unique_name("sluice-quotas-abort")
+    KafkaStore(kafka.bootstrap, topic, instance="abort-create").close()  # the topic, as Sluice makes it
+    producer = Producer({"bootstrap.servers": kafka.bootstrap, "transactional.id": unique_name("abort")})
+    producer.init_transactions(30)
+    producer.begin_transaction()
+    producer.produce(topic, key=encode_record_key(QuotaEntity(user="aborted"), "request_rate").encode(),
+                     value=b"5.0")
+    producer.flush(10)
+    producer.abort_transaction(30)
+    producer.begin_transaction()
+    producer.produce(topic, key=encode_record_key(QuotaEntity(user="committed"), "request_rate").encode(),
+                     value=b"6.0")
+    producer.commit_transaction(30)
+    store = KafkaStore(kafka.bootstrap, topic, instance="abort-read", load_timeout_s=20)
+    try:
+        assert store.load() == {QuotaEntity(user="committed"): {"request_rate": 6.0}}
+    finally:
+        store.close()

@@ -236,3 +236,61 @@ def test_every_entity_type_and_key_survives_seed_alter_restart_and_another_insta
             assert described_all(other.bootstrap) == want
         finally:
             other.stop()
+
+
+# ----------------------------------------------------------------------------- unreadable records
+
+def test_a_record_sluice_cannot_read_is_on_healthz_and_a_metric_and_refuses_a_start(
+        kafka: KafkaCluster, tmp_path: Path) -> None:
+    """A record another program writes to the store topic that Sluice cannot read: the running
+    instance names it on /healthz (207) and counts it; a new instance refuses to start (exit 2)
+    naming it; once an operator deletes it (a tombstone) all is well again."""
+    import urllib.error
+    import urllib.request
+
+    from confluent_kafka import Producer
+
+    from tests.harness.kafka import free_port
+
+    topic = unique_name("sluice-quotas-unreadable")
+    port = free_port()
+    config = {"instance": "unreadable-a", "store": {"type": "kafka", "topic": topic},
+              "metrics": {"port": port}, "quotas": {"entries": [{"client_id": "ok", "request_rate": 100}]}}
+    sluice = SluiceProcess(kafka.bootstrap, tmp_path / "a", config=config).start()
+
+    def healthz() -> tuple[int, str]:
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=5) as r:
+                return r.status, r.read().decode()
+        except urllib.error.HTTPError as exc:
+            return exc.code, exc.read().decode()
+
+    def unreadable_metric() -> float:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as r:
+            for line in r.read().decode().splitlines():
+                if line.startswith("sluice_quota_store_unreadable_records "):
+                    return float(line.split()[1])
+        raise AssertionError("no sluice_quota_store_unreadable_records")
+
+    bad_key = '[{"client-id":"x"},"bogus_rate"]'
+    producer = Producer({"bootstrap.servers": kafka.bootstrap})
+    try:
+        assert healthz() == (200, "ok\n") and unreadable_metric() == 0
+        producer.produce(topic, key=bad_key.encode(), value=b"1.0")
+        assert producer.flush(10) == 0
+        code, body = eventually(healthz, lambda h: h[0] == 207, timeout_s=10)
+        assert code == 207 and f"quota store: cannot read {bad_key}" in body, body
+        assert "Invalid configuration key bogus_rate" in body and unreadable_metric() == 1
+        refused_config = tmp_path / "refused.yaml"
+        refused_config.write_text(json.dumps({**config, "instance": "unreadable-b", "listen": "127.0.0.1:0",
+                                              "metrics": {"port": free_port()},
+                                              "upstream": {"bootstrap": kafka.bootstrap}}))
+        refused = subprocess.run([sys.executable, "-m", "proxy", "proxy", "--config", str(refused_config)],
+                                 cwd=REPO, capture_output=True, text=True, timeout=60, check=False)
+        assert refused.returncode == 2, refused.stdout + refused.stderr
+        assert f"record {bad_key}" in refused.stdout + refused.stderr
+        producer.produce(topic, key=bad_key.encode(), value=None)  # the operator deletes it
+        assert producer.flush(10) == 0
+        assert eventually(healthz, lambda h: h[0] == 200, timeout_s=10) == (200, "ok\n")
+    finally:
+        sluice.stop()
