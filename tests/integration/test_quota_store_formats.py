@@ -257,3 +257,24 @@ def test_an_aborted_batch_is_never_seen_and_does_not_hold_a_reader_back(kafka: K
         assert store.load() == {QuotaEntity(user="committed"): {"request_rate": 6.0}}
     finally:
         store.close()
+
+
+def test_a_committed_batch_not_read_back_in_time_is_not_a_failure(kafka: KafkaCluster,
+                                                                 caplog: pytest.LogCaptureFixture) -> None:
+    """`apply` waits write_timeout_ms for its batch to be read back; a batch that is committed but
+    not read back by then (here: this instance's reader is stopped) is answered as written, with
+    the table it will make, and logged, never raised as an error: it is in the log and will apply."""
+    topic = unique_name("sluice-quotas-slow")
+    store = KafkaStore(kafka.bootstrap, topic, instance="slow", write_timeout_ms=3000)
+    other = KafkaStore(kafka.bootstrap, topic, instance="slow-other")
+    change = QuotaChange(QuotaEntity(user="late"), "request_rate", 9.0)
+    try:
+        store._closed.set()   # the reader stops: nothing this instance writes is read back
+        store._thread.join(10)
+        assert store.apply([change]) == {QuotaEntity(user="late"): {"request_rate": 9.0}}
+        assert "not read back yet" in caplog.text
+        assert eventually(other.load, lambda t: bool(t), timeout_s=10) == {
+            QuotaEntity(user="late"): {"request_rate": 9.0}}
+    finally:
+        store.close()
+        other.close()
