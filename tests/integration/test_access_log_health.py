@@ -28,7 +28,7 @@ from tests.harness.kafka import KafkaCluster, free_port
 from tests.harness.sluice import SluiceProcess
 from tests.harness.wait import eventually, wait_until
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 WRITER_PID = re.compile(r"access-log writer process (?:started|restarted) \(pid (\d+)")
 

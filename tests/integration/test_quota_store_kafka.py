@@ -28,7 +28,7 @@ from tests.harness.quota_writer import value_for
 from tests.harness.sluice import SluiceProcess
 from tests.harness.wait import eventually
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 KEYS = ("producer_byte_rate", "consumer_byte_rate", "request_rate", "request_percentage")
 ROUNDS = 25
