@@ -334,7 +334,6 @@ class SqliteStore(_Subscribers):
                     log.error("%s; the quotas as last read stay in force", exc)
                 self._problem = str(exc)
                 continue
-            self._problem = None
             if changed is not None:
                 self.notify(changed)
 
@@ -355,8 +354,9 @@ class SqliteStore(_Subscribers):
                 raise StoreError(f"cannot read the quota store {self.path}: {exc}") from exc
             if version == self._data_version:
                 return None
+            table = self._read()  # raises while the file holds a row it cannot read: tried again next time
             self._data_version = version
-            table = self._read()
+            self._problem = None
             if table == self._table:
                 return None
             self._table = table
@@ -365,8 +365,10 @@ class SqliteStore(_Subscribers):
     def _read(self) -> QuotaTable:
         rows: dict[QuotaEntity, dict[str, float]] = {}
         try:
-            cursor = self._db.execute("SELECT entity, key, value FROM quotas ORDER BY entity, key")
-            for entity_text, key, value in cursor:
+            # every row first: a statement left unfinished by an error below would hold its read
+            # snapshot, and the next reads would see the file as it was then
+            found = self._db.execute("SELECT entity, key, value FROM quotas ORDER BY entity, key").fetchall()
+            for entity_text, key, value in found:
                 try:
                     entity = decode_entity(entity_text)
                 except (ValueError, QuotaConfigError) as exc:

@@ -251,3 +251,23 @@ def test_workers_opening_a_new_sqlite_store_together_all_start(tmp_path: Path) -
         for opener in openers:
             opener.join(30)
         assert outcomes == ["ok"] * 4, outcomes
+
+
+def test_sqlite_changed_into_a_row_it_cannot_read_says_so_until_fixed(tmp_path: Path) -> None:
+    """Another process writes a row Sluice cannot read into a running store: the quotas as last
+    read stay, and `unreadable()` (for /healthz and the metric) names the problem until the row goes."""
+    from tests.harness.wait import eventually
+
+    store = SqliteStore(tmp_path / "q.db", watch_interval_ms=10)
+    try:
+        store.apply([set_(ALICE, "request_rate", 3.0)])
+        with sqlite3.connect(tmp_path / "q.db") as db:
+            db.execute("INSERT INTO quotas VALUES (?, ?, ?)", (encode_entity(ALICE), "bogus", 1.0))
+        problems = eventually(store.unreadable, bool, timeout_s=15)
+        assert "Invalid configuration key bogus" in problems[str(tmp_path / "q.db")]
+        assert store.current() == {ALICE: {"request_rate": 3.0}}
+        with sqlite3.connect(tmp_path / "q.db") as db:
+            db.execute("DELETE FROM quotas WHERE key = 'bogus'")
+        assert eventually(store.unreadable, lambda p: not p, timeout_s=15) == {}
+    finally:
+        store.close()
