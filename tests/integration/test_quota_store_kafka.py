@@ -16,6 +16,7 @@ import json
 import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -67,6 +68,7 @@ def test_concurrent_changes_to_different_keys_through_two_instances_all_land(kaf
     second = start(kafka, tmp_path / "b", store, "race-b")
     try:
         bootstraps = [first.bootstrap, second.bootstrap]
+        began = time.monotonic()
         writers = [subprocess.Popen([sys.executable, "-m", "tests.harness.quota_writer", key, str(ROUNDS),
                                      *(bootstraps if i % 2 == 0 else bootstraps[::-1]),
                                      "--entities", json.dumps(targets)],
@@ -77,6 +79,7 @@ def test_concurrent_changes_to_different_keys_through_two_instances_all_land(kaf
             out, err = writer.communicate(timeout=120)
             assert writer.returncode == 0, f"writer failed: {out} {err[-2000:]}"
             answers.append(json.loads(out.strip().splitlines()[-1]))
+        print(f"4 writers x {ROUNDS * len(targets)} changes: {time.monotonic() - began:.1f} s")
         assert [a["errors"] for a in answers] == [[]] * len(KEYS)  # no error answered
         want = {json.dumps(dict(sorted(e.items())), sort_keys=True): {k: value_for(k, ROUNDS) for k in KEYS}
                 for e in targets}
