@@ -229,8 +229,13 @@ class AccessLogWriter:
                 restart_at = time.monotonic() + delay_s
                 self._writer_died(delay_s)
             if restart_at is not None:
-                if stopping:
-                    return  # nothing to hand the queued records to
+                if stopping:  # nothing to hand the queued records to: counted, and said
+                    left = len(handoff)
+                    handoff.clear()
+                    self.lost += left
+                    if left:
+                        log.error("access-log writer down at shutdown: %d record(s) not written", left)
+                    return
                 if time.monotonic() < restart_at:
                     continue
                 restart_at = None

@@ -66,7 +66,7 @@ class KafkaSink:
         self._topic = topic
         self._counters = counters
         self._warned_s = self._error_logged_s = -1e9
-        self._producer = Producer({"linger.ms": 100, "client.id": "sluice-access-log",
+        self._producer: Any = Producer({"linger.ms": 100, "client.id": "sluice-access-log",
                                    "queue.buffering.max.messages": 100_000, "message.timeout.ms": 30_000,
                                    **settings, "bootstrap.servers": bootstrap, "error_cb": self._error})
 
@@ -104,6 +104,7 @@ class KafkaSink:
         left = self._producer.flush(10)
         if left:
             self._drop(f"{left} record(s) not delivered at close", left)
+        self._producer = None  # its callbacks refer to this sink: the producer goes now, not at exit
 
 
 PayloadFields = tuple[list[dict[str, object]] | None, int | None, list[int]]
