@@ -27,7 +27,8 @@ what Kafka guarantees, so that no change an admin was told succeeded is ever und
 * A batch (one AlterClientQuotas request, a seed) is one Kafka transaction (a transactional
   producer, `transactional.id` unique to this process) and consumers read committed records
   only: every instance sees all of a batch or none of it. An error aborts the transaction, so
-  an error answered means nothing of the batch was written.
+  an error answered means nothing of the batch was written (unless the abort itself fails,
+  which the error then says).
 * `apply` returns once this instance has read its batch back, so what it answers is what it
   enforces. A committed batch not read back within `write_timeout_ms` is not an error: it is in
   the log and applies when it is read; the table returned already holds it.
@@ -739,9 +740,10 @@ class KafkaStore(_Subscribers):
                     raise StoreError(why)
                 self._commit(producer)
             except (KafkaException, BufferError, StoreError) as exc:
-                self._abort(producer)
-                raise StoreError(f"cannot write to the quota store topic {self.topic} (nothing of the batch "
-                                 f"was written): {exc}") from exc
+                outcome = "nothing of the batch was written" if self._abort(producer) else \
+                    "the transaction could not be aborted: the batch may still apply"
+                raise StoreError(f"cannot write to the quota store topic {self.topic} ({outcome}): "
+                                 f"{exc}") from exc
             return written
 
     def _transactional_producer(self) -> Any:
@@ -784,16 +786,18 @@ class KafkaStore(_Subscribers):
                     continue
                 raise
 
-    def _abort(self, producer: Any) -> None:
-        """Abort the open transaction; a producer that cannot (fatal error) is replaced next time."""
+    def _abort(self, producer: Any) -> bool:
+        """Abort the open transaction (True: done). A producer that cannot is replaced next time."""
         from confluent_kafka import KafkaException
 
         try:
             producer.abort_transaction(self._timeout_s)
+            return True
         except KafkaException as exc:
             log.warning("quota store topic %s: cannot abort a transaction (%s); a new producer is used",
                         self.topic, exc)
             self._producer = None
+            return False
 
     def close(self) -> None:
         self._closed.set()
