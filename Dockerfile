@@ -1,10 +1,9 @@
 # syntax=docker/dockerfile:1
 # Sluice, the Kafka throttling proxy. The analytics extra (PySpark) is not in this image: the
 # Spark jobs run with spark-submit on a Spark cluster.
-ARG PYTHON_VERSION=3.11
 # Any image with Python 3.11 as `python` (and its venv module) works; the default is the official
 # one. The image test builds FROM a debootstrapped Debian bookworm instead (scripts/image-base).
-ARG BASE_IMAGE=python:${PYTHON_VERSION}-slim
+ARG BASE_IMAGE=python:3.11-slim
 
 FROM ${BASE_IMAGE} AS build
 ENV PIP_DISABLE_PIP_VERSION_CHECK=1 PIP_NO_CACHE_DIR=1

@@ -128,6 +128,10 @@ def test_the_image_runs_as_the_kubernetes_sample_runs_its_pod(
     assert "all 2 workers ready" in container.log(), container.log()[-3000:]
     assert container.exec("id", "-u").stdout.strip() == "10001"
     assert container.exec("touch", "/var/lib/sluice/x").returncode != 0  # the root is read-only
+    has = container.exec("python", "-c", "import importlib.util as u, sys; "
+                         "print([m for m in sys.argv[1:] if u.find_spec(m)])",
+                         "confluent_kafka", "pyarrow", "uvloop", "pytest", "ruff", "pyspark").stdout
+    assert has.strip() == "['confluent_kafka', 'pyarrow', 'uvloop']", has  # runtime dependencies only
 
     # /healthz from outside the container, and the image's own HEALTHCHECK command inside it
     assert eventually(lambda: healthz(config["metrics_port"]), lambda s: s == 200) == 200
