@@ -73,7 +73,17 @@ def build_image(base: str) -> str:
          "-t", tag, "-f", str(REPO / "Dockerfile"), str(REPO)],
         capture_output=True, text=True, timeout=1200, check=False)
     assert done.returncode == 0, (done.stdout + done.stderr)[-4000:]
+    _remove_older(tag)
     return tag
+
+
+def _remove_older(tag: str) -> None:
+    """Earlier test builds (other trees' hashes) go: each is a few hundred MB in podman's store."""
+    listed = subprocess.run(["podman", "images", "--format", "{{.Repository}}:{{.Tag}}", "localhost/sluice"],
+                            capture_output=True, text=True, timeout=60, check=False).stdout.split()
+    old = [name for name in listed if name.startswith("localhost/sluice:test-") and name != tag]
+    if old:
+        subprocess.run(["podman", "rmi", "--ignore", *old], capture_output=True, timeout=300, check=False)
 
 
 def image_config(tag: str) -> dict[str, Any]:
