@@ -12,11 +12,7 @@ and the producers lose and duplicate nothing."""
 from __future__ import annotations
 
 import json
-import re
-import shutil
 import signal
-import socket
-import subprocess
 import threading
 import urllib.error
 import urllib.request
@@ -30,8 +26,8 @@ import yaml
 from protocol.apis import ApiKey
 from protocol.proxy_protocol import encode_v2
 from tests.conftest import create_topic, unique_name
-from tests.harness import clients
-from tests.harness.kafka import KafkaCluster, _die_with_parent, free_port
+from tests.harness import clients, haproxy
+from tests.harness.kafka import KafkaCluster, free_port
 from tests.harness.rawclient import RawKafkaSocket, fetch_request_v12, metadata_request
 from tests.harness.sluice import SluiceProcess
 from tests.harness.wait import eventually, wait_until
@@ -40,26 +36,10 @@ pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 COMPOSE = Path(__file__).resolve().parents[2] / "deploy" / "compose"
 INSTANCES = {"sluice-1": "127.0.0.2", "sluice-2": "127.0.0.3"}
-LB_SOURCE = "127.0.0.9"        # haproxy's address towards the instances
+LB_SOURCE = haproxy.SOURCE     # haproxy's address towards the instances
 REFUSED_CLIENT = "127.0.0.7"   # a client whose address a per-IP limit refuses
 PRODUCERS = 4
 NEW_CONNECTIONS = 6
-
-
-def haproxy_config(bootstrap_port: int, broker_port: int, metrics_port: int) -> str:
-    """deploy/compose/haproxy.cfg on loopback: the same frontend, backend, PROXY v2 and health
-    check; the compose names and ports replaced by this test's, and haproxy's own source address."""
-    text = (COMPOSE / "haproxy.cfg").read_text()
-    text = re.sub(r"resolvers docker\n.*\n", "", text)
-    text = text.replace("bind :9092", f"bind 127.0.0.1:{bootstrap_port}")
-    text = re.sub(r"bind :9100-9109", f"bind 127.0.0.1:{broker_port}", text)
-    text = text.replace("check port 9404 inter 2s fall 2 rise 2 resolvers docker init-addr last,libc,none",
-                        f"check port {metrics_port} inter 300ms fall 2 rise 1")
-    text = text.replace("    balance leastconn\n", f"    balance leastconn\n    source {LB_SOURCE}\n")
-    for name, host in INSTANCES.items():
-        text = text.replace(f"server {name} {name}", f"server {name} {host}")
-    assert "docker" not in text and "9404" not in text and "send-proxy-v2" in text, text
-    return text
 
 
 def read_records(root: Path) -> list[dict[str, Any]]:
@@ -75,35 +55,6 @@ def healthz(host: str, port: int) -> int:
         return exc.code
     except OSError:
         return -1
-
-
-def listening(address: str) -> bool:
-    host, port = address.rsplit(":", 1)
-    try:
-        socket.create_connection((host, int(port)), timeout=1).close()
-    except OSError:
-        return False
-    return True
-
-
-class Haproxy:
-    def __init__(self, binary: str, cfg: Path) -> None:
-        self.process = subprocess.Popen([binary, "-db", "-f", str(cfg)], stdout=subprocess.PIPE,
-                                        stderr=subprocess.STDOUT, text=True, preexec_fn=_die_with_parent)
-        self.lines: list[str] = []
-        threading.Thread(target=self._pump, daemon=True).start()
-
-    def _pump(self) -> None:
-        assert self.process.stdout is not None
-        for line in self.process.stdout:
-            self.lines.append(line)
-
-    def log(self) -> str:
-        return "".join(self.lines)
-
-    def stop(self) -> None:
-        self.process.terminate()
-        self.process.wait(timeout=10)
 
 
 class Producers:
@@ -156,19 +107,17 @@ class Producers:
 
 def test_two_instances_behind_haproxy_see_clients_and_drain_without_loss(kafka: KafkaCluster,
                                                                           tmp_path: Path) -> None:
-    binary = shutil.which("haproxy")
-    assert binary is not None, "haproxy missing: run scripts/setup"
     bootstrap_port, broker_port, metrics_port = free_port(), free_port(), free_port()
     logs = tmp_path / "logs"
     base = yaml.safe_load((COMPOSE / "sluice.yaml").read_text())
     assert base["workers"] == 2 and base["proxy_protocol"] == "v2"
     fleet = unique_name("lbfleet")
     cfg = tmp_path / "haproxy.cfg"
-    cfg.write_text(haproxy_config(bootstrap_port, broker_port, metrics_port))
+    cfg.write_text(haproxy.config(INSTANCES, bootstrap_port, broker_port, metrics_port))
 
     (node_id,) = [n.node_id for n in kafka.nodes]
     sluices: dict[str, SluiceProcess] = {}
-    lb: Haproxy | None = None
+    lb: haproxy.Haproxy | None = None
     address = f"127.0.0.1:{bootstrap_port}"
     try:
         for name, host in INSTANCES.items():
@@ -186,8 +135,8 @@ def test_two_instances_behind_haproxy_see_clients_and_drain_without_loss(kafka: 
             }
             sluices[name] = SluiceProcess(kafka.bootstrap, tmp_path / name, config=config)
             sluices[name].start(timeout_s=120)
-        lb = Haproxy(binary, cfg)
-        wait_until(lambda: listening(address), 30, "haproxy listening")
+        lb = haproxy.Haproxy(cfg)
+        wait_until(lambda: haproxy.listening(address), 30, "haproxy listening")
         wait_until(lambda: all(healthz(h, metrics_port) == 200 for h in INSTANCES.values()), 30, "healthy")
 
         # the per-IP limit sees the client's address: 127.0.0.7 is refused, 127.0.0.1 is served
@@ -217,10 +166,10 @@ def test_two_instances_behind_haproxy_see_clients_and_drain_without_loss(kafka: 
                 # new connections now: every one goes to sluice-2
                 new_ports = []
                 for _ in range(NEW_CONNECTIONS):
-                    with RawKafkaSocket(address) as fresh:
-                        new_ports.append(fresh.sock.getsockname()[1])
-                        fresh.send(metadata_request())
-                        fresh.recv(ApiKey.METADATA, 12)
+                    with RawKafkaSocket(address) as conn:
+                        new_ports.append(conn.sock.getsockname()[1])
+                        conn.send(metadata_request())
+                        conn.recv(ApiKey.METADATA, 12)
                 got_id, _body = held.recv(ApiKey.FETCH, 12)   # the drained instance answered it
                 assert got_id == correlation_id
             assert sluices["sluice-1"].process is not None
