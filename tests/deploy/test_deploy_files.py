@@ -107,6 +107,9 @@ def test_deployment_service_probes_and_budget_fit_together(tmp_path: Path) -> No
     assert lb["type"] == "LoadBalancer" and lb["selector"] == labels
     annotations = services["sluice"]["metadata"]["annotations"]
     assert annotations["service.beta.kubernetes.io/aws-load-balancer-proxy-protocol"] == "*"  # PROXY v2
+    check = "service.beta.kubernetes.io/aws-load-balancer-healthcheck-"
+    assert (annotations[check + "protocol"], int(annotations[check + "port"]), annotations[check + "path"]) \
+        == ("http", config.metrics.port, "/healthz")
     assert {p["targetPort"] for p in lb["ports"]} == {"bootstrap", *broker_names}
     assert {p["port"] for p in lb["ports"]} == {config.listen.port, *broker_ports(config, node_ids)}
 
