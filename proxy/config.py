@@ -24,11 +24,11 @@ from proxy.ops.disk_guard import StorageConfig
 from proxy.stages.callbacks import PLUGIN_KEYS, QuotaPlugins
 from quotas.config import QuotaConfig
 from quotas.connection_limits import canonical_ip, split_ip_entries
-from quotas.entity import UNAUTHENTICATED_PRINCIPAL
 from quotas.errors import QuotaConfigError
 
 ENV_PREFIX = "SLUICE_"
 RUNTIME_DIR_MAX_BYTES = 80
+ANONYMOUS = "ANONYMOUS"  # quotas.entity.UNAUTHENTICATED_PRINCIPAL: an unauthenticated client's principal
 
 
 class ConfigError(Exception):
@@ -389,13 +389,13 @@ class ProxyConfig(BaseModel):
     @property
     def anonymous_admin(self) -> bool:
         """`admins` makes every unauthenticated client an admin (see `anonymous_is_reachable`)."""
-        return UNAUTHENTICATED_PRINCIPAL in self.admins and self.anonymous_is_reachable
+        return ANONYMOUS in self.admins and self.anonymous_is_reachable
 
     @model_validator(mode="after")
     def _no_anonymous_admins(self) -> ProxyConfig:
         if self.anonymous_admin and not self.allow_anonymous_admins:
             raise ValueError(
-                f"admins: {UNAUTHENTICATED_PRINCIPAL} would let every client that connects without "
+                f"admins: {ANONYMOUS} would let every client that connects without "
                 f"credentials alter quotas (the listener has no listen_tls.client_auth: required and no "
                 f"principal_from: client_address); name authenticated principals, or set "
                 f"allow_anonymous_admins: true to accept it")

@@ -94,3 +94,10 @@ def test_workers_on_an_unwritable_runtime_dir_stop_the_start_with_the_key_named(
                           capture_output=True, text=True, timeout=60, check=False)
     assert done.returncode == 2, done.stderr
     assert "runtime_dir: cannot create the workers' directory in /proc" in done.stderr
+
+
+def test_the_anonymous_name_is_the_quota_engines() -> None:
+    from proxy.config import ANONYMOUS
+    from quotas.entity import UNAUTHENTICATED_PRINCIPAL
+
+    assert ANONYMOUS == UNAUTHENTICATED_PRINCIPAL
