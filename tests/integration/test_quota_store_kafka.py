@@ -55,7 +55,8 @@ def described(bootstrap: str, tag: str) -> dict[str, dict[str, float]]:
 
 
 def start(kafka: KafkaCluster, workdir: Path, store: dict[str, Any], instance: str) -> SluiceProcess:
-    config = {"admins": ["ANONYMOUS"], "instance": instance, "store": store}
+    config = {"admins": ["ANONYMOUS"], "allow_anonymous_admins": True,  # a plaintext test listener
+              "instance": instance, "store": store}
     return SluiceProcess(kafka.bootstrap, workdir, config=config, workers=2).start()
 
 
@@ -203,7 +204,8 @@ def test_every_entity_type_and_key_survives_seed_alter_restart_and_another_insta
     seed = full_table()
     store: dict[str, Any] = ({"type": "kafka", "topic": unique_name("sluice-quotas-every")}
                              if store_type == "kafka" else {"type": "sqlite", "path": str(tmp_path / "q.db")})
-    config = {"admins": ["ANONYMOUS"], "instance": "every-a", "store": store,
+    config = {"admins": ["ANONYMOUS"], "allow_anonymous_admins": True,  # a plaintext test listener
+              "instance": "every-a", "store": store,
               "quotas": {"entries": [yaml_entry(e, dict(v)) for e, v in seed.sorted_items()]}}
 
     def as_described(table: Any) -> dict[str, dict[str, float]]:
