@@ -204,6 +204,7 @@ class AccessLogWriter:
 
     def problems(self, now_s: float | None = None) -> list[str]:
         """What is wrong with the access log now (empty: nothing), for `/healthz`."""
+        self._watch_topic_drops()  # a drop the feeder has not seen yet counts now
         now_s = time.monotonic() if now_s is None else now_s
         out: list[str] = []
         down = self._down

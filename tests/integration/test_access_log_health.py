@@ -98,6 +98,8 @@ def test_a_stopped_then_killed_writer_drops_counted_healthz_degraded_and_restart
         os.kill(first, signal.SIGKILL)
         stopped = None
         wait_until(lambda: len(writer_pids(sluice)) == 2, 30, "the writer started again")
+        # degraded for 10 s after the drops the death caused (the restart came 0.5 s after it)
+        assert metric(port, "sluice_access_log_degraded") == 1
         assert metric(port, "sluice_access_log_writer_restarts_total") == 1
         assert "access-log writer process died (exit status -9)" in sluice.log()
         # what the pipe held when the writer died
@@ -110,7 +112,6 @@ def test_a_stopped_then_killed_writer_drops_counted_healthz_degraded_and_restart
         clients.confluent_produce(sluice.bootstrap, topic, clients.values(20), {"client.id": "al-after"})
         wait_until(lambda: metric(port, "sluice_access_log_records_written_total") > before, 15,
                    "records written by the new writer")
-        assert metric(port, "sluice_access_log_degraded") == 1  # drops within the last 10 s
     finally:
         if stopped is not None:
             os.kill(stopped, signal.SIGKILL)
@@ -131,7 +132,7 @@ def test_an_unreachable_topic_sink_counts_its_drops_and_never_logs_its_secrets(
         topic = create_topic(sluice.bootstrap, unique_name("al-sink"))
         clients.confluent_produce(sluice.bootstrap, topic, clients.values(20), {"client.id": "al-sink"})
         dropped = eventually(lambda: metric(port, "sluice_access_log_drops_total", cause="topic"),
-                             lambda n: n > 0, timeout_s=20)
+                             lambda n: n > 0, timeout_s=60)
         assert dropped > 0
         assert metric(port, "sluice_access_log_topic_records_delivered_total") == 0
         assert metric(port, "sluice_access_log_records_written_total") > 0  # the files have them
