@@ -83,7 +83,7 @@ class ProxyServer:
         self.registry_metrics.register(HeadroomCollector(self.quotas, self.clock, sensor_collector.cap))
         self.fleet = make_fleet(config, self.quotas, self.clock, worker_index)  # one budget across processes
         if self.fleet is not None:
-            self.registry_metrics.register(FleetCollector(self.fleet))
+            self.registry_metrics.register(FleetCollector(self.fleet, config.metrics.max_series_per_metric))
         self.metrics_endpoint: MetricsEndpoint | None = None
         self.inventory: ConnectionInventory | None = None  # GET /connections, when enabled
         self._sampler: asyncio.Task[None] | None = None

@@ -86,6 +86,9 @@ class QuotaManagers:
         self._config = config
         self._clock = clock
         self._managers: dict[int | None, QuotaManager] = {}
+        # the fleet's standby share (`FleetMember`): a manager created between two report rounds
+        # (a client's first request to a broker) starts with it, not with the whole quota
+        self.fleet_standby_share = 1.0
         self.plugins = QuotaPlugins() if plugins is None else plugins
         self.cluster = ClusterView()
         self._scales: dict[QuotaKind, float] = {}  # storage throttle factors, for new managers too
@@ -116,6 +119,8 @@ class QuotaManagers:
             manager.update_cluster_metadata(self.cluster)
             for kind, factor in self._scales.items():
                 manager.set_limit_scale(kind, factor)
+            if self.fleet_standby_share != 1.0:
+                manager.set_shares({}, self.fleet_standby_share)
             self._managers[broker_id] = manager
         return manager
 

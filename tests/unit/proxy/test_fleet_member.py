@@ -11,7 +11,7 @@ from proxy.stages.quota import QuotaManagers
 from quotas.clock import FakeClock
 from quotas.config import QuotaConfig
 from quotas.entity import ClientIdentity, QuotaKind, SensorKey
-from quotas.fleet import FleetView, GroupUsage, UsageReport, decode_report, encode_report
+from quotas.fleet import FleetView, GroupUsage, ShareDecision, UsageReport, decode_report, encode_report
 from quotas.manager import ThrottleDecision
 
 Q = 1_000_000.0
@@ -167,3 +167,77 @@ def test_scope_cluster_and_cluster_entries_are_shared_groups_too() -> None:
     bounds = {label: manager.quota_bound(KEY) for label, manager in managers.labelled()}
     assert bounds["all"] == pytest.approx(2400.0)
     assert bounds["cluster"] == pytest.approx(2400.0)
+
+
+def exported(m: FleetMember, cap: int = 2000) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    return {(metric.name, tuple(s.labels.items())): s.value
+            for metric in FleetCollector(m, cap).collect() for s in metric.samples}
+
+
+def test_reports_of_another_format_version_are_counted_by_reason_and_logged_once(
+        caplog: pytest.LogCaptureFixture) -> None:
+    clock = FakeClock()
+    m, exchange, _ = member(clock)
+    v1 = (b'{"v":1,"fleet":"f","member":"old","seq":%d,"interval_ms":500,'
+          b'"groups":[["1","producer_byte_rate","","app",1,0]]}')
+    v9 = b'{"v":9,"fleet":"f","member":"new","seq":1,"interval_ms":500,"groups":[]}'
+    with caplog.at_level("INFO", logger="sluice.fleet"):
+        for seq in (1, 2, 3):
+            exchange.inbox += [v1 % seq, v9]
+            m.tick()
+            clock.advance(500)
+    # neither the old nor the new member is read as a member of this fleet
+    assert m.decision.members == 1
+    counts = exported(m)
+    assert counts[("sluice_fleet_reports_ignored", (("reason", "old_version"),))] == 3
+    assert counts[("sluice_fleet_reports_ignored", (("reason", "unknown_version"),))] == 3
+    assert counts[("sluice_fleet_reports_ignored", (("reason", "malformed"),))] == 0
+    warnings = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+    assert sum("old_version" in w for w in warnings) == 1, warnings
+    assert sum("unknown_version" in w for w in warnings) == 1, warnings
+
+
+def test_start_holds_the_joining_share_before_the_first_round() -> None:
+    clock = FakeClock()
+    m, _, managers = member(clock)
+    m.view.expect_members(3)
+    m.exchange.start = lambda: None  # type: ignore[method-assign]
+    m._apply(m.view.decide((), {}, clock.now_ms(), channel_up=False))  # what start() does first
+    # no report heard yet: a third of the quota, for a client that arrives before the first round
+    managers.for_broker(1).record_and_check(QuotaKind.PRODUCE, APP, 1)
+    assert managers.for_broker(1).quota_bound(KEY) == pytest.approx(Q / 3)
+    assert m.decision.joining
+    # the first round hears its own report back only in the second round (published after drain)
+    m.tick()
+    assert m.decision.joining
+    clock.advance(500)
+    m.tick()
+    assert not m.decision.joining and m.decision.members == 1
+    assert managers.for_broker(1).quota_bound(KEY) == pytest.approx(Q)
+
+
+def test_the_share_metric_is_labelled_with_the_whole_key_and_capped() -> None:
+    clock = FakeClock()
+    m, _, _ = member(clock)
+    keys = [SensorKey(QuotaKind.PRODUCE, "alice", "", client_id_prefix="etl-"),
+            SensorKey(QuotaKind.PRODUCE, "alice", ""),
+            SensorKey(QuotaKind.PRODUCE, "", "", topic="t"),
+            SensorKey(QuotaKind.PRODUCE, "", "", topic_prefix="logs.")]
+    m.decision = ShareDecision({("1", k): 0.1 * (i + 1) for i, k in enumerate(keys)}, 0.5, 2)
+    shares = {labels: value for (name, labels), value in exported(m).items() if name == "sluice_fleet_share"}
+    # four groups, four series (before, the prefix and the user's own group shared one label set,
+    # and the two topic groups that of the whole fleet)
+    assert len(shares) == 4
+    assert shares[(("broker", "1"), ("kind", "producer_byte_rate"), ("user", "alice"), ("client_id", ""),
+                   ("client_id_prefix", "etl-"), ("topic", ""), ("topic_prefix", ""))] == pytest.approx(0.1)
+    assert shares[(("broker", "1"), ("kind", "producer_byte_rate"), ("user", ""), ("client_id", ""),
+                   ("client_id_prefix", ""), ("topic", "t"), ("topic_prefix", ""))] == pytest.approx(0.3)
+    # under a cap of 2: two series of their own, the other two in one overflow series (mean share)
+    collector = FleetCollector(m, 2)
+    samples = {(metric.name, tuple(s.labels.items())): s.value
+               for metric in collector.collect() for s in metric.samples}
+    capped = {labels: v for (name, labels), v in samples.items() if name == "sluice_fleet_share"}
+    assert len(capped) == 3
+    overflow = [v for labels, v in capped.items() if dict(labels)["user"] == "__overflow__"]
+    assert len(overflow) == 1
+    assert samples[("sluice_fleet_share_series_folded", ())] == 2
