@@ -116,7 +116,7 @@ class ProxyServer:
         if self.storage is not None:
             await self.storage.start()
         if self.fleet is not None:
-            self.fleet.start()
+            await self.fleet.start()  # joins before the listeners open
 
         def start_listener_factory(target: UpstreamTarget) -> object:
             return connection_factory(self._services())(target)

@@ -198,13 +198,15 @@ def water_fill(wants: Iterable[float]) -> list[float]:
 @dataclass(frozen=True, slots=True)
 class ShareDecision:
     """Shares for one member at one moment: `shares` per (scope, key) where it is active,
-    `standby` for every other group, and why (for logs and metrics)."""
+    `standby` for every other group, the groups the others use, and why (for logs and metrics)."""
 
     shares: Mapping[tuple[str, SensorKey], float]
     standby: float
     members: int
     fallback: bool = False
     joining: bool = False   # this member has not heard the fleet yet
+    #: groups other members are using (a sensor created here for one starts without credit)
+    busy: frozenset[tuple[str, SensorKey]] = frozenset()
 
 
 @dataclass(slots=True)
@@ -290,18 +292,7 @@ class FleetView:
         if self._first_decide_ms is None:
             self._first_decide_ms = now_ms
         silent = not channel_up or self.exchange_silent(now_ms)
-        if silent or not self._joined:
-            # membership frozen: nobody is dropped while the exchange may be what is silent
-            n = max(self._last_known_members, len(self.live_members(now_ms)))
-            full = self.fallback_mode is FleetFallback.FULL
-            if not self._joined and now_ms - self._first_decide_ms <= self.member_timeout_ms:
-                # joining: its due until its own report comes back; once it has waited a whole
-                # timeout for it, the exchange counts as down (FULL then fails open)
-                return ShareDecision({}, 1.0 / n, n, joining=True)
-            return ShareDecision({}, 1.0 if full else 1.0 / n, n, fallback=True)
-        live = self.live_members(now_ms)
-        self._last_known_members = len(live)
-        standby = 1.0 / len(live)
+        live = self.live_members(now_ms)  # frozen while silent: nobody left then
         others: dict[tuple[str, SensorKey], list[GroupUsage]] = {}
         for name in live:
             if name == self.member:
@@ -309,6 +300,17 @@ class FleetView:
             for g in self._heard[name].report.groups:
                 if g.used_per_s > 0 or g.constrained:
                     others.setdefault((g.scope, g.key), []).append(g)
+        busy = frozenset(others)
+        if silent or not self._joined:
+            n = max(self._last_known_members, len(live))
+            full = self.fallback_mode is FleetFallback.FULL
+            if not self._joined and now_ms - self._first_decide_ms <= self.member_timeout_ms:
+                # joining: its due until its own report comes back; once it has waited a whole
+                # timeout for it, the exchange counts as down (FULL then fails open)
+                return ShareDecision({}, 1.0 / n, n, joining=True, busy=busy)
+            return ShareDecision({}, 1.0 if full else 1.0 / n, n, fallback=True, busy=busy)
+        self._last_known_members = len(live)
+        standby = 1.0 / len(live)
         shares: dict[tuple[str, SensorKey], float] = {}
         active_since: dict[tuple[str, SensorKey], int] = {}
         for mine in own:
@@ -326,7 +328,7 @@ class FleetView:
                 share = min(share, standby)
             shares[group] = share
         self._active_since = active_since
-        return ShareDecision(shares, standby, len(live))
+        return ShareDecision(shares, standby, len(live), busy=busy)
 
     def _want(self, g: GroupUsage, limit: float) -> float:
         return math.inf if g.constrained else g.used_per_s * (1.0 + self.headroom) / limit

@@ -106,6 +106,10 @@ class _Seen:
     throttle_count: int
 
 
+#: While joining, a member reports and reads this often (its own report comes back sooner).
+JOIN_POLL_MS = 100
+
+
 class FleetMember:
     """Runs the report loop; `tick` is one round and is what the unit tests drive."""
 
@@ -117,6 +121,8 @@ class FleetMember:
         self.clock = clock
         self.claims = claims
         self.interval_ms = interval_ms
+        # a Kafka exchange sets its topic up first (metadata, perhaps a creation): allow for it
+        self.join_timeout_ms = max(view.member_timeout_ms, 5000)
         self._seq = 0
         self._seen: dict[Group, _Seen] = {}
         self._last_tick_ms: int | None = None
@@ -137,14 +143,24 @@ class FleetMember:
     def bad_reports(self) -> int:
         return sum(self.ignored.values())
 
-    def start(self) -> None:
-        # before any client is served: hold the joining member's due (`FleetView.decide`), not the
-        # whole quota, until its own report comes back through the exchange
+    async def start(self) -> None:
+        """Join before any client is served: report and read every `JOIN_POLL_MS` until this
+        member's own report comes back (it has then read every live member's latest report), for
+        at most `join_timeout_ms`; meanwhile, and if it times out, it holds the joining share
+        (`FleetView.decide`), never the whole quota."""
         self._apply(self.view.decide((), {}, self.clock.now_ms(), channel_up=False))
         self.exchange.start()
-        self._task = asyncio.get_running_loop().create_task(self._run(), name="fleet-member")
         log.info("fleet %s: member %s, reports every %d ms over %s", self.view.fleet_id, self.name,
                  self.interval_ms, self.exchange.describe())
+        deadline_ms = self.clock.now_ms() + self.join_timeout_ms
+        while not self.view.joined and self.clock.now_ms() < deadline_ms:
+            await asyncio.sleep(JOIN_POLL_MS / 1000)
+            self.tick()
+        if not self.view.joined:
+            log.warning("fleet %s: not joined after %d ms (exchange %s silent); serving with %.3f of "
+                        "each quota", self.view.fleet_id, self.join_timeout_ms, self.exchange.describe(),
+                        self.decision.standby)
+        self._task = asyncio.get_running_loop().create_task(self._run(), name="fleet-member")
 
     async def close(self) -> None:
         if self._task is not None:
@@ -237,9 +253,13 @@ class FleetMember:
                      self.decision.members)
         self.decision = decision
         self.managers.fleet_standby_share = decision.standby
+        busy: dict[str, set[SensorKey]] = {}
+        for scope, key in decision.busy:
+            busy.setdefault(scope, set()).add(key)
+        self.managers.fleet_busy = {scope: frozenset(keys) for scope, keys in busy.items()}
         for scope, manager in self.managers.labelled():
             shares = {key: share for (s, key), share in decision.shares.items() if s == scope}
-            manager.set_shares(shares, decision.standby)
+            manager.set_shares(shares, decision.standby, self.managers.fleet_busy.get(scope, frozenset()))
 
 
 class FleetCollector(Collector):

@@ -3,12 +3,14 @@ others, how claims of throttled connections keep a share, and the fallback."""
 
 from __future__ import annotations
 
+import asyncio
+
 import pytest
 
 from proxy.fleet.member import FleetClaims, FleetCollector, FleetMember
 from proxy.flow.pipeline import ConnectionContext
 from proxy.stages.quota import QuotaManagers
-from quotas.clock import FakeClock
+from quotas.clock import FakeClock, SystemClock
 from quotas.config import QuotaConfig
 from quotas.entity import ClientIdentity, QuotaKind, SensorKey
 from quotas.fleet import FleetView, GroupUsage, ShareDecision, UsageReport, decode_report, encode_report
@@ -197,23 +199,54 @@ def test_reports_of_another_format_version_are_counted_by_reason_and_logged_once
     assert sum("unknown_version" in w for w in warnings) == 1, warnings
 
 
-def test_start_holds_the_joining_share_before_the_first_round() -> None:
+def test_start_joins_before_serving_and_holds_its_due_meanwhile() -> None:
     clock = FakeClock()
-    m, _, managers = member(clock)
+    m, exchange, managers = member(clock)
     m.view.expect_members(3)
-    m.exchange.start = lambda: None  # type: ignore[method-assign]
-    m._apply(m.view.decide((), {}, clock.now_ms(), channel_up=False))  # what start() does first
-    # no report heard yet: a third of the quota, for a client that arrives before the first round
+    shares_seen: list[float] = []
+    ticks = m.tick
+
+    def tick() -> None:  # what a manager created between two joining rounds would get
+        shares_seen.append(managers.fleet_standby_share)
+        ticks()
+
+    m.tick = tick  # type: ignore[method-assign]
+    exchange.inbox += [peer("b", 1, 1, True), peer("c", 1, 1, True)]
+
+    async def run() -> None:
+        await m.start()
+        await m.close()
+
+    asyncio.run(run())
+    # before its own report came back it held a third (1 / expected members), never the whole quota
+    assert shares_seen and shares_seen[0] == pytest.approx(1 / 3)
+    # it returned only once joined: its first report came back in the second round
+    assert m.view.joined and len(shares_seen) == 2
+    assert not m.decision.joining and m.decision.members == 3
+    # a manager created now (a client's first request to a broker) starts at the standby share
     managers.for_broker(1).record_and_check(QuotaKind.PRODUCE, APP, 1)
     assert managers.for_broker(1).quota_bound(KEY) == pytest.approx(Q / 3)
-    assert m.decision.joining
-    # the first round hears its own report back only in the second round (published after drain)
-    m.tick()
-    assert m.decision.joining
-    clock.advance(500)
-    m.tick()
-    assert not m.decision.joining and m.decision.members == 1
-    assert managers.for_broker(1).quota_bound(KEY) == pytest.approx(Q)
+
+
+def test_start_gives_up_joining_after_the_join_timeout_and_keeps_the_joining_share() -> None:
+    clock = SystemClock()
+    config = QuotaConfig.from_dict({"entries": [{"client_id": "app", "producer_byte_rate": Q}]})
+    managers = QuotaManagers(config, clock)
+    exchange = FakeExchange()
+    exchange.publish = lambda payload: None  # type: ignore[method-assign]  # nothing comes back
+    view = FleetView("f", "a", 150)
+    view.expect_members(2)
+    claims = FleetClaims(clock, ("all", "cluster"), hold_ms=1000)
+    m = FleetMember(view, exchange, managers, clock, claims, 500)
+    m.join_timeout_ms = 300
+
+    async def run() -> None:
+        await m.start()
+        await m.close()
+
+    asyncio.run(run())
+    assert not view.joined and m.decision.standby == pytest.approx(1 / 2)
+    assert managers.fleet_standby_share == pytest.approx(1 / 2)
 
 
 def test_the_share_metric_is_labelled_with_the_whole_key_and_capped() -> None:

@@ -336,6 +336,38 @@ def test_manager_enforces_the_bound_times_the_share() -> None:
     assert m.check(QuotaKind.PRODUCE, who).throttle_time_ms == 0
 
 
+def test_a_new_sensor_of_a_group_others_use_starts_without_credit() -> None:
+    who = ClientIdentity.of("ANONYMOUS", "app")
+    # not busy elsewhere: Kafka's young-sensor padding, 10 s x 250 000 B/s = 2.5 MB before a throttle
+    free = QuotaManager(config(Q), FakeClock(100_000), sticky_quotas_enabled=False)
+    free.set_shares({}, standby=0.25)
+    assert free.record_and_check(QuotaKind.PRODUCE, who, 2_000_000).throttle_time_ms == 0
+    # busy elsewhere: the 10 windows before now hold 250 000 B each, the rate is the bound exactly
+    # (2.5 MB / 10 s), so the same 2 MB is over it: (2.5 + 2) MB / 10 s = 450 000 B/s,
+    # throttle = (450000 - 250000) / 250000 x 10000 ms = 8000 ms
+    busy = QuotaManager(config(Q), FakeClock(100_000), sticky_quotas_enabled=False)
+    busy.set_shares({}, standby=0.25, busy={KEY})
+    d = busy.record_and_check(QuotaKind.PRODUCE, who, 2_000_000)
+    assert d.observed == pytest.approx(450_000) and d.throttle_time_ms == 8000
+    # what the fleet is told it used is only what it admitted
+    (usage,) = busy.fleet_usage()
+    assert usage.used_total == 2_000_000
+
+
+def test_a_new_token_bucket_of_a_group_others_use_starts_empty() -> None:
+    who = ClientIdentity.of("ANONYMOUS", "app")
+    cfg = QuotaConfig.from_dict({"rate_model": "token_bucket", "burst_ms": 2000,
+                                 "entries": [{"client_id": "app", "producer_byte_rate": Q}]})
+    free = QuotaManager(cfg, FakeClock(100_000), sticky_quotas_enabled=False)
+    free.set_shares({}, standby=0.5)
+    # full: burst = 500 000 B/s x 2 s = 1 MB of credit; 600 kB leaves 400 kB
+    assert free.record_and_check(QuotaKind.PRODUCE, who, 600_000).throttle_time_ms == 0
+    busy = QuotaManager(cfg, FakeClock(100_000), sticky_quotas_enabled=False)
+    busy.set_shares({}, standby=0.5, busy={KEY})
+    # empty: 600 kB puts it 600 kB in debt, 1.2 s to refill at 500 000 B/s
+    assert busy.record_and_check(QuotaKind.PRODUCE, who, 600_000).throttle_time_ms == 1200
+
+
 def test_a_share_caps_byte_throttles_at_the_quota_window() -> None:
     clock = FakeClock()
     m = QuotaManager(config(Q), clock, sticky_quotas_enabled=False)
