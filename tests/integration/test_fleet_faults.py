@@ -177,7 +177,7 @@ def test_the_exchange_lost_after_formation_keeps_one_budget(kafka_cluster3: Kafk
         assert [m.metrics.value("sluice_fleet_members") for m in fleet.members] == [3, 3, 3]
         wait_until(lambda: producers.now_s() >= kill_s + 3 * PERIOD_S, 60, "three periods of outage")
         restart_s = producers.now_s()
-        cluster.restart_node(exchange_node)
+        cluster.restart_node(exchange_node, timeout_s=120)  # slow on a loaded machine
         killed = False
         for m in fleet.members:
             wait_until(lambda m=m: m.metrics.value("sluice_fleet_fallback") == 0, 60,  # type: ignore[misc]
@@ -189,7 +189,7 @@ def test_the_exchange_lost_after_formation_keeps_one_budget(kafka_cluster3: Kafk
     finally:
         producers.stop()
         if killed:
-            cluster.restart_node(exchange_node)
+            cluster.restart_node(exchange_node, timeout_s=120)  # slow on a loaded machine
     outage = sum(t.cycle_rate(kill_s, restart_s, or_plain=True) for t in timelines)
     after = sum(t.cycle_rate(back_s + 3, back_s + 3 + 2 * PERIOD_S, or_plain=True) for t in timelines)
     print(f"exchange lost after formation: {outage / MiB:.3f} MiB/s over the {restart_s - kill_s:.1f} s "
