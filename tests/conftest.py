@@ -137,15 +137,24 @@ def _cost_rank(item: pytest.Item, group: str | None) -> int:
     return 3
 
 
-@pytest.hookimpl(tryfirst=True)  # before xdist reads the marks
+def pytest_itemcollected(item: pytest.Item) -> None:
+    """Marks each item's xdist group as it is collected, before any pytest_collection_modifyitems
+    (where xdist reads the marks).
+
+    NOTE: with pytest 9.2 and pytest-xdist 3.8.0 the groups do not take effect: xdist applies a group
+    by setting `item._nodeid`, and pytest 9 derives `nodeid` from `item._id`, so every test is its own
+    unit of work and a group's costly fixture may start on several workers."""
+    if item.get_closest_marker("xdist_group") is None:
+        group = xdist_group_of(item)
+        if group is not None:
+            item.add_marker(pytest.mark.xdist_group(group))
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     ranks: dict[str, int] = {}
     for item in items:
-        group = None
-        if item.get_closest_marker("xdist_group") is None:
-            group = xdist_group_of(item)
-            if group is not None:
-                item.add_marker(pytest.mark.xdist_group(group))
+        marker = item.get_closest_marker("xdist_group")
+        group = str(marker.args[0]) if marker is not None and marker.args else None
         key = group or item.nodeid.split("::")[0]
         ranks[key] = min(ranks.get(key, 3), _cost_rank(item, group))
         ranks[item.nodeid] = ranks[key]
