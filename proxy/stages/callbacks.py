@@ -53,18 +53,24 @@ _UNKNOWN_TOPIC_OR_PARTITION = 3
 
 
 class _CallbackModel(BaseModel):
+    """The quota callback (KIP-257's ClientQuotaCallback in Python): what shares a rate and its limit."""
+
     model_config = ConfigDict(extra="forbid", strict=True, frozen=True, populate_by_name=True)
 
-    class_: str = Field(default=DEFAULT_CALLBACK, alias="class", pattern=r"^[\w.]+:[\w.]+$")
-    config: dict[str, Any] = {}
+    class_: str = Field(default=DEFAULT_CALLBACK, alias="class", pattern=r"^[\w.]+:[\w.]+$",
+                        description="\"package.module:Class\", any importable class")
+    config: dict[str, Any] = Field(default={}, description="keyword arguments of the class")
 
 
 class _PluginsModel(BaseModel):
     model_config = ConfigDict(extra="ignore", strict=True, frozen=True)
 
-    scope: Literal["broker", "cluster"] = "broker"
+    scope: Literal["broker", "cluster"] = Field(default="broker", description="broker: a budget per broker "
+                                                "(Kafka's); cluster: one across every broker behind Sluice")
     callback: _CallbackModel = _CallbackModel()
-    cluster_entries: list[Any] = []
+    cluster_entries: list[Any] = Field(default=[], description="entries shaped as quotas.entries, each a "
+                                                               "budget across all brokers, beside the "
+                                                               "per-broker entries")
 
 
 @dataclass(frozen=True)
