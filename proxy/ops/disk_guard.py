@@ -103,7 +103,8 @@ class StorageConfig(BaseModel):
                                                        "the last complete view set")
     sasl: StorageSasl | None = Field(default=None, description="SASL to the brokers (PLAIN, SCRAM)")
     paths: list[Path] = Field(default_factory=list, description="volumes to read with source: local")
-    timeout_ms: int = Field(default=10_000, gt=0, description="per poll")
+    timeout_ms: int = Field(default=10_000, gt=0, description="a describe_log_dirs poll must finish "
+                            "within this, else it counts as failed")
     applies_to: Literal["quota_clients", "all"] = Field(
         default="quota_clients", description="all: clients with no produce quota are scaled too, from "
                                              "base_producer_byte_rate")
