@@ -14,7 +14,8 @@ DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 
 
 def yaml_blocks() -> list[str]:
-    return [block for path in DOCS for block in re.findall(r"```yaml\n(.*?)```", path.read_text(), flags=re.S)]
+    return [block for path in DOCS
+            for block in re.findall(r"```yaml\n(.*?)```", path.read_text(), flags=re.S)]
 
 
 def test_no_sample_makes_anonymous_an_admin() -> None:
