@@ -37,10 +37,11 @@ ROOT = Path(__file__).resolve().parents[1]
 OUTPUT = ROOT / "docs" / "configuration.md"
 
 #: Untyped sections of the top-level model: the models (``"module:Class"``) that parse them, in
-#: order, and a description of the section. Missing models are skipped (a section that gained a
-#: typed model no longer needs them).
+#: order; a key two of them hold is listed from the first. Missing models are skipped (a section
+#: that gained a typed model of its own no longer needs them).
 SECTION_PARSERS: dict[str, tuple[str, ...]] = {
-    "quotas": ("quotas.config:_QuotasModel", "proxy.stages.callbacks:_PluginsModel"),
+    "quotas": ("quotas.config:_QuotasModel", "quotas.section:QuotasModel",
+               "proxy.stages.callbacks:_PluginsModel"),
 }
 
 #: Keys of an untyped section that no parser model holds, as (key, type, default, description).
