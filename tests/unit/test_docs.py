@@ -185,9 +185,21 @@ def _module_path(name: str) -> bool:
     return False
 
 
+def _inline_paths(node: Any, prefix: str) -> Iterator[str]:
+    """The key paths of an inline YAML value: `store: {type: kafka}` -> store, store.type."""
+    if isinstance(node, dict):
+        for key, value in node.items():
+            path = f"{prefix}.{key}" if prefix else str(key)
+            yield path
+            yield from _inline_paths(value, path)
+    elif isinstance(node, list):
+        for item in node:
+            yield from _inline_paths(item, prefix + "[]")
+
+
 def named_keys() -> Iterator[tuple[str, str]]:
     """(where, key) for each config key a doc names in backticks: `store.type`, `fleet.headroom`,
-    `quotas.entries[2].user`, `SLUICE_METRICS__PORT`."""
+    `quotas.entries[2].user`, `SLUICE_METRICS__PORT`, `store: {type: kafka}`."""
     for path in doc_files():
         text = re.sub(r"^```.*?^```", "", path.read_text(), flags=re.S | re.M)  # prose, not samples
         for match in re.finditer(r"`([^`\n]+)`", text):
@@ -197,6 +209,15 @@ def named_keys() -> Iterator[tuple[str, str]]:
             if env and ("__" in env.group(1) or env.group(1).lower() in TOP_LEVEL):
                 yield where, env.group(1).lower().replace("__", ".")
                 continue
+            if re.match(r"^[a-z_]+: ", token) and token.split(":", 1)[0] in TOP_LEVEL:
+                try:
+                    inline = yaml.safe_load(token)
+                except yaml.YAMLError:
+                    inline = None
+                if isinstance(inline, dict):
+                    for key in _inline_paths(inline, ""):
+                        yield where, key
+                    continue
             dotted = _DOTTED.match(token)
             if not dotted:
                 continue
@@ -229,3 +250,7 @@ def test_the_key_check_catches_an_unknown_key() -> None:
     assert _exists("store.kafka_config.security.protocol", keys)
     assert not _exists("fleet.head_room", keys)
     assert not _exists("access_log.rotate_bytes", keys)
+    found = list(_inline_paths(yaml.safe_load("store: {type: kafka, kafka_config: {a.b: c}}"), ""))
+    assert found == ["store", "store.type", "store.kafka_config", "store.kafka_config.a.b"]
+    assert all(_exists(key, keys) for key in found)
+    assert not all(_exists(key, keys) for key in _inline_paths(yaml.safe_load("fleet: {idd: x}"), ""))
