@@ -256,10 +256,13 @@ def walk(model: type[BaseModel], prefix: str = "") -> Iterator[Row]:
         parsers = [m for m in (_load(s) for s in SECTION_PARSERS.get(key, ())) if m is not None]
         if is_mapping and prefix == "" and key in SECTION_PARSERS:
             yield Row(key, kind, _default(info), description or "parsed at start by the keys below")
-            for parser in parsers:
-                yield from walk(parser, key + ".")
+            parsed = [row for parser in parsers for row in walk(parser, key + ".")]
             for sub, sub_type, sub_default, sub_description in SECTION_EXTRAS.get(key, ()):
-                yield Row(f"{key}.{sub}", sub_type, sub_default, sub_description)
+                extra = Row(f"{key}.{sub}", sub_type, sub_default, sub_description)
+                parent = extra.key.rsplit(".", 1)[0] + "."
+                siblings = [i for i, row in enumerate(parsed) if row.key.startswith(parent)]
+                parsed.insert(siblings[-1] + 1 if siblings else len(parsed), extra)
+            yield from parsed
             continue
         yield Row(key, kind, _default(info), description, open=is_mapping)
 
@@ -308,14 +311,20 @@ each section in the order of the model.
 
 
 def _cell(text: str) -> str:
-    return text.replace("|", "\\|").replace("\n", " ") if "\\|" not in text else text.replace("\n", " ")
+    """One table cell: no newline, `|` escaped, and `<...>` outside backticks shown, not read as HTML."""
+    text = text.replace("\n", " ")
+    if "\\|" not in text:
+        text = text.replace("|", "\\|")
+    parts = text.split("`")
+    parts[::2] = [part.replace("<", "&lt;").replace(">", "&gt;") for part in parts[::2]]
+    return "`".join(parts)
 
 
 def _table_row(row: Row) -> str:
     description = row.description or ""
     if row.open:
         description = (description + "; " if description else "") + "any keys, passed on as they are"
-    return f"| `{row.key}` | {_cell(row.type)} | {_cell(row.default)} | {_cell(description)} |"
+    return f"| `{row.key}` | {_cell(row.type)} | {_cell(row.default)} | {_cell(description.rstrip('.'))} |"
 
 
 _TABLE_HEAD = "| key | type | default | description |\n|---|---|---|---|"
@@ -325,7 +334,7 @@ def render() -> str:
     all_rows = rows()
     sections = {row.key for row in all_rows if "." not in row.key and "[" not in row.key
                 and any(other.key.startswith(row.key + ".") for other in all_rows)}
-    out = [_HEADER, "\n## Top-level keys\n", _TABLE_HEAD]
+    out = [_HEADER + "\n## Top-level keys\n", _TABLE_HEAD]
     out.extend(_table_row(row) for row in all_rows if row.key not in sections and "." not in row.key)
     for section in [row for row in all_rows if row.key in sections]:
         out.append(f"\n## `{section.key}`\n")
