@@ -108,6 +108,9 @@ class QuotaEngine:
         self._config = config
         self._clock = clock
         self._managers: dict[int | None, QuotaManager] = {}
+        # the fleet's standby share (`FleetMember`): a manager created between two report rounds
+        # (a client's first request to a broker) starts with it, not with the whole quota
+        self.fleet_standby_share = 1.0
         self.plugins = Plugins() if plugins is None else plugins
         self.cluster = ClusterView()
         self._scales: dict[QuotaKind, float] = {}  # storage throttle factors, for new managers too
@@ -286,8 +289,7 @@ class QuotaEngine:
             manager = QuotaManager(self._effective(), self._clock, sticky_quotas_enabled=False,
                                    callback=None if factory is None else factory(broker_id))
             manager.update_cluster_metadata(self.cluster)
-            for kind, factor in self._scales.items():
-                manager.set_limit_scale(kind, factor)
+            self._prepare(manager)
             self._managers[broker_id] = manager
         return manager
 
@@ -301,10 +303,16 @@ class QuotaEngine:
         if manager is None:
             manager = QuotaManager(self._config, self._clock,
                                    callback=TopicQuotaCallback(broker_id=broker_id))
-            for kind, factor in self._scales.items():
-                manager.set_limit_scale(kind, factor)
+            self._prepare(manager)
             self._topic_managers[broker_id] = manager
         return manager
+
+    def _prepare(self, manager: QuotaManager) -> None:
+        """A new manager joins the chain as it stands: the storage factors and the fleet share."""
+        for kind, factor in self._scales.items():
+            manager.set_limit_scale(kind, factor)
+        if self.fleet_standby_share != 1.0:
+            manager.set_shares({}, self.fleet_standby_share)
 
     def for_request(self, broker_id: int | None,
                     ) -> tuple[tuple[QuotaManager, frozenset[QuotaKind]], ...]:
