@@ -122,7 +122,8 @@ def judged(case: Case, timelines: list[load.Timeline], label: str) -> float:
 
 
 @pytest.fixture
-def fleet_of_three(kafka: KafkaCluster, tmp_path: Path, case: Case) -> Iterator[tuple[list[SluiceProcess], str]]:
+def fleet_of_three(kafka: KafkaCluster, tmp_path: Path,
+                   case: Case) -> Iterator[tuple[list[SluiceProcess], str]]:
     topic = create_topic(kafka.bootstrap, unique_name(case.topic_prefix))
     fleet_id = unique_name("fleet")
     store_topic = unique_name("_sluice_quotas")
@@ -135,8 +136,8 @@ def fleet_of_three(kafka: KafkaCluster, tmp_path: Path, case: Case) -> Iterator[
                       "store": {"type": "kafka", "topic": store_topic},
                       "fleet": {"id": fleet_id, "topic": f"{fleet_id}-reports"}}
             members.append(SluiceProcess(kafka.bootstrap, tmp_path / f"sluice-{i}", config=config).start())
-        for port in ports:
-            wait_until(lambda m=Metrics(port): m.value("sluice_fleet_members") == 3, 30,  # type: ignore[misc]
+        for metrics in [Metrics(port) for port in ports]:
+            wait_until(lambda m=metrics: m.value("sluice_fleet_members") == 3, 30,  # type: ignore[misc]
                        "three fleet members")
         yield members, topic
     finally:
