@@ -188,7 +188,7 @@ class QuotaEngine:
                 cap = min(cap, self._record_cap(manager, identity) * per_record)
         return RequestVerdict(tuple(decisions), enforced_ms(decisions),
                               None if math.isinf(cap) else int(cap),
-                              read_whole_response=not share and self.needs_fetch_usage)
+                              read_whole_response=self.needs_fetch_usage)
 
     def request(self, broker_id: int | None, identity: ClientIdentity, *,
                 rated: bool = True) -> RequestVerdict:

@@ -55,7 +55,7 @@ from protocol.share import cap_share_fetch_max_bytes
 from protocol.throttle import patch_throttle_time
 from proxy.flow.inflight import InFlight, QuotaNote
 from proxy.flow.pipeline import ConnectionContext, Forward, RequestOutcome, ResponseOutcome, StageBase
-from proxy.stages.topic_usage import TopicNames, TopicUsage, fetch_usage, produce_usage
+from proxy.stages.topic_usage import TopicNames, TopicUsage, fetch_usage, produce_usage, share_fetch_usage
 from quotas.engine import QuotaEngine, RequestVerdict, ResponseVerdict
 from quotas.entity import ClientIdentity
 from quotas.manager import ThrottleDecision
@@ -127,9 +127,11 @@ class QuotaStage(StageBase):
                     return ResponseOutcome(emptied, verdict.throttle_ms, replaced=True)
             new_ms = verdict.delivered_throttle_ms  # delivered: a bucket's debt throttles what follows
         else:
-            if entry.api_key == ApiKey.SHARE_FETCH:
+            if entry.api_key == ApiKey.SHARE_FETCH:  # never streamed: the payload is whole
+                share_usage = (share_fetch_usage(payload, entry.api_version, self.topic_names)
+                               if engine.needs_fetch_usage else None)
                 verdict = engine.share_fetch_response(ctx.broker_id, note.identity,
-                                                      entry.upstream_response_bytes)
+                                                      entry.upstream_response_bytes, share_usage)
             elif entry.forwarded and entry.api_key not in _NOT_REQUEST_RATED:
                 if entry.api_key == ApiKey.METADATA and engine.topic_kinds:
                     # the topic ids of Produce v13 and Fetch v13+
