@@ -25,6 +25,7 @@ class QuotaNote:
     identity: ClientIdentity
     decisions: list[ThrottleDecision]
     enforced_ms: int                  # the largest throttle Sluice enforced on this request so far
+    deferred_ms: int = 0              # a Produce's throttle, started when its response is sent (KIP-219)
 
 
 @dataclass(slots=True)
