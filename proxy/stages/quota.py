@@ -99,13 +99,13 @@ class QuotaStage(StageBase):
             verdict = engine.request(ctx.broker_id, identity, rated=api_key not in _NOT_REQUEST_RATED)
         self._observe(ctx, verdict.decisions)
         enforced = verdict.throttle_ms
-        deferred = 0
         if api_key == ApiKey.PRODUCE and entry.expects_response:
-            # KIP-219: the broker records a produce in its response callback and mutes the channel
-            # once the response is sent, so a slow acks=all produce waits its latency + the delay;
-            # acks=0 has no response: the mute starts now, the only throttle there is
-            enforced, deferred = 0, enforced
-        entry.quota = QuotaNote(identity, list(verdict.decisions), enforced, deferred)
+            # KIP-219: the broker records a produce in its response callback and its delay starts
+            # when the response is sent, so a slow acks=all produce waits latency + delay. The
+            # channel is muted now (Sluice passes pipelined requests on; the broker reads none
+            # while one is in flight) and the delay runs from the response (acks=0: from now)
+            entry.delay_from_response_ms = enforced
+        entry.quota = QuotaNote(identity, list(verdict.decisions), enforced)
         if forward is None and enforced == 0:
             return None
         return Forward(forward, enforced)
@@ -118,7 +118,6 @@ class QuotaStage(StageBase):
             return None
         engine = self._engine
         earlier_ms = note.enforced_ms
-        deferred_ms = note.deferred_ms
         verdict: ResponseVerdict
         if entry.api_key == ApiKey.FETCH:
             size = entry.upstream_response_bytes  # payload may be only the head of a streamed response
@@ -146,13 +145,10 @@ class QuotaStage(StageBase):
                 verdict = engine.response(ctx.broker_id, note.identity,
                                           entry.response_received_ms - entry.received_ms)
             else:
-                if max(earlier_ms, deferred_ms) == 0:
-                    return None
-                note.enforced_ms = max(earlier_ms, deferred_ms)
-                return self._throttled(entry, payload, deferred_ms, note.enforced_ms)
+                return None if earlier_ms == 0 else self._throttled(entry, payload, 0, earlier_ms)
             self._observe(ctx, verdict.decisions)
             note.decisions.extend(verdict.decisions)
-            new_ms = max(verdict.throttle_ms, deferred_ms)
+            new_ms = verdict.throttle_ms
         total_ms = max(new_ms, earlier_ms)
         note.enforced_ms = total_ms
         if total_ms == 0:
