@@ -45,6 +45,8 @@ from proxy.stages.callbacks import ClusterMetadataFeed, ClusterMetadataStage
 from proxy.stages.client_software import ClientSoftwareStage
 from proxy.stages.connection_stats import ConnectionStatsStage
 from proxy.stages.quota import DecisionObserver, QuotaStage
+from proxy.stages.topic_resolver import TopicIdResolver
+from proxy.stages.topic_usage import TopicNames
 from quotas.clock import Clock, SystemClock
 from quotas.connection_limits import BufferBudget, ConnectionLimiter, IpConnectionRates
 from quotas.engine import QuotaEngine
@@ -77,6 +79,13 @@ class ProxyServer:
         self.registry_metrics = CollectorRegistry()
         self.metrics = SluiceMetrics(self.registry_metrics)
         self.quotas = QuotaEngine(config.quota_config(), self.clock, config.quota_plugins())
+        # Produce v13 / Fetch v13+ name topics by id (the quota stage reads them): ids no forwarded
+        # Metadata named are asked of the broker by this process itself
+        self.topic_names = TopicNames()
+        self.topic_ids = TopicIdResolver(
+            self.topic_names, [(a.host, a.port) for a in config.upstream.bootstrap],
+            config.upstream.tls.context(), timeout_s=config.upstream.connect_timeout_ms / 1000 + 5)
+        self.topic_ids.attach()
         self.cluster_feed = ClusterMetadataFeed(self.quotas.update_cluster_metadata,
                                                 lambda: self.quotas.wants_cluster_metadata)
         self.quota_service = QuotaService(config, self.quotas)  # the store; started in start()
@@ -91,7 +100,7 @@ class ProxyServer:
         self.registry_metrics.register(HeadroomCollector(self.quotas, self.clock, sensor_collector.cap))
         self.fleet = make_fleet(config, self.quotas, self.clock, worker_index)  # one budget across processes
         if self.fleet is not None:
-            self.registry_metrics.register(FleetCollector(self.fleet))
+            self.registry_metrics.register(FleetCollector(self.fleet, config.metrics.max_series_per_metric))
         self.metrics_endpoint: MetricsEndpoint | None = None
         self.inventory: ConnectionInventory | None = None  # GET /connections, when enabled
         self._sampler: asyncio.Task[None] | None = None
@@ -124,7 +133,7 @@ class ProxyServer:
         if self.storage is not None:
             await self.storage.start()
         if self.fleet is not None:
-            self.fleet.start()
+            await self.fleet.start()  # joins before the listeners open
 
         def start_listener_factory(target: UpstreamTarget) -> object:
             return connection_factory(self._services())(target)
@@ -148,7 +157,8 @@ class ProxyServer:
             # before the quota stage, to see the broker's own throttle time
             stages.append(AccessLogStage(self.access_log, self.clock))
         stages += [QuotaAdminStage(self.quota_service, config.admins),
-                   QuotaStage(self.quotas, self._decision_observer()), *self._extra_stages, self.metrics]
+                   QuotaStage(self.quotas, self._decision_observer(), self.topic_names),
+                   *self._extra_stages, self.metrics]
         if config.connections_endpoint.enabled:  # after the quota stage: it reads what that decided
             stages.append(ConnectionStatsStage())
             self.inventory = ConnectionInventory(lambda: self.connections, self.clock, self.worker_index,
@@ -293,6 +303,7 @@ class ProxyServer:
             await self.storage.close()
         if self.fleet is not None:
             await self.fleet.close()
+        await self.topic_ids.close()
         await self.quota_service.close()
         self._stopped.set()
 

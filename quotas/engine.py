@@ -128,9 +128,11 @@ class QuotaEngine:
         self._config = config
         self._clock = clock
         self._managers: dict[int | None, QuotaManager] = {}
-        # the fleet's standby share (`FleetMember`): a manager created between two report rounds
-        # (a client's first request to a broker) starts with it, not with the whole quota
+        # the fleet's standby share and the groups other members use, by scope label
+        # (`FleetMember`): a manager created between two report rounds (a client's first request
+        # to a broker) starts with them, not with the whole quota and a fresh sensor's credit
         self.fleet_standby_share = 1.0
+        self.fleet_busy: Mapping[str, frozenset[SensorKey]] = {}
         self.plugins = Plugins() if plugins is None else plugins
         self.cluster = ClusterView()
         self._scales: dict[QuotaKind, float] = {}  # storage throttle factors, for new managers too
@@ -336,7 +338,7 @@ class QuotaEngine:
             manager = QuotaManager(self._effective(), self._clock, sticky_quotas_enabled=False,
                                    callback=None if factory is None else factory(broker_id))
             manager.update_cluster_metadata(self.cluster)
-            self._prepare(manager)
+            self._prepare(manager, broker_id)
             self._managers[broker_id] = manager
         return manager
 
@@ -350,16 +352,17 @@ class QuotaEngine:
         if manager is None:
             manager = QuotaManager(self._config, self._clock,
                                    callback=TopicQuotaCallback(broker_id=broker_id))
-            self._prepare(manager)
+            self._prepare(manager, broker_id)
             self._topic_managers[broker_id] = manager
         return manager
 
-    def _prepare(self, manager: QuotaManager) -> None:
+    def _prepare(self, manager: QuotaManager, broker_id: int | None) -> None:
         """A new manager joins the chain as it stands: the storage factors and the fleet share."""
         for kind, factor in self._scales.items():
             manager.set_limit_scale(kind, factor)
-        if self.fleet_standby_share != 1.0:
-            manager.set_shares({}, self.fleet_standby_share)
+        if self.fleet_standby_share != 1.0 or self.fleet_busy:
+            manager.set_shares({}, self.fleet_standby_share,
+                               self.fleet_busy.get(self._label(broker_id), frozenset()))
 
     def for_request(self, broker_id: int | None,
                     ) -> tuple[tuple[QuotaManager, frozenset[QuotaKind]], ...]:

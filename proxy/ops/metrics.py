@@ -37,6 +37,9 @@ from quotas.engine import QuotaEngine
 from quotas.entity import QuotaKind, SensorKey
 from quotas.headroom import KIND_LABEL
 from quotas.manager import QuotaManager, SensorSnapshot, ThrottleDecision
+from quotas.series_cap import DEFAULT_MAX_SERIES_PER_METRIC as DEFAULT_MAX_SERIES_PER_METRIC
+from quotas.series_cap import OVERFLOW as OVERFLOW
+from quotas.series_cap import SeriesCap as SeriesCap
 
 _KIND_NAME = KIND_LABEL  # the `kind` label, one spelling for the metrics and /quotas/usage
 _RATE_METRIC = {
@@ -72,59 +75,7 @@ def _topic_label(key: SensorKey) -> str:
     return key.topic_prefix + "*" if key.topic_prefix else key.topic
 
 
-#: The label value that stands for every sensor beyond `metrics.max_series_per_metric`.
-OVERFLOW = "__overflow__"
-#: `metrics.max_series_per_metric`'s default.
-DEFAULT_MAX_SERIES_PER_METRIC = 2000
-
 _Member = tuple[str, SensorKey]  # (broker label, sensor)
-
-
-class SeriesCap:
-    """Which sensors get series of their own: at most `limit` (per broker label and sensor key).
-
-    A sensor that comes while `limit` have their own series is *folded*: its values go into the
-    ``user="__overflow__", client_id="__overflow__"`` series of its broker and kind, and it is
-    counted once in `folded_total`. A sensor keeps its own series until it expires (an hour
-    without a record); a freed place goes to a folded sensor first (the most recently active one:
-    `live` lists the least recently active first), then to a newcomer. Nothing ever moves from its
-    own series into the overflow, so series do not flap and counters stay monotonic; client-id
-    churn within the hour only grows the overflow, never the number of series.
-    """
-
-    def __init__(self, limit: int) -> None:
-        if limit < 1:
-            raise ValueError(f"max_series_per_metric must be >= 1, got {limit}")
-        self.limit = limit
-        self.folded_total = 0
-        self._own: set[_Member] = set()
-        self._folded: set[_Member] = set()
-
-    def folds(self, member: _Member) -> bool:
-        """Whether `member` was folded into the overflow at the last `split`."""
-        return member in self._folded
-
-    def split(self, live: list[_Member]) -> set[_Member]:
-        """Forget the sensors no longer `live`, place the others; returns the folded ones."""
-        present = set(live)
-        self._own &= present
-        self._folded &= present
-        own, folded = self._own, self._folded
-        if len(own) < self.limit:
-            for member in [m for m in reversed(live) if m in folded]:
-                if len(own) >= self.limit:
-                    break
-                folded.discard(member)
-                own.add(member)
-        for member in live:
-            if member in own or member in folded:
-                continue
-            if len(own) < self.limit:
-                own.add(member)
-            else:
-                folded.add(member)
-                self.folded_total += 1
-        return folded
 
 
 class _Overflow:
@@ -162,7 +113,7 @@ class QuotaSensorCollector(Collector):
                  max_series_per_metric: int = DEFAULT_MAX_SERIES_PER_METRIC) -> None:
         self._managers = managers
         self._clock = clock
-        self.cap = SeriesCap(max_series_per_metric)
+        self.cap: SeriesCap[_Member] = SeriesCap(max_series_per_metric)
         self._overflow = _Overflow()
 
     def collect(self) -> Iterator[Metric]:
