@@ -99,9 +99,11 @@ class QuotasSection:
             problems.extend(exc.problems)
         cluster: QuotaConfig | None = None
         if model.cluster_entries:
+            # the section's window and rate model: one rate model per budget, whatever its entry list
             data_cluster: dict[str, Any] = {"entries": model.cluster_entries}
-            if "window" in raw:
-                data_cluster["window"] = raw["window"]
+            for key in ("window", "rate_model", "burst_ms"):
+                if key in raw:
+                    data_cluster[key] = raw[key]
             try:
                 cluster = QuotaConfig.from_dict(data_cluster, path=path)
             except QuotaConfigError as exc:

@@ -15,7 +15,7 @@ from quotas.section import CallbackSpec, QuotasSection
 
 def test_one_parse_gives_every_part_of_the_section() -> None:
     section = QuotasSection.parse({
-        "scope": "cluster", "window": {"samples": 5, "size_ms": 500},
+        "scope": "cluster", "window": {"samples": 5, "size_ms": 500}, "rate_model": "token_bucket",
         "callback": {"class": "quotas.builtin:GroupQuotaCallback", "config": {"groups": []}},
         "entries": [{"user": "alice", "producer_byte_rate": 1000},
                     {"ip": "10.0.0.1", "connection_creation_rate": 5}],
@@ -26,7 +26,8 @@ def test_one_parse_gives_every_part_of_the_section() -> None:
     assert section.scope == "cluster"
     assert section.callback == CallbackSpec("quotas.builtin:GroupQuotaCallback", {"groups": []})
     assert section.cluster_entries is not None
-    assert section.cluster_entries.window.samples == 5  # the section's one window
+    assert section.cluster_entries.window.samples == 5  # the section's one window and rate model
+    assert section.cluster_entries.rate_model.value == "token_bucket"
     assert [k for e in section.cluster_entries for k in e.values] == [QuotaKind.FETCH]
 
 
