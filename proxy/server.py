@@ -32,8 +32,14 @@ from proxy.ops.headroom import (
     usage_report,
 )
 from proxy.ops.heap import HeapTrimCollector, HeapTrimmer, glibc_malloc_trim
-from proxy.ops.http import MetricsEndpoint
-from proxy.ops.metrics import AccessLogCollector, LimitsCollector, QuotaSensorCollector, SluiceMetrics
+from proxy.ops.http import Degraded, MetricsEndpoint
+from proxy.ops.metrics import (
+    AccessLogCollector,
+    LimitsCollector,
+    QuotaSensorCollector,
+    QuotaStoreCollector,
+    SluiceMetrics,
+)
 from proxy.pumps.connection import ClientConnection, ConnectionServices, connection_factory
 from proxy.pumps.limits import ConnectionLimits, LimitSettings
 from proxy.pumps.upstreams import BrokerRegistry, UpstreamTarget, schedule_server
@@ -89,6 +95,7 @@ class ProxyServer:
         self.cluster_feed = ClusterMetadataFeed(self.quotas.update_cluster_metadata,
                                                 lambda: self.quotas.wants_cluster_metadata)
         self.quota_service = QuotaService(config, self.quotas)  # the store; started in start()
+        self.registry_metrics.register(QuotaStoreCollector(self.quota_service.unreadable))
         self.storage: StoragePoller | None = None  # storage-driven throttling; started in start()
         if config.storage is not None:
             self.storage = StoragePoller(
@@ -184,10 +191,13 @@ class ProxyServer:
                  ",".join(str(a) for a in config.upstream.bootstrap))
         if config.metrics.port is not None:
             inventory, token = self.inventory, BearerToken.configured(config.connections_endpoint)
+            degraded: list[Degraded] = [self.quota_service.problems]
+            if self.access_log is not None:
+                degraded.append(self.access_log.problems)
             self.metrics_endpoint = MetricsEndpoint.for_registry(
                 self.registry_metrics, lambda: not self._draining, {USAGE_PATH: self._usage},
                 connections=None if inventory is None else _async(inventory.render), token=token,
-                query_routes={EFFECTIVE_PATH: self._effective})
+                degraded=degraded, query_routes={EFFECTIVE_PATH: self._effective})
             if self.worker_index is None:
                 await self.metrics_endpoint.start(config.metrics.host, config.metrics.port)
             else:  # the supervisor serves metrics.port and merges every worker's registry
@@ -388,8 +398,9 @@ def make_access_log(config: ProxyConfig, worker: int | None = None) -> AccessLog
     if cfg.dir is None:
         return None
     kafka = None
-    if cfg.kafka_bootstrap is not None and cfg.kafka_topic is not None:
-        kafka = (cfg.kafka_bootstrap, cfg.kafka_topic)  # the writer process sends there (access_log_files)
+    if cfg.kafka_bootstrap is not None and cfg.kafka_topic is not None:  # the writer process sends there
+        settings = {k: v.get_secret_value() for k, v in cfg.kafka_config.items()}
+        kafka = (cfg.kafka_bootstrap, cfg.kafka_topic, settings)
     return AccessLogWriter(cfg.dir, config.instance, log_format=cfg.format,
                            rotate_bytes=cfg.rotate_mb * 1024 * 1024, queue_size=cfg.queue_size,
                            kafka=kafka, worker=worker)

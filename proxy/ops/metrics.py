@@ -12,7 +12,7 @@ churn cannot grow the label set without bound. Throttle time avg/max cover Kafka
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Mapping
 
 from prometheus_client import CollectorRegistry
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
@@ -21,7 +21,7 @@ from prometheus_client.registry import Collector
 from protocol.apis import api_name
 from proxy.flow.inflight import InFlight
 from proxy.flow.pipeline import ConnectionContext, StageBase
-from proxy.ops.access_log import AccessLogWriter
+from proxy.ops.access_log import DROP_CAUSES, AccessLogWriter
 from proxy.pumps.limits import (
     HANDSHAKE_TIMEOUT,
     IDLE_TIMEOUT,
@@ -316,14 +316,44 @@ class AccessLogCollector(Collector):
 
     def collect(self) -> Iterator[Metric]:
         w = self._writer
-        yield CounterMetricFamily("sluice_access_log_records_written", "Access-log records written",
+        drops = w.drops
+        yield CounterMetricFamily("sluice_access_log_records_written", "Access-log records written to files",
                                   value=w.written)
         yield CounterMetricFamily("sluice_access_log_records_dropped",
-                                  "Access-log records dropped because the queue was full", value=w.dropped)
+                                  "Access-log records dropped, every cause (see ..._drops_total)",
+                                  value=sum(drops.values()))
+        by_cause = CounterMetricFamily("sluice_access_log_drops", "Access-log records dropped, by cause: "
+                                       "queue_full (the handoff was full), writer_died (sent to a writer "
+                                       "process that died), topic (the Kafka topic sink could not deliver "
+                                       "them; the files have them)", labels=["cause"])
+        for cause in DROP_CAUSES:
+            by_cause.add_metric([cause], drops[cause])
+        yield by_cause
         yield CounterMetricFamily("sluice_access_log_records_failed",
                                   "Access-log records that could not be built", value=w.failed)
+        yield CounterMetricFamily("sluice_access_log_topic_records_delivered",
+                                  "Access-log records the Kafka topic sink delivered",
+                                  value=w.topic_delivered)
+        yield CounterMetricFamily("sluice_access_log_writer_restarts",
+                                  "Access-log writer processes started again after one died",
+                                  value=w.restarts)
+        yield GaugeMetricFamily("sluice_access_log_degraded", "1 while /healthz reports the access log "
+                                "degraded (writer down, or records dropped in the last 10 s)",
+                                value=1 if w.problems() else 0)
         yield GaugeMetricFamily("sluice_access_log_queue_depth", "Access-log records waiting to be written",
                                 value=w.queue_depth)
+
+
+class QuotaStoreCollector(Collector):
+    """Records the quota store holds and cannot read (each named in the log and on /healthz)."""
+
+    def __init__(self, unreadable: Callable[[], Mapping[str, str]]) -> None:
+        self._unreadable = unreadable
+
+    def collect(self) -> Iterator[Metric]:
+        yield GaugeMetricFamily("sluice_quota_store_unreadable_records", "Quota store records (or rows) "
+                                "Sluice cannot read: their quotas are not applied",
+                                value=len(self._unreadable()))
 
 
 #: Every cause `sluice_limit_hits_total` counts (the config key of the limit hit), shown from 0.
