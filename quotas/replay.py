@@ -34,7 +34,7 @@ from dataclasses import dataclass
 from quotas.callback import TopicQuotaCallback
 from quotas.clock import FakeClock
 from quotas.config import QuotaConfig
-from quotas.entity import ClientIdentity, QuotaKind
+from quotas.entity import ClientIdentity, QuotaKind, SensorKey
 from quotas.manager import QuotaManager
 
 #: Sensors never expire during a replay (a recording may have gaps longer than Kafka's 1 h).
@@ -132,6 +132,19 @@ class _Enforcer:
                 engine.unrecord(QuotaKind.FETCH, identity, piece)
             return _Decision(throttle_ms, 0.0)
         return _Decision(throttle_ms, piece)
+
+
+class SharingGroups:
+    """Which sharing group (sensor) the engine counts an identity in under `config`, by the
+    engine's own precedence rules; `None` for an identity no quota of the kind limits."""
+
+    def __init__(self, config: QuotaConfig, *, topics: bool = False) -> None:
+        self._engine = QuotaManager(config, FakeClock(0), callback=TopicQuotaCallback() if topics else None,
+                                    sensor_idle_expiry_ms=_NO_EXPIRY_MS)
+
+    def of(self, kind: QuotaKind, identity: ClientIdentity) -> SensorKey | None:
+        decision = self._engine.record_and_check(kind, identity, 0.0)  # 0 changes no rate
+        return decision.key if decision.bound is not None else None
 
 
 class _Client:
