@@ -37,9 +37,10 @@ from proxy.stages.addresses import REWRITTEN_APIS, ResponseRewriter
 from proxy.stages.callbacks import ClusterMetadataFeed, ClusterMetadataStage
 from proxy.stages.client_software import ClientSoftwareStage
 from proxy.stages.connection_stats import ConnectionStatsStage
-from proxy.stages.quota import DecisionObserver, QuotaManagers, QuotaStage
+from proxy.stages.quota import DecisionObserver, QuotaStage
 from quotas.clock import Clock, SystemClock
 from quotas.connection_limits import BufferBudget, ConnectionLimiter, IpConnectionRates
+from quotas.engine import QuotaEngine
 from quotas.fleet import DEFAULT_HEADROOM, FleetFallback, FleetView
 from quotas.manager import ThrottleDecision
 
@@ -68,7 +69,7 @@ class ProxyServer:
         self._extra_stages = list(stages)
         self.registry_metrics = CollectorRegistry()
         self.metrics = SluiceMetrics(self.registry_metrics)
-        self.quotas = QuotaManagers(config.quota_config(), self.clock, config.quota_plugins())
+        self.quotas = QuotaEngine(config.quota_config(), self.clock, config.quota_plugins())
         self.cluster_feed = ClusterMetadataFeed(self.quotas.update_cluster_metadata,
                                                 lambda: self.quotas.wants_cluster_metadata)
         self.quota_service = QuotaService(config, self.quotas)  # the store; started in start()
@@ -310,7 +311,7 @@ def fleet_member_name(config: ProxyConfig, worker_index: int | None) -> str:
     return f"{config.instance}{worker}/p{os.getpid()}"
 
 
-def make_fleet(config: ProxyConfig, quotas: QuotaManagers, clock: Clock,
+def make_fleet(config: ProxyConfig, quotas: QuotaEngine, clock: Clock,
                worker_index: int | None = None) -> FleetMember | None:
     """One budget across processes. With `fleet:` this process (each worker of each instance) is a
     member over a Kafka topic; without it, the workers of one instance (``--workers N``) are the

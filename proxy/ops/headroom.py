@@ -17,8 +17,8 @@ from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from proxy.ops.metrics import SeriesCap
-from proxy.stages.quota import QuotaManagers
 from quotas.clock import Clock
+from quotas.engine import QuotaEngine
 from quotas.entity import SensorKey
 from quotas.headroom import KIND_LABEL, UsageEntry, UsageReport
 from quotas.manager import QuotaManager
@@ -44,7 +44,7 @@ def _entries(broker: str, manager: QuotaManager, now_ms: int, *, limited_only: b
             limit.scale, limit.shadow, None if limit.entity is None else tuple(limit.entity.to_kafka()))
 
 
-def usage_report(managers: QuotaManagers, clock: Clock, keep_client: Keep | None = None) -> UsageReport:
+def usage_report(managers: QuotaEngine, clock: Clock, keep_client: Keep | None = None) -> UsageReport:
     """Every live client sensor (limited or not; those `keep_client` keeps) and every topic sensor a
     topic entry limits (as `sluice_quota_topic_*`), per broker scope."""
     now_ms = clock.now_ms()
@@ -68,7 +68,7 @@ class HeadroomCollector(Collector):
     has no headroom series (a ratio does not add up over sensors), so client-id churn cannot grow
     this metric past `metrics.max_series_per_metric` either."""
 
-    def __init__(self, managers: QuotaManagers, clock: Clock, cap: SeriesCap | None = None) -> None:
+    def __init__(self, managers: QuotaEngine, clock: Clock, cap: SeriesCap | None = None) -> None:
         self._managers = managers
         self._clock = clock
         self._keep: Keep | None = None if cap is None else (lambda broker, key: not cap.folds((broker, key)))

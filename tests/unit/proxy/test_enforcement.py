@@ -14,17 +14,18 @@ from protocol.headers import RequestHeader
 from protocol.throttle import read_throttle_time_ms
 from proxy.flow.inflight import InFlight
 from proxy.flow.pipeline import FORWARD, ConnectionContext, Forward, RequestOutcome, ResponseOutcome
-from proxy.stages.quota import QuotaManagers, QuotaStage
+from proxy.stages.quota import QuotaStage
 from quotas.clock import FakeClock
 from quotas.config import QuotaConfig
+from quotas.engine import QuotaEngine
 from quotas.entity import ClientIdentity, QuotaKind
 
 CTX = ConnectionContext(1, "127.0.0.1:5000", "broker 1", 1)
 
 
-def stage_with(clock: FakeClock, **entry: object) -> tuple[QuotaStage, QuotaManagers]:
+def stage_with(clock: FakeClock, **entry: object) -> tuple[QuotaStage, QuotaEngine]:
     config = QuotaConfig.from_dict({"entries": [{"client_id": "<default>", **entry}]})
-    managers = QuotaManagers(config, clock)
+    managers = QuotaEngine(config, clock)
     return QuotaStage(managers), managers
 
 

@@ -7,9 +7,9 @@ import pytest
 
 from proxy.fleet.member import FleetClaims, FleetCollector, FleetMember
 from proxy.flow.pipeline import ConnectionContext
-from proxy.stages.quota import QuotaManagers
 from quotas.clock import FakeClock
 from quotas.config import QuotaConfig
+from quotas.engine import QuotaEngine
 from quotas.entity import ClientIdentity, QuotaKind, SensorKey
 from quotas.fleet import FleetView, GroupUsage, UsageReport, decode_report, encode_report
 from quotas.manager import ThrottleDecision
@@ -42,9 +42,9 @@ class FakeExchange:
     def close(self) -> None: ...
 
 
-def member(clock: FakeClock) -> tuple[FleetMember, FakeExchange, QuotaManagers]:
+def member(clock: FakeClock) -> tuple[FleetMember, FakeExchange, QuotaEngine]:
     config = QuotaConfig.from_dict({"entries": [{"client_id": "app", "producer_byte_rate": Q}]})
-    managers = QuotaManagers(config, clock)
+    managers = QuotaEngine(config, clock)
     exchange = FakeExchange()
     view = FleetView("f", "a", 1500, warmup_ms=0)
     claims = FleetClaims(clock, ("all", "cluster"), hold_ms=1000)
@@ -148,7 +148,7 @@ def test_scope_cluster_and_cluster_entries_are_shared_groups_too() -> None:
     quotas = {"scope": "cluster", "entries": [{"client_id": "app", "producer_byte_rate": Q}],
               "cluster_entries": [{"client_id": "app", "producer_byte_rate": 2 * Q}]}
     config = QuotaConfig.from_dict({"entries": quotas["entries"]})
-    managers = QuotaManagers(config, clock, QuotaPlugins.from_dict(quotas))
+    managers = QuotaEngine(config, clock, QuotaPlugins.from_dict(quotas))
     exchange = FakeExchange()
     m = FleetMember(FleetView("f", "a", 1500), exchange, managers, clock,
                     FleetClaims(clock, ("all", "cluster"), hold_ms=1000), 500)

@@ -26,9 +26,10 @@ from proxy.flow.inflight import InFlight
 from proxy.flow.pipeline import ConnectionContext, Forward
 from proxy.pumps.upstreams import BrokerRegistry
 from proxy.stages.addresses import ResponseRewriter
-from proxy.stages.quota import QuotaManagers, QuotaStage
+from proxy.stages.quota import QuotaStage
 from quotas.clock import FakeClock
 from quotas.config import QuotaConfig
+from quotas.engine import QuotaEngine
 from quotas.entity import ClientIdentity, QuotaKind
 from tests.unit.protocol.kio_support import kio_api_keys, kio_versions
 from tests.unit.protocol.test_share import share_fetch_request
@@ -65,7 +66,7 @@ def share_fetch_response(correlation_id: int, record_bytes: int, leader_host: st
 def test_throttled_share_fetch_is_delivered_recorded_and_throttled() -> None:
     clock = FakeClock(0)
     config = QuotaConfig.from_dict({"entries": [{"client_id": "<default>", "consumer_byte_rate": 1000}]})
-    managers = QuotaManagers(config, clock)
+    managers = QuotaEngine(config, clock)
     stage = QuotaStage(managers)
     request = share_fetch_request(1, 52428800, 1)
     header = read_request_header(request)
@@ -93,7 +94,7 @@ def test_share_fetch_under_quota_passes_unchanged_and_is_not_request_percentage(
     clock = FakeClock(0)
     config = QuotaConfig.from_dict({"entries": [{"client_id": "<default>", "consumer_byte_rate": 10**9,
                                                  "request_percentage": 1}]})
-    stage = QuotaStage(QuotaManagers(config, clock))
+    stage = QuotaStage(QuotaEngine(config, clock))
     request = share_fetch_request(2, 1000, 1)
     entry = InFlight(9, ApiKey.SHARE_FETCH, 2, "c", len(request), 0)
     assert stage.on_request(CTX, entry, read_request_header(request), request) is None  # not capped
