@@ -13,14 +13,16 @@ The model is Kafka's enforcement (kafka-quota-semantics.md §2, §5) as an open-
   (open loop: the recording says when the client wanted to send).
 * Produce and every other kind: record, then check (the value stays recorded, the request is
   admitted, the throttle mutes what follows).
-* Fetch: `QuotaManager.admit_fetch`. A throttled windowed fetch is answered empty and its bytes
+* Fetch: `fetch_request` then `fetch_response`. A throttled windowed fetch is answered empty and its bytes
   are un-recorded (Kafka's un-record); the bytes stay at the head of the client's queue and are
   asked for again when the mute ends. Under the token bucket a fetch in credit is delivered and
   its debt mutes what follows; one in debt is emptied. A response is never larger than the
-  engine's `max_value_in_quota_window` (KAFKA-9677 caps the consumer's max_bytes with it): a
-  larger recorded response is delivered in several fetches.
+  engine's fetch cap (KAFKA-9677 caps the consumer's max_bytes with it): a larger recorded
+  response is delivered in several fetches.
 
-Every decision goes through ONE seam, `_Enforcer`, which is the only code that calls the engine.
+Every decision goes through ONE seam, `_Enforcer`, the only code that calls the engine
+(`quotas.engine.QuotaEngine`, the verbs the proxy calls: `produce`, `fetch_request` and
+`fetch_response`, `request`), with the plan's values of the one replayed key.
 """
 
 from __future__ import annotations
@@ -28,35 +30,27 @@ from __future__ import annotations
 import heapq
 import math
 from collections import deque
-from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, replace
 
-from quotas.callback import TopicQuotaCallback
 from quotas.clock import FakeClock
 from quotas.config import QuotaConfig
+from quotas.engine import QuotaEngine
 from quotas.entity import ClientIdentity, QuotaKind, SensorKey
-from quotas.manager import QuotaManager
-
-#: Sensors never expire during a replay (a recording may have gaps longer than Kafka's 1 h).
-_NO_EXPIRY_MS = 2**62
 
 
 @dataclass(frozen=True, slots=True)
 class Arrival:
     """One recorded request for the replayed quota kind.
 
-    `client` is the connection that is muted; `identity` is what the engine is asked with: the
-    client itself, or `topic_identity(topic)` for a topic budget. `value` is what the kind counts
-    (bytes, records, or 1 for a request)."""
+    `client` is the connection (it is muted, and asks the engine); `topic` is set when the replay
+    is of a topic budget: `value` is then what the request carried for that topic. `value` is what
+    the kind counts (bytes, records, or 1 for a request)."""
 
     ts_ms: int
     client: ClientIdentity
     value: float
-    identity: ClientIdentity | None = None
-
-    @property
-    def asked_as(self) -> ClientIdentity:
-        return self.client if self.identity is None else self.identity
+    topic: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -108,30 +102,64 @@ class _Decision:
     delivered: float  # how much of the value the client received (0: emptied and un-recorded)
 
 
+@dataclass(frozen=True, slots=True)
+class _Tally:
+    """A request's usage as the engine reads it (`quotas.engine.TopicTally`)."""
+
+    bytes_by_topic: Mapping[str, int]
+    records_by_topic: Mapping[str, int]
+    records: int
+
+
+def only(config: QuotaConfig, kind: QuotaKind, *, topics: bool) -> QuotaConfig:
+    """`config` with only `kind`'s values of the client entities (or, with `topics`, of the topic
+    entities): one key replayed alone (its own throttles, not another key's)."""
+    entries = tuple(replace(e, values={kind: e.values[kind]}) for e in config
+                    if kind in e.values and e.entity.is_topic == topics)
+    return replace(config, entries=entries)
+
+
+_PRODUCE_KINDS = (QuotaKind.PRODUCE, QuotaKind.PRODUCER_RECORD_RATE)
+_FETCH_KINDS = (QuotaKind.FETCH, QuotaKind.CONSUMER_RECORD_RATE)
+
+
 class _Enforcer:
-    """The seam: the only code that asks the quota engine. One per replay."""
+    """The seam: the only code that asks the quota engine (`QuotaEngine`'s verbs, one broker
+    scope: a replay is one sharing group of one broker, or of the cluster)."""
 
     def __init__(self, config: QuotaConfig, kind: QuotaKind, *, topics: bool) -> None:
+        if kind is QuotaKind.REQUEST_PERCENTAGE:
+            raise ValueError("request_percentage is broker thread time: the access log does not have it")
         self._clock = FakeClock(0)
         self._kind = kind
-        callback = TopicQuotaCallback() if topics else None
-        self._engine = QuotaManager(config, self._clock, callback=callback,
-                                    sensor_idle_expiry_ms=_NO_EXPIRY_MS)
+        self._topics = topics
+        self._engine = QuotaEngine(only(config, kind, topics=topics), self._clock)
 
-    def decide(self, now_ms: int, identity: ClientIdentity, value: float) -> _Decision:
+    def _tally(self, topic: str | None, value: float) -> _Tally | None:
+        """Usage for a records kind or a topic budget: the value on its topic."""
+        if self._kind in (QuotaKind.PRODUCER_RECORD_RATE, QuotaKind.CONSUMER_RECORD_RATE):
+            records = int(value)
+            return _Tally({topic or "": 0}, {topic or "": records}, records)
+        if self._topics:
+            return _Tally({topic or "": int(value)}, {topic or "": 0}, 0)
+        return None
+
+    def decide(self, now_ms: int, client: ClientIdentity, topic: str | None, value: float) -> _Decision:
         self._clock.set(now_ms)
-        engine = self._engine
-        if self._kind is not QuotaKind.FETCH:
-            decision = engine.record_and_check(self._kind, identity, value)
-            return _Decision(decision.throttle_time_ms, value)
-        piece = min(value, engine.max_value_in_quota_window(QuotaKind.FETCH, identity))
-        admission = engine.admit_fetch(identity, piece)
-        throttle_ms = admission.decision.throttle_time_ms
-        if throttle_ms > 0 and not admission.throttle_is_debt:
-            if admission.recorded:
-                engine.unrecord(QuotaKind.FETCH, identity, piece)
-            return _Decision(throttle_ms, 0.0)
-        return _Decision(throttle_ms, piece)
+        engine, kind = self._engine, self._kind
+        if kind in _PRODUCE_KINDS:
+            size = int(value) if kind is QuotaKind.PRODUCE else 0
+            return _Decision(engine.produce(None, client, size, self._tally(topic, value)).throttle_ms, value)
+        if kind is QuotaKind.REQUEST_RATE:
+            return _Decision(engine.request(None, client).throttle_ms, value)
+        request = engine.fetch_request(None, client)
+        cap = math.inf if request.fetch_cap_bytes is None else float(max(request.fetch_cap_bytes, 1))
+        piece = min(value, cap) if kind is QuotaKind.FETCH else value
+        size = int(piece) if kind is QuotaKind.FETCH else 0
+        verdict = engine.fetch_response(None, client, size, self._tally(topic, piece), request.throttle_ms)
+        if verdict.empty:
+            return _Decision(max(verdict.throttle_ms, request.throttle_ms), 0.0)
+        return _Decision(max(verdict.delivered_throttle_ms, request.throttle_ms), piece)
 
 
 class SharingGroups:
@@ -139,11 +167,15 @@ class SharingGroups:
     engine's own precedence rules; `None` for an identity no quota of the kind limits."""
 
     def __init__(self, config: QuotaConfig, *, topics: bool = False) -> None:
-        self._engine = QuotaManager(config, FakeClock(0), callback=TopicQuotaCallback() if topics else None,
-                                    sensor_idle_expiry_ms=_NO_EXPIRY_MS)
+        self._engine = QuotaEngine(config, FakeClock(0))
+        self._topics = topics
 
     def of(self, kind: QuotaKind, identity: ClientIdentity) -> SensorKey | None:
-        decision = self._engine.record_and_check(kind, identity, 0.0)  # 0 changes no rate
+        """`identity` is the client, or `topic_identity(topic)` for a topic budget."""
+        manager = self._engine.for_topics(None) if self._topics else self._engine.for_broker(None)
+        if manager is None:
+            return None
+        decision = manager.check(kind, identity)  # records nothing
         return decision.key if decision.bound is not None else None
 
 
@@ -159,7 +191,7 @@ def replay(arrivals: Sequence[Arrival], config: QuotaConfig, kind: QuotaKind, *,
            topics: bool = False, end_ms: int | None = None) -> ReplayResult:
     """Replay `arrivals` (any order; ties keep input order) under `config` for quota `kind`.
 
-    `topics` asks a topic manager (`TopicQuotaCallback`; identities from `topic_identity`).
+    `topics` replays the topic budgets (each arrival's `topic`) instead of the client ones.
     `end_ms` defaults to one millisecond after the last arrival: a decision due later is not
     made, and what waits for it is deferred."""
     order = sorted(range(len(arrivals)), key=lambda i: arrivals[i].ts_ms)
@@ -204,7 +236,7 @@ def replay(arrivals: Sequence[Arrival], config: QuotaConfig, kind: QuotaKind, *,
         state = clients[who]
         i = state.queue[0]
         a = arrivals[i]
-        decision = enforcer.decide(at_ms, a.asked_as, remaining[i])
+        decision = enforcer.decide(at_ms, a.client, a.topic, remaining[i])
         if decision.throttle_ms > 0:
             throttles.append(Throttle(at_ms, decision.throttle_ms, i))
             state.muted_until_ms = at_ms + decision.throttle_ms

@@ -241,7 +241,7 @@ def _arrivals_of(columns: Mapping[str, list[Any]], topics: bool) -> list[Arrival
             columns["principal"], columns["client_id"], columns["topic"], columns["ts_ms"], columns["value"],
             strict=True):
         client = ClientIdentity.of(principal, client_id)
-        out.append(Arrival(ts_ms, client, value, topic_identity(topic or "") if topics else None))
+        out.append(Arrival(ts_ms, client, value, topic if topics else None))
     return out
 
 

@@ -13,7 +13,6 @@ import math
 import pytest
 
 from quotas import QuotaConfig, QuotaEntry, RateModel
-from quotas.callback import topic_identity
 from quotas.entity import ClientIdentity, QuotaEntity, QuotaKind
 from quotas.replay import Arrival, replay, replay_summary, summarize
 
@@ -120,12 +119,12 @@ def test_a_topic_budget_limits_every_client_of_the_topic_together() -> None:
     # Two clients produce 600 B/s each to topic orders with a 1000 B/s topic budget: the same
     # arithmetic as the prefix group (first throttle at 8000 ms, 200 ms), the sensor is the topic's.
     a, b = ClientIdentity("u", "p1"), ClientIdentity("v", "p2")
-    arrivals = [Arrival(x.ts_ms, x.client, x.value, topic_identity("orders")) for x in _two_clients(a, b)]
+    arrivals = [Arrival(x.ts_ms, x.client, x.value, "orders") for x in _two_clients(a, b)]
     result = replay(arrivals, config(QuotaEntity(topic="orders"), 1000), QuotaKind.PRODUCE, topics=True)
     first = result.throttles[0]
     assert (first.at_ms, first.throttle_ms) == (8000, 200)
     # Another topic is not limited by it.
-    other = [Arrival(x.ts_ms, x.client, x.value, topic_identity("payments")) for x in arrivals]
+    other = [Arrival(x.ts_ms, x.client, x.value, "payments") for x in arrivals]
     orders = config(QuotaEntity(topic="orders"), 1000)
     assert replay(other, orders, QuotaKind.PRODUCE, topics=True).throttles == ()
 
