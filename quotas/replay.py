@@ -197,6 +197,10 @@ def replay(arrivals: Sequence[Arrival], config: QuotaConfig, kind: QuotaKind, *,
     order = sorted(range(len(arrivals)), key=lambda i: arrivals[i].ts_ms)
     if end_ms is None:
         end_ms = arrivals[order[-1]].ts_ms + 1 if arrivals else 0
+    if not len(only(config, kind, topics=topics)):  # no quota of the kind: nothing ever waits
+        return ReplayResult(tuple(Admission(i, a.ts_ms, a.ts_ms, float(a.value), float(a.value))
+                                  if a.ts_ms < end_ms else Admission(i, a.ts_ms, None, 0.0, float(a.value))
+                                  for i, a in enumerate(arrivals)), (), end_ms, 0.0)
     enforcer = _Enforcer(config, kind, topics=topics)
     clients: dict[ClientIdentity, _Client] = {}
     admitted_ms: list[int | None] = [None] * len(arrivals)

@@ -132,7 +132,7 @@ def plan_rate_scope(plan: Plan) -> str:
 
 
 def run(spark: SparkSession, args: argparse.Namespace, progress: Progress,
-        logs: DataFrame | None = None) -> dict[str, Any]:
+        logs: DataFrame | None = None, *, quiet: bool = False) -> dict[str, Any]:
     from spark_analytics import plots
     from spark_analytics.simulate import format_table, simulation_doc, timelines
 
@@ -154,7 +154,8 @@ def run(spark: SparkSession, args: argparse.Namespace, progress: Progress,
             path = out / "simulation" / f"{_file_name(name)}.png"
             path.parent.mkdir(parents=True, exist_ok=True)
             plots.plot_simulation(points, path, title=name, censored=entity["censored"])
-    print(format_table(doc))
+    if not quiet:
+        print(format_table(doc))
     return doc
 
 
