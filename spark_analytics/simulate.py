@@ -283,7 +283,8 @@ def simulate_group(table: pa.Table, setup: SimulationSetup, *, topics: bool) -> 
     import pyarrow as pa
 
     plan, baseline = setup.configs()
-    table = table.sort_by("ts_ms")  # a stable sort: ties keep the input order
+    # a total order, so that ties in ts_ms replay the same however Spark partitioned the input
+    table = table.sort_by([(c, "ascending") for c in ("ts_ms", "principal", "client_id", "topic", "value")])
     columns = {name: table.column(name).to_pylist()
                for name in ("principal", "client_id", "topic", "ts_ms", "value", "records",
                             "recorded_throttled")}
