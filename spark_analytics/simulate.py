@@ -110,16 +110,19 @@ class SimulationSetup:
     baseline: Mapping[str, Any]
     keys: tuple[str, ...]
     rate_scope: str = "broker"
+    end_ms: int | None = None
+    """Where the recording ends (every group's replay stops there; what waits then is deferred);
+    None: one millisecond after each group's last arrival."""
 
     @classmethod
     def of(cls, plan: QuotaConfig, baseline: QuotaConfig, keys: Sequence[str],
-           rate_scope: str = "broker") -> SimulationSetup:
+           rate_scope: str = "broker", end_ms: int | None = None) -> SimulationSetup:
         unknown = [k for k in keys if k not in SIMULATED_KEYS]
         if unknown:
             raise SimulationError(f"cannot simulate {unknown}: the access log has no measure of them")
         if rate_scope not in ("broker", "cluster"):
             raise SimulationError(f"rate_scope must be broker or cluster, got {rate_scope!r}")
-        return cls(plan.to_dict(), baseline.to_dict(), tuple(keys), rate_scope)
+        return cls(plan.to_dict(), baseline.to_dict(), tuple(keys), rate_scope, end_ms)
 
     def configs(self) -> tuple[QuotaConfig, QuotaConfig]:
         return QuotaConfig.from_dict(dict(self.plan)), QuotaConfig.from_dict(dict(self.baseline))
@@ -292,7 +295,7 @@ def simulate_group(table: pa.Table, setup: SimulationSetup, *, topics: bool) -> 
     kind = QuotaKind(key)
     arrs = _arrivals_of(columns, topics)
     records = [r or 0 for r in columns["records"]]
-    end_ms = arrs[-1].ts_ms + 1
+    end_ms = max(arrs[-1].ts_ms + 1, setup.end_ms or 0)
     by_plan = replay(arrs, plan, kind, topics=topics, end_ms=end_ms)
     by_base = replay(arrs, baseline, kind, topics=topics, end_ms=end_ms)
     recorded_seconds = {t // 1000 for t in columns["ts_ms"]}

@@ -95,6 +95,8 @@ def configs(plan: Plan, baseline: str, window: RateConfig, rate_model: RateModel
 def simulate_rows(spark: SparkSession, logs: DataFrame, plan: Plan, candidate: QuotaConfig,
                   baseline: QuotaConfig, rate_scope: str) -> list[dict[str, Any]]:
     """The replay of `logs` under `candidate` and `baseline`: one dict per (entity, key, broker)."""
+    from pyspark.sql import functions as F
+
     from spark_analytics.simulate import (
         SimulationSetup,
         arrivals,
@@ -106,7 +108,11 @@ def simulate_rows(spark: SparkSession, logs: DataFrame, plan: Plan, candidate: Q
     )
 
     keys = tuple(sorted({e.quota_key for e in plan.entries}))
-    setup = SimulationSetup.of(candidate, baseline, keys, rate_scope)
+    # the recording ends with its last request, whoever sent it: a client whose traffic stopped
+    # earlier may still have a backlog draining until then
+    last_ms = logs.agg(F.max("ts_ms")).first()
+    end_ms = None if last_ms is None or last_ms[0] is None else int(last_ms[0]) + 1
+    setup = SimulationSetup.of(candidate, baseline, keys, rate_scope, end_ms)
     rows: list[dict[str, Any]] = []
     for topics in (False, True):
         entries = [e for e in plan.entries if is_topic_entity(e.entity) == topics]
