@@ -18,7 +18,9 @@ The model is Kafka's enforcement (kafka-quota-semantics.md §2, §5) as an open-
   asked for again when the mute ends. Under the token bucket a fetch in credit is delivered and
   its debt mutes what follows; one in debt is emptied. A response is never larger than the
   engine's fetch cap (KAFKA-9677 caps the consumer's max_bytes with it): a larger recorded
-  response is delivered in several fetches.
+  response is delivered in several fetches. A fetch returns what is there, so the fetch read
+  when a mute ends carries every recorded response the consumer waited for, up to the cap (after
+  a long mute a consumer asks for its whole backlog, and one response can fill the window).
 
 Every decision goes through ONE seam, `_Enforcer`, the only code that calls the engine
 (`quotas.engine.QuotaEngine`, the verbs the proxy calls: `produce`, `fetch_request` and
@@ -202,6 +204,7 @@ def replay(arrivals: Sequence[Arrival], config: QuotaConfig, kind: QuotaKind, *,
                                   if a.ts_ms < end_ms else Admission(i, a.ts_ms, None, 0.0, float(a.value))
                                   for i, a in enumerate(arrivals)), (), end_ms, 0.0)
     enforcer = _Enforcer(config, kind, topics=topics)
+    coalesce = kind in _FETCH_KINDS
     clients: dict[ClientIdentity, _Client] = {}
     admitted_ms: list[int | None] = [None] * len(arrivals)
     remaining = [float(a.value) for a in arrivals]
@@ -240,16 +243,24 @@ def replay(arrivals: Sequence[Arrival], config: QuotaConfig, kind: QuotaKind, *,
         state = clients[who]
         i = state.queue[0]
         a = arrivals[i]
-        decision = enforcer.decide(at_ms, a.client, a.topic, remaining[i])
+        asked = remaining[i]
+        if coalesce:  # a fetch returns what is there: everything this client waits for, to the cap
+            asked = sum(remaining[j] for j in state.queue if arrivals[j].ts_ms <= at_ms)
+        decision = enforcer.decide(at_ms, a.client, a.topic, asked)
         if decision.throttle_ms > 0:
             throttles.append(Throttle(at_ms, decision.throttle_ms, i))
             state.muted_until_ms = at_ms + decision.throttle_ms
-        if decision.delivered > 0:
-            remaining[i] -= decision.delivered
-            backlog_events.append((at_ms, 1, -decision.delivered))
-            if remaining[i] <= 1e-9:
-                remaining[i] = 0.0
-                admitted_ms[i] = at_ms
+        delivered = decision.delivered
+        if delivered > 0:
+            backlog_events.append((at_ms, 1, -delivered))
+        while delivered > 0 and state.queue:  # oldest first
+            j = state.queue[0]
+            part = min(delivered, remaining[j])
+            remaining[j] -= part
+            delivered -= part
+            if remaining[j] <= 1e-9:
+                remaining[j] = 0.0
+                admitted_ms[j] = at_ms
                 state.queue.popleft()
         if state.queue:
             schedule(who, state)

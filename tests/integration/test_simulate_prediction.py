@@ -237,7 +237,11 @@ def test_simulate_predicts_what_sluice_then_does(kafka: KafkaCluster, tmp_path: 
 
     # the steady producer is under its quota: neither predicted nor run throttles it
     assert predicted[STEADY]["throttled_seconds"] == real[STEADY]["throttled_seconds"] == 0
-    for c in (BURSTY, FLOOD, CONSUMER):
+    # Throttle times are read from run 2's access log for the producers. A Fetch that Sluice answers
+    # empty is logged with throttle_time_ms 0 (seen in this test's runs: 17-byte responses, seconds
+    # apart, each 0), so the log cannot tell the consumer's throttles; its admitted bytes are checked.
+    assert predicted[CONSUMER]["throttled_seconds"] > 0
+    for c in (BURSTY, FLOOD):
         p, r = predicted[c], real[c]
         assert p["throttled_seconds"] > 0, c
         assert within(r["throttled_seconds"], p["throttled_seconds"]), (c, report[c])

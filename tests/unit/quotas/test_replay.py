@@ -173,3 +173,16 @@ def test_a_fetch_larger_than_the_window_allows_is_delivered_in_pieces() -> None:
     admission = result.admissions[0]
     assert admission.admitted_value == 2500 and admission.admitted_ms is not None
     assert admission.admitted_ms > 10_000  # the pieces are more than one full window apart
+
+
+def test_a_fetch_after_a_mute_carries_everything_the_consumer_waited_for() -> None:
+    # consumer_byte_rate 1000 B/s. 10 000 B at t = 0: 10 000 / 10 s = 1000, not above: delivered.
+    # 200 B at t = 100: 10 200 / 10.1 s -> (10 200 - 10 100) / 1000 x 1000 = 100 ms: emptied, un-recorded,
+    # muted until 200. 200 B more arrive at 150. At 200 the fetch returns what is there, both: 400 B,
+    # 10 400 / 10.2 s -> (10 400 - 10 200) / 1000 x 1000 = 200 ms: emptied again, muted until 400.
+    # At 400: 10 400 / 10.4 s = 1000, not above: both delivered by that one fetch.
+    arrivals = [Arrival(0, ALICE, 10_000), Arrival(100, ALICE, 200), Arrival(150, ALICE, 200)]
+    result = replay(arrivals, config(QuotaEntity(user="alice"), 1000, QuotaKind.FETCH), QuotaKind.FETCH,
+                    end_ms=5000)
+    assert [a.admitted_ms for a in result.admissions] == [0, 400, 400]
+    assert [(t.at_ms, t.throttle_ms) for t in result.throttles] == [(100, 100), (200, 200)]
