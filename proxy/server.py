@@ -7,7 +7,7 @@ import contextlib
 import dataclasses
 import logging
 import os
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 
 from prometheus_client import CollectorRegistry
 
@@ -23,7 +23,14 @@ from proxy.ops.access_log import AccessLogStage, AccessLogWriter
 from proxy.ops.broker_listeners import BrokerListenerCollector
 from proxy.ops.connections import SAMPLE_INTERVAL_MS, BearerToken, ConnectionInventory
 from proxy.ops.disk_guard import StorageCollector, StoragePoller
-from proxy.ops.headroom import USAGE_PATH, HeadroomCollector, usage_json, usage_report
+from proxy.ops.headroom import (
+    EFFECTIVE_PATH,
+    USAGE_PATH,
+    HeadroomCollector,
+    effective_json,
+    usage_json,
+    usage_report,
+)
 from proxy.ops.heap import HeapTrimCollector, HeapTrimmer, glibc_malloc_trim
 from proxy.ops.http import MetricsEndpoint
 from proxy.ops.metrics import AccessLogCollector, LimitsCollector, QuotaSensorCollector, SluiceMetrics
@@ -169,7 +176,8 @@ class ProxyServer:
             inventory, token = self.inventory, BearerToken.configured(config.connections_endpoint)
             self.metrics_endpoint = MetricsEndpoint.for_registry(
                 self.registry_metrics, lambda: not self._draining, {USAGE_PATH: self._usage},
-                connections=None if inventory is None else _async(inventory.render), token=token)
+                connections=None if inventory is None else _async(inventory.render), token=token,
+                query_routes={EFFECTIVE_PATH: self._effective})
             if self.worker_index is None:
                 await self.metrics_endpoint.start(config.metrics.host, config.metrics.port)
             else:  # the supervisor serves metrics.port and merges every worker's registry
@@ -189,6 +197,11 @@ class ProxyServer:
     async def _usage(self) -> bytes:
         """`GET /quotas/usage`: rate, limit in force and headroom of every live sensor."""
         return usage_json(usage_report(self.quotas, self.clock))
+
+    async def _effective(self, args: Mapping[str, str]) -> bytes:
+        """`GET /quotas/effective?user=U&client_id=C[&topic=T][&broker=B]`: every limit in force for
+        the caller, from the engine (`QuotaEngine.effective`), with what it is made of."""
+        return effective_json(self.quotas, args)
 
     def reload(self, config: ProxyConfig) -> None:
         """SIGHUP: YAML quota edits go to the store and to live sensors (see `reconcile_seed`);

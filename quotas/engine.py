@@ -35,7 +35,7 @@ from quotas.callback import DefaultQuotaCallback, TopicQuotaCallback, topic_iden
 from quotas.clock import Clock
 from quotas.cluster import ClusterView
 from quotas.config import QuotaConfig
-from quotas.entity import ClientIdentity, QuotaKind
+from quotas.entity import ClientIdentity, QuotaEntity, QuotaKind, SensorKey
 from quotas.manager import QuotaManager, ThrottleDecision
 from quotas.plugins import Plugins
 from quotas.storage import with_base_rate
@@ -86,6 +86,26 @@ class ResponseVerdict:
     def delivered_throttle_ms(self) -> int:
         """The throttle of a response that is delivered (not emptied)."""
         return max(self.throttle_ms, self.debt_ms)
+
+
+@dataclass(frozen=True, slots=True)
+class LimitInForce:
+    """One limit that applies to a caller, as enforcement applies it, and where it came from:
+    ``limit = configured x storage_factor x fleet_share``. `configured` is the entry's value or
+    the callback's (`source`: ``entry``, ``callback``, ``cluster_entries`` or ``topic``), `entity`
+    the configured entity that matched when known. The one answer `describe --effective`,
+    ``/quotas/effective`` and the enforcement itself share."""
+
+    scope: str
+    kind: QuotaKind
+    key: SensorKey
+    limit: float
+    configured: float
+    storage_factor: float
+    fleet_share: float
+    source: str
+    entity: QuotaEntity | None
+    shadow: bool
 
 
 NOT_LIMITED_REQUEST = RequestVerdict((), 0)
@@ -168,7 +188,7 @@ class QuotaEngine:
                 cap = min(cap, self._record_cap(manager, identity) * per_record)
         return RequestVerdict(tuple(decisions), enforced_ms(decisions),
                               None if math.isinf(cap) else int(cap),
-                              read_whole_response=not share and self.needs_fetch_usage)
+                              read_whole_response=self.needs_fetch_usage)
 
     def request(self, broker_id: int | None, identity: ClientIdentity, *,
                 rated: bool = True) -> RequestVerdict:
@@ -264,6 +284,33 @@ class QuotaEngine:
                      for manager, kinds in self.for_request(broker_id)
                      if QuotaKind.REQUEST_PERCENTAGE in kinds]
         return ResponseVerdict(tuple(decisions), enforced_ms(decisions))
+
+    # ------------------------------------------------------------------ the one answer
+
+    def effective(self, broker_id: int | None, identity: ClientIdentity,
+                  topic: str | None = None) -> tuple[LimitInForce, ...]:
+        """Every limit in force for `identity` through `broker_id` (and for `topic`'s budgets):
+        read from the sensors enforcement uses, so it equals what is enforced under callbacks,
+        cluster entries, the storage factor and fleet shares. Reading creates a sensor as Kafka's
+        lookups do (it records nothing; an idle sensor is swept)."""
+        out: list[LimitInForce] = []
+        custom = self.plugins.factory is not None
+        sources: list[tuple[str, QuotaManager, ClientIdentity, str]] = [
+            (self._label(broker_id), self.for_broker(broker_id), identity, "callback" if custom else "entry")]
+        if self.cluster_wide is not None:
+            sources.append(("cluster", self.cluster_wide, identity, "cluster_entries"))
+        if topic is not None and (topics := self.for_topics(broker_id)) is not None:
+            sources.append((self._label(broker_id), topics, topic_identity(topic), "topic"))
+        for scope, manager, who, source in sources:
+            for kind in QuotaKind:
+                decision = manager.check(kind, who)
+                limit = manager.sensor_limit(decision.key) if decision.bound is not None else None
+                if limit is None or limit.bound is None or limit.base_bound is None:
+                    continue
+                configured = limit.base_bound / limit.scale
+                out.append(LimitInForce(scope, kind, decision.key, limit.bound, configured, limit.scale,
+                                        limit.share, source, limit.entity, limit.shadow))
+        return tuple(out)
 
     # ------------------------------------------------------------------ what needs reading
 

@@ -68,6 +68,8 @@ class ResponseOrder:
         if outcome.throttle_time_ms > 0:
             self._start_throttle(now_ms, outcome.throttle_time_ms)
             entry.mutes_channel = True
+        if entry.delay_from_response_ms > 0 and entry.mutes_channel:
+            self._throttle.extend(now_ms, entry.delay_from_response_ms)
         return outcome
 
     def answer_later(self, entry: InFlight, pending: asyncio.Future[bytes]) -> None:

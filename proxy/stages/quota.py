@@ -55,7 +55,7 @@ from protocol.share import cap_share_fetch_max_bytes
 from protocol.throttle import patch_throttle_time
 from proxy.flow.inflight import InFlight, QuotaNote
 from proxy.flow.pipeline import ConnectionContext, Forward, RequestOutcome, ResponseOutcome, StageBase
-from proxy.stages.topic_usage import TopicNames, TopicUsage, fetch_usage, produce_usage
+from proxy.stages.topic_usage import TopicNames, TopicUsage, fetch_usage, produce_usage, share_fetch_usage
 from quotas.engine import QuotaEngine, RequestVerdict, ResponseVerdict
 from quotas.entity import ClientIdentity
 from quotas.manager import ThrottleDecision
@@ -99,6 +99,12 @@ class QuotaStage(StageBase):
             verdict = engine.request(ctx.broker_id, identity, rated=api_key not in _NOT_REQUEST_RATED)
         self._observe(ctx, verdict.decisions)
         enforced = verdict.throttle_ms
+        if api_key == ApiKey.PRODUCE and entry.expects_response:
+            # KIP-219: the broker records a produce in its response callback and its delay starts
+            # when the response is sent, so a slow acks=all produce waits latency + delay. The
+            # channel is muted now (Sluice passes pipelined requests on; the broker reads none
+            # while one is in flight) and the delay runs from the response (acks=0: from now)
+            entry.delay_from_response_ms = enforced
         entry.quota = QuotaNote(identity, list(verdict.decisions), enforced)
         if forward is None and enforced == 0:
             return None
@@ -127,9 +133,11 @@ class QuotaStage(StageBase):
                     return ResponseOutcome(emptied, verdict.throttle_ms, replaced=True)
             new_ms = verdict.delivered_throttle_ms  # delivered: a bucket's debt throttles what follows
         else:
-            if entry.api_key == ApiKey.SHARE_FETCH:
+            if entry.api_key == ApiKey.SHARE_FETCH:  # never streamed: the payload is whole
+                share_usage = (share_fetch_usage(payload, entry.api_version, self.topic_names)
+                               if engine.needs_fetch_usage else None)
                 verdict = engine.share_fetch_response(ctx.broker_id, note.identity,
-                                                      entry.upstream_response_bytes)
+                                                      entry.upstream_response_bytes, share_usage)
             elif entry.forwarded and entry.api_key not in _NOT_REQUEST_RATED:
                 if entry.api_key == ApiKey.METADATA and engine.topic_kinds:
                     # the topic ids of Produce v13 and Fetch v13+

@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from protocol import records
 from protocol.errors import ProtocolError
 from protocol.headers import RequestHeader
+from protocol.share import share_fetch_response_partitions
 
 log = logging.getLogger("sluice.quotas")
 
@@ -97,3 +98,13 @@ def fetch_usage(payload: bytes, api_version: int, names: TopicNames) -> TopicUsa
                     api_version, exc)
         return None
     return _usage(parts, names)
+
+
+def share_fetch_usage(payload: bytes, api_version: int, names: TopicNames) -> TopicUsage | None:
+    """Per-topic usage of a ShareFetch response (topic ids only); None when its layout cannot be read."""
+    try:
+        return _usage(share_fetch_response_partitions(payload, api_version), names)
+    except (ProtocolError, ValueError) as exc:
+        log.warning("share fetch v%d: topics and records not read, not charged to topic or records "
+                    "quotas: %s", api_version, exc)
+        return None

@@ -262,3 +262,41 @@ def test_readme_compatibility_table_says_what_the_policy_does() -> None:
     removed_in_4 = {"LeaderAndIsr", "StopReplica", "UpdateMetadata", "ControlledShutdown"}
     assert listed[Treatment.PASS] == {n for n, t in names.items() if t is Treatment.PASS} - removed_in_4
     assert all(names[n] is Treatment.THROTTLE for n in listed[Treatment.THROTTLE])
+
+
+def test_share_fetch_is_charged_to_topic_quotas_and_consumer_record_rate_as_fetch_is() -> None:
+    """Old main charged a ShareFetch to consumer_byte_rate only: share consumers escaped topic
+    quotas and consumer_record_rate (issue 26)."""
+    from tests.unit.protocol.test_records import kio_batch
+
+    topic = TOPIC.bytes.hex()  # a topic id Sluice has not named yet is charged under its hex
+    config = QuotaConfig.from_dict({"entries": [
+        {"client_id": "<default>", "consumer_record_rate": 1},
+        {"topic": topic, "consumer_record_rate": 1, "consumer_byte_rate": 10**6, "request_rate": 100}]})
+    engine = QuotaEngine(config, FakeClock(0))
+    stage = QuotaStage(engine)
+    request = share_fetch_request(1, 52428800, 1)
+    entry = InFlight(9, ApiKey.SHARE_FETCH, 1, "c", len(request), 0)
+    stage.on_request(CTX, entry, read_request_header(request), request)
+    assert entry.whole_response  # records and topics are read from the response
+    batch = kio_batch(20)
+    partition = sf.PartitionData(
+        partition_index=0, error_code=ErrorCode.none, acknowledge_error_code=0,
+        current_leader=sf.LeaderIdAndEpoch(leader_id=1, leader_epoch=0), records=batch,
+        acquired_records=(sf.AcquiredRecords(first_offset=0, last_offset=19, delivery_count=1),))
+    response = encode_response(1, 9, sf.ShareFetchResponse(
+        throttle_time=dt.timedelta(0), error_code=ErrorCode.none,
+        acquisition_lock_timeout=dt.timedelta(seconds=30),
+        responses=(sf.ShareFetchableTopicResponse(topic_id=TOPIC, partitions=(partition,)),),
+        node_endpoints=()))
+    entry.upstream_response_bytes = len(response)
+    outcome = stage.on_response(CTX, entry, response)
+    # 20 records / 10 s = 2/s against 1/s, for the client and for the topic:
+    # (2 - 1) / 1 x 10 000 ms = 10 000 ms; delivered all the same (the broker acquired them)
+    assert outcome is not None and not outcome.replaced and outcome.throttle_time_ms == 10_000
+    assert entry.quota is not None
+    charged = {(d.kind, d.key.topic): d.observed for d in entry.quota.decisions}
+    assert charged[(QuotaKind.CONSUMER_RECORD_RATE, "")] == 2.0
+    assert charged[(QuotaKind.CONSUMER_RECORD_RATE, topic)] == 2.0
+    assert charged[(QuotaKind.FETCH, topic)] == len(batch) / 10   # the record set's bytes
+    assert charged[(QuotaKind.REQUEST_RATE, topic)] == 0.1        # one request / 10 s

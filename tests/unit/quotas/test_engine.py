@@ -176,3 +176,32 @@ def test_a_callback_is_probed_once_not_on_every_config_update() -> None:
     for i in range(5):
         e.update_config(QuotaConfig.from_dict({"entries": [{"user": "a", "producer_byte_rate": 100 + i}]}))
     assert built == [None, 1]  # the probe at start, then broker 1's manager
+
+
+def test_effective_is_what_enforcement_applies_under_callback_cluster_storage_and_share() -> None:
+    from quotas.builtin import GroupQuotaCallback
+
+    def groups(broker_id: int | None) -> GroupQuotaCallback:
+        return GroupQuotaCallback(broker_id=broker_id, groups=[{"name": "pay", "users": ["alice"],
+                                                                "producer_byte_rate": 4000}])
+
+    plugins = Plugins(class_path="quotas.builtin:GroupQuotaCallback", factory=groups,
+                      cluster_entries=QuotaConfig.from_dict({"entries": [{"user": "alice",
+                                                                           "producer_byte_rate": 3000}]}))
+    e = QuotaEngine(QuotaConfig.from_dict({"entries": [{"topic": "t", "producer_byte_rate": 5000}]}),
+                    FakeClock(), plugins)
+    e.set_limit_scale(QuotaKind.PRODUCE, 0.5)                  # storage factor 0.5 on every budget
+    group = SensorKey(QuotaKind.PRODUCE, "<group:pay>", "")
+    e.for_broker(1).set_shares({group: 0.5}, 1.0)              # fleet share 0.5 on the group
+    limits = {(x.scope, x.source): x for x in e.effective(1, APP, topic="t")}
+    # callback 4 000 x storage 0.5 x share 0.5 = 1 000; cluster entry 3 000 x 0.5 = 1 500;
+    # topic 5 000 x 0.5 = 2 500
+    assert {k: (x.configured, x.storage_factor, x.fleet_share, x.limit) for k, x in limits.items()} == {
+        ("1", "callback"): (4000, 0.5, 0.5, 1000), ("cluster", "cluster_entries"): (3000, 0.5, 1.0, 1500),
+        ("1", "topic"): (5000, 0.5, 1.0, 2500)}
+    # enforcement applies the same limits: 12 000 B / 10 s = 1 200 B/s against each
+    v = e.produce(1, APP, 12_000, Tally({"t": 12_000}, {"t": 1}, 1))
+    bounds = sorted(d.bound for d in v.decisions if d.kind is QuotaKind.PRODUCE and d.bound is not None)
+    assert bounds == sorted(x.limit for x in limits.values())
+    # (1200 - 1000) / 1000 x 10 000 ms = 2 000 ms: the smallest limit in force throttles
+    assert v.throttle_ms == 2000
