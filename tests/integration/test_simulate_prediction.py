@@ -158,11 +158,14 @@ def config(logs: Path, values: dict[str, float]) -> dict[str, Any]:
 
 def observed(logs: Path) -> dict[str, dict[str, float]]:
     """Per client-id, from an access log: throttled seconds (seconds overlapping a mute
-    [ts, ts + throttle)), total throttle ms, and admitted bytes per second over its span."""
+    [ts, ts + throttle)), total throttle ms, and admitted bytes per second from its first request
+    to the end of the log (the simulation's span)."""
     records: dict[str, list[dict[str, Any]]] = {}
+    log_end_ms = 0
     for path in logs.rglob("*.jsonl"):
         for line in path.read_text().splitlines():
             r = json.loads(line)
+            log_end_ms = max(log_end_ms, r["ts_ms"] + 1)
             if r["client_id"] in PLAN:
                 records.setdefault(r["client_id"], []).append(r)
     out = {}
@@ -170,14 +173,16 @@ def observed(logs: Path) -> dict[str, dict[str, float]]:
         key = PLAN[client][0]
         api = PRODUCE_API_KEY if key == "producer_byte_rate" else FETCH_API_KEY
         mine = sorted((r for r in rows if r["api_key"] == api), key=lambda r: r["ts_ms"])
-        span_s = (mine[-1]["ts_ms"] + 1 - mine[0]["ts_ms"]) / 1000
+        # as the simulation's: from the client's first request to the end of the whole log (a
+        # consumer muted at the end has no request there, but the time is its)
+        span_s = (log_end_ms - mine[0]["ts_ms"]) / 1000
         size = "request_bytes" if api == PRODUCE_API_KEY else "response_bytes"
         seconds: set[int] = set()
         for r in mine:
             if r["throttle_time_ms"] > 0:
                 end_ms = r["ts_ms"] + r["throttle_time_ms"]
                 seconds.update(range(r["ts_ms"] // 1000, (end_ms - 1) // 1000 + 1))
-        end_s = (mine[-1]["ts_ms"] + 1) // 1000
+        end_s = (log_end_ms - 1) // 1000
         out[client] = {"throttled_seconds": len({s for s in seconds if s <= end_s}),
                        "throttle_total_ms": sum(r["throttle_time_ms"] for r in mine),
                        "admitted_per_s": sum(r[size] or 0 for r in mine) / span_s, "span_s": span_s}
