@@ -5,10 +5,16 @@ ARG PYTHON_VERSION=3.11
 
 FROM python:${PYTHON_VERSION}-slim AS build
 ENV PIP_DISABLE_PIP_VERSION_CHECK=1 PIP_NO_CACHE_DIR=1
+# a C compiler for the compiled data plane (protocol/_speedups.pyx, built by setup.py); only in
+# this stage: the final image gets the built extension, not the compiler
+# hadolint ignore=DL3008
+RUN apt-get update \
+ && apt-get install -y --no-install-recommends gcc libc6-dev \
+ && rm -rf /var/lib/apt/lists/*
 RUN python -m venv /opt/sluice
 ENV PATH=/opt/sluice/bin:$PATH
 WORKDIR /src
-COPY pyproject.toml README.md ./
+COPY pyproject.toml setup.py README.md ./
 COPY proxy/ proxy/
 COPY protocol/ protocol/
 COPY quotas/ quotas/

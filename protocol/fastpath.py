@@ -1,0 +1,64 @@
+"""The one place that picks the data plane's implementation: compiled or pure Python.
+
+The per-request byte path (framing, the request header, Produce acks, the response's correlation
+id and the throttle_time_ms patch) has two implementations with one contract:
+
+* the pure-Python reference: `protocol.framing`, `protocol.headers`, `protocol.produce`,
+  `protocol.throttle` (what a reader reads first, and the fallback);
+* its compiled twin, `protocol._speedups` (Cython), which handles the common, well-formed case in C
+  and hands everything else to the reference, so both answer and raise alike (tests/unit/differential).
+
+The compiled one is used when it was built (`pip install` builds it when a C compiler is present)
+and `SLUICE_PURE_PYTHON` is not set to a true value (1, true, yes). Callers import the names from
+here; `IMPLEMENTATION` says which one is in use ("compiled" or "pure").
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+from collections.abc import Callable
+from types import ModuleType
+from typing import Final, cast
+
+from protocol import framing, headers, produce, throttle
+from protocol.headers import RequestHeader
+
+
+def _pure_requested() -> bool:
+    return os.environ.get("SLUICE_PURE_PYTHON", "").strip().lower() in ("1", "true", "yes")
+
+
+def _load_compiled() -> ModuleType | None:
+    try:
+        return importlib.import_module("protocol._speedups")
+    except ImportError:
+        return None
+
+
+COMPILED_MODULE: Final = _load_compiled()
+"""protocol._speedups if it was built (whatever SLUICE_PURE_PYTHON says: the tests use both), else None."""
+
+IMPLEMENTATION: Final = "compiled" if COMPILED_MODULE is not None and not _pure_requested() else "pure"
+
+_impl = COMPILED_MODULE if IMPLEMENTATION == "compiled" else None
+
+# The compiled callables have the reference's signatures and behaviour (tests/unit/differential).
+FrameSplitter: Final = cast(type[framing.FrameSplitter],
+                            framing.FrameSplitter if _impl is None else _impl.FrameSplitter)
+read_request_header: Final = cast(Callable[[bytes], RequestHeader],
+                                  headers.read_request_header if _impl is None else _impl.read_request_header)
+read_response_correlation_id: Final = cast(
+    Callable[[bytes], int],
+    headers.read_response_correlation_id if _impl is None else _impl.read_response_correlation_id)
+read_produce_acks: Final = cast(Callable[[bytes, RequestHeader], int],
+                                produce.read_produce_acks if _impl is None else _impl.read_produce_acks)
+throttle_time_offset: Final = cast(
+    Callable[[bytes, int, int], int | None],
+    throttle.throttle_time_offset if _impl is None else _impl.throttle_time_offset)
+plan_throttle_patch: Final = cast(
+    Callable[[bytes, int, int, int], tuple[int, bytes] | None],
+    throttle.plan_throttle_patch if _impl is None else _impl.plan_throttle_patch)
+patch_throttle_time: Final = cast(
+    Callable[[bytes, int, int, int], bytes],
+    throttle.patch_throttle_time if _impl is None else _impl.patch_throttle_time)
