@@ -62,3 +62,13 @@ plan_throttle_patch: Final = cast(
 patch_throttle_time: Final = cast(
     Callable[[bytes, int, int, int], bytes],
     throttle.patch_throttle_time if _impl is None else _impl.patch_throttle_time)
+
+
+def describe() -> str:
+    """One line for the start-up log: which data plane runs, and why when it is the pure one."""
+    if IMPLEMENTATION == "compiled":
+        return "compiled (protocol._speedups)"
+    if COMPILED_MODULE is not None:
+        return "pure Python (SLUICE_PURE_PYTHON is set)"
+    return ("pure Python (protocol._speedups was not built: reinstall with a C compiler present, "
+            "`pip install -e .`, to use the compiled one)")
