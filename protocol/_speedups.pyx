@@ -353,3 +353,123 @@ def patch_throttle_time(payload, api_key, api_version, throttle_time_ms):
     q[offset + 2] = src[2]
     q[offset + 3] = src[3]
     return out
+
+
+# --- the Fetch walk: per-partition bytes, records and error codes (protocol.records) -------------
+
+from protocol import records as _records
+
+cdef object _pure_fetch_response_partitions = _records.fetch_response_partitions
+cdef object _traffic = _records._traffic
+
+DEF BATCH_HEADER_BYTES = 61
+DEF LOG_OVERHEAD = 12
+DEF MAGIC_OFFSET = 16
+DEF MAGIC_V2 = 2
+
+
+cdef object _count_records(const uint8_t* buf, Py_ssize_t start, Py_ssize_t end):
+    """`records.count_records` in C (same answers: a total, or None for a legacy or impossible batch)."""
+    cdef long long total = 0
+    cdef Py_ssize_t pos = start
+    cdef int32_t batch_length, count
+    while pos < end:
+        if end - pos < BATCH_HEADER_BYTES:
+            if end - pos > MAGIC_OFFSET and buf[pos + MAGIC_OFFSET] != MAGIC_V2:
+                return None
+            return total
+        batch_length = _i32(buf + pos + 8)
+        count = _i32(buf + pos + 57)
+        if buf[pos + MAGIC_OFFSET] != MAGIC_V2 or batch_length < BATCH_HEADER_BYTES - LOG_OVERHEAD or count < 0:
+            return None
+        pos += LOG_OVERHEAD + batch_length
+        if pos > end:
+            return total
+        total += count
+    return total
+
+
+def count_records(buf, Py_ssize_t start, Py_ssize_t end):
+    if type(buf) is not bytes or start < 0 or end > PyBytes_GET_SIZE(buf):
+        return _records.count_records(buf, start, end)
+    return _count_records(<const uint8_t*>PyBytes_AS_STRING(buf), start, end)
+
+
+def fetch_response_partitions(payload, api_version):
+    """`records.fetch_response_partitions` for the flexible versions (v12-v18) in their usual shape
+    (one-byte array and name lengths, no aborted transactions, record sets under 2 MiB, empty tag
+    sections); anything else, and any doubt, is the reference's."""
+    if type(payload) is not bytes or not _small(api_version) or not 12 <= api_version <= 18:
+        return _pure_fetch_response_partitions(payload, api_version)
+    cdef const uint8_t* p = <const uint8_t*>PyBytes_AS_STRING(payload)
+    cdef Py_ssize_t n = PyBytes_GET_SIZE(payload)
+    cdef bint by_id = api_version >= 13
+    cdef Py_ssize_t pos = 5, start, end
+    cdef int n_topics, n_parts, t, i, length_plus_one
+    cdef int min_topic = (16 if by_id else 1) + 2
+    cdef int min_partition = 30 + 4 + 3
+    if n < 16 or p[4] != 0:
+        return _pure_fetch_response_partitions(payload, api_version)
+    cdef int top_error = _i16(p + 9)  # after the header tags and throttle_time_ms
+    pos = 15  # error_code, session_id
+    if p[pos] >= 0x80:
+        return _pure_fetch_response_partitions(payload, api_version)
+    n_topics = p[pos] - 1
+    pos += 1
+    if n_topics > 0 and n_topics * min_topic > n - pos:
+        return _pure_fetch_response_partitions(payload, api_version)
+    out = []
+    for t in range(n_topics):
+        if by_id:
+            if pos + 16 > n:
+                return _pure_fetch_response_partitions(payload, api_version)
+            topic = None
+            topic_id = payload[pos : pos + 16]
+            pos += 16
+        else:
+            if pos >= n or p[pos] >= 0x80 or p[pos] == 0:  # a null name: the reference says what it means
+                return _pure_fetch_response_partitions(payload, api_version)
+            end = pos + p[pos]
+            if end > n:
+                return _pure_fetch_response_partitions(payload, api_version)
+            topic = payload[pos + 1 : end].decode("utf-8", "replace")
+            topic_id = None
+            pos = end
+        if pos >= n or p[pos] >= 0x80:
+            return _pure_fetch_response_partitions(payload, api_version)
+        n_parts = p[pos] - 1
+        pos += 1
+        if n_parts > 0 and n_parts * min_partition > n - pos:
+            return _pure_fetch_response_partitions(payload, api_version)
+        for i in range(n_parts):
+            # index, error_code, high_watermark, last_stable_offset, log_start_offset; aborted (null
+            # or empty); preferred_read_replica; a records length of at most 3 varint bytes
+            if pos + 30 + 1 + 4 + 3 > n or p[pos + 30] > 1:
+                return _pure_fetch_response_partitions(payload, api_version)
+            index = _i32(p + pos)
+            error_code = _i16(p + pos + 4)
+            pos += 35
+            if p[pos] < 0x80:
+                length_plus_one = p[pos]
+                pos += 1
+            elif p[pos + 1] < 0x80:
+                length_plus_one = (p[pos] & 0x7F) | (p[pos + 1] << 7)
+                pos += 2
+            elif p[pos + 2] < 0x80:
+                length_plus_one = (p[pos] & 0x7F) | ((p[pos + 1] & 0x7F) << 7) | (p[pos + 2] << 14)
+                pos += 3
+            else:
+                return _pure_fetch_response_partitions(payload, api_version)
+            start = pos
+            end = pos + (length_plus_one - 1 if length_plus_one else 0)
+            if end >= n or p[end] != 0:  # past the payload, or partition tags that are not empty
+                return _pure_fetch_response_partitions(payload, api_version)
+            records = _count_records(p, start, end) if end > start else 0
+            out.append(_traffic(topic, topic_id, index, records, end - start, error_code))
+            pos = end + 1
+        if pos >= n or p[pos] != 0:  # topic tags
+            return _pure_fetch_response_partitions(payload, api_version)
+        pos += 1
+    if pos + 1 != n or p[pos] != 0:  # the response's tags, then exactly the end
+        return _pure_fetch_response_partitions(payload, api_version)
+    return top_error, out

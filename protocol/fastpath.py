@@ -1,10 +1,11 @@
 """The one place that picks the data plane's implementation: compiled or pure Python.
 
 The per-request byte path (framing, the request header, Produce acks, the response's correlation
-id and the throttle_time_ms patch) has two implementations with one contract:
+id, the throttle_time_ms patch, and the Fetch response walk with its record counts) has two
+implementations with one contract:
 
 * the pure-Python reference: `protocol.framing`, `protocol.headers`, `protocol.produce`,
-  `protocol.throttle` (what a reader reads first, and the fallback);
+  `protocol.throttle`, `protocol.records` (what a reader reads first, and the fallback);
 * its compiled twin, `protocol._speedups` (Cython), which handles the common, well-formed case in C
   and hands everything else to the reference, so both answer and raise alike (tests/unit/differential).
 
@@ -21,7 +22,7 @@ from collections.abc import Callable
 from types import ModuleType
 from typing import Final, cast
 
-from protocol import framing, headers, produce, throttle
+from protocol import framing, headers, produce, records, throttle
 from protocol.headers import RequestHeader
 
 
@@ -62,6 +63,11 @@ plan_throttle_patch: Final = cast(
 patch_throttle_time: Final = cast(
     Callable[[bytes, int, int, int], bytes],
     throttle.patch_throttle_time if _impl is None else _impl.patch_throttle_time)
+fetch_response_partitions: Final = cast(
+    Callable[[bytes, int], tuple[int, list[records.PartitionTraffic]]],
+    records.fetch_response_partitions if _impl is None else _impl.fetch_response_partitions)
+count_records: Final = cast(Callable[[bytes, int, int], int | None],
+                            records.count_records if _impl is None else _impl.count_records)
 
 
 def describe() -> str:

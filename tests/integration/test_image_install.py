@@ -68,7 +68,8 @@ def installed() -> Iterator[Path]:
     for name in build_stage_copies():
         path = REPO / name.rstrip("/")
         if path.is_dir():
-            shutil.copytree(path, src / path.name, ignore=shutil.ignore_patterns("__pycache__"))
+            shutil.copytree(path, src / path.name,  # what .dockerignore keeps out, too
+                            ignore=shutil.ignore_patterns("__pycache__", "*.so", "_speedups.c"))
         else:
             shutil.copy2(path, src / path.name)
     venv = root / "opt-sluice"
@@ -95,6 +96,14 @@ def test_runtime_install_has_no_dev_tools_and_has_confluent_kafka(installed: Pat
                           "confluent_kafka", "pyarrow", "uvloop", "pytest", "ruff", "pyspark"],
                          capture_output=True, text=True, check=True, timeout=60).stdout
     assert has.strip() == "['confluent_kafka', 'pyarrow', 'uvloop']", has
+
+
+def test_the_install_builds_the_compiled_data_plane(installed: Path) -> None:
+    """`pip install .` compiles protocol/_speedups.pyx (the image's build stage has a compiler)."""
+    python = str(installed / "opt-sluice" / "bin" / "python")
+    picked = subprocess.run([python, "-c", "from protocol import fastpath; print(fastpath.describe())"],
+                            cwd=installed, capture_output=True, text=True, check=True, timeout=60).stdout
+    assert picked.strip() == "compiled (protocol._speedups)", picked
 
 
 def test_the_image_command_runs_as_the_non_root_user_with_a_read_only_config(
