@@ -56,6 +56,9 @@ async def serve(config: ProxyConfig, reload: Callable[[], ProxyConfig] | None = 
 def run(config: ProxyConfig, reload: Callable[[], ProxyConfig] | None = None) -> int:
     worker = worker_index()
     configure_logging(config.log_level, worker)
+    if worker is None and config.anonymous_admin:  # load_config refuses it unless allowed
+        log.warning("admins lists ANONYMOUS and allow_anonymous_admins is true: every client that connects "
+                    "without credentials may alter quotas through Sluice")
     if worker is None and config.workers > 1:
         from proxy.workers.supervisor import supervise
 

@@ -27,6 +27,8 @@ from quotas.connection_limits import canonical_ip, split_ip_entries
 from quotas.errors import QuotaConfigError
 
 ENV_PREFIX = "SLUICE_"
+RUNTIME_DIR_MAX_BYTES = 80
+ANONYMOUS = "ANONYMOUS"  # quotas.entity.UNAUTHENTICATED_PRINCIPAL: an unauthenticated client's principal
 
 
 class ConfigError(Exception):
@@ -324,6 +326,10 @@ class ProxyConfig(BaseModel):
                                            "the configuration file")
     admins: list[str] = Field(default_factory=list, description="principals that may alter quotas "
                                                                "through Sluice (AlterClientQuotas)")
+    allow_anonymous_admins: bool = Field(
+        default=False, description="start although `admins` lists ANONYMOUS on a listener where a client "
+                                   "without credentials is ANONYMOUS (anyone who connects may alter quotas); "
+                                   "without it Sluice refuses to start")
     listen_tls: ListenTls | None = Field(default=None, description="terminate TLS from clients")
     principal_from: Literal["none", "client_address"] = Field(
         default="none", description="client_address: an unauthenticated client's principal is its IP")
@@ -339,6 +345,11 @@ class ProxyConfig(BaseModel):
                                   "(README: Running a fleet); needs store.type: kafka")
     workers: int = Field(default=1, ge=1, le=256,
                          description="worker processes sharing every listener (SO_REUSEPORT); auto = CPUs")
+    runtime_dir: Path | None = Field(
+        default=None, description="a writable directory where the supervisor of `workers` > 1 keeps its "
+                                  "private directory (the workers' relay socket); default: the system's "
+                                  "temporary directory (TMPDIR, /tmp). Set it on a read-only root "
+                                  "(the Kubernetes sample mounts an emptyDir at /run/sluice)")
 
     @field_validator("listen", mode="before")
     @classmethod
@@ -365,6 +376,43 @@ class ProxyConfig(BaseModel):
             raise ValueError(f"fleet: needs the shared quota store (store.type: kafka); with store.type: "
                              f"{self.store.type} every member would have its own quotas")
         return self
+
+    @property
+    def anonymous_is_reachable(self) -> bool:
+        """Whether a client without credentials gets the principal ANONYMOUS on Sluice's listener:
+        unless every client presents a certificate (`listen_tls.client_auth: required`) or an
+        unauthenticated client is named by its address (`principal_from: client_address`). SASL
+        does not prevent it: a client may send AlterClientQuotas without authenticating first."""
+        mutual_tls = self.listen_tls is not None and self.listen_tls.client_auth == "required"
+        return not mutual_tls and self.principal_from != "client_address"
+
+    @property
+    def anonymous_admin(self) -> bool:
+        """`admins` makes every unauthenticated client an admin (see `anonymous_is_reachable`)."""
+        return ANONYMOUS in self.admins and self.anonymous_is_reachable
+
+    @model_validator(mode="after")
+    def _no_anonymous_admins(self) -> ProxyConfig:
+        if self.anonymous_admin and not self.allow_anonymous_admins:
+            raise ValueError(
+                f"admins: {ANONYMOUS} would let every client that connects without "
+                f"credentials alter quotas (the listener has no listen_tls.client_auth: required and no "
+                f"principal_from: client_address); name authenticated principals, or set "
+                f"allow_anonymous_admins: true to accept it")
+        return self
+
+    @field_validator("runtime_dir")
+    @classmethod
+    def _runtime_dir(cls, value: Path | None) -> Path | None:
+        if value is None:
+            return None
+        if not value.is_absolute():
+            raise ValueError(f"must be an absolute path, got {value}")
+        # the relay socket is <runtime_dir>/sluice-workers-XXXXXXXX/hub.sock; sun_path holds 107 bytes
+        if len(os.fsencode(value)) > RUNTIME_DIR_MAX_BYTES:
+            raise ValueError(f"{value} is too long for a unix socket path (at most "
+                             f"{RUNTIME_DIR_MAX_BYTES} bytes)")
+        return value
 
     @field_validator("proxy_protocol", mode="before")
     @classmethod

@@ -45,7 +45,7 @@ from prometheus_client import CollectorRegistry
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from proxy.config import ProxyConfig
+from proxy.config import ConfigError, ProxyConfig
 from proxy.fleet.local import ENV_HUB, ENV_INDEX, HubServer
 from proxy.ops.connections import BearerToken, merge_workers
 from proxy.ops.headroom import USAGE_PATH, usage_json
@@ -96,7 +96,7 @@ class Supervisor:
         self.registry.register(_SupervisorCollector(self))
         self._reservation: Reservation | None = None
         self._listen_port = config.listen.port
-        self._dir = Path(tempfile.mkdtemp(prefix="sluice-workers-"))
+        self._dir = private_dir(config.runtime_dir)
         self.hub = HubServer(self._dir / "hub.sock")
         self._metrics: MetricsEndpoint | None = None
         self._token: BearerToken | None = None  # GET /connections, here and on each worker
@@ -344,6 +344,25 @@ async def _http_get(host: str, port: int, path: str, headers: dict[str, str] | N
     return body.decode("utf-8", "replace")
 
 
+def private_dir(runtime_dir: Path | None) -> Path:
+    """The supervisor's own directory (mode 0700, removed at exit) in `runtime_dir`, or in the
+    system's temporary directory when it is not set. On a read-only root without a writable
+    TMPDIR this fails at start naming the key that fixes it (`ConfigError`)."""
+    try:
+        return Path(tempfile.mkdtemp(prefix="sluice-workers-", dir=runtime_dir))
+    except OSError as exc:
+        where = str(runtime_dir) if runtime_dir is not None else "the temporary directory (TMPDIR, /tmp)"
+        reason = exc.strerror or str(exc)
+        raise ConfigError(f"runtime_dir: cannot create the workers' directory in {where}: {reason}; "
+                          f"workers: > 1 needs a writable directory (on a read-only root, mount one, "
+                          f"e.g. an emptyDir, and set runtime_dir to it)") from None
+
+
 def supervise(config: ProxyConfig, argv: Sequence[str]) -> int:
     """Run the supervisor until every worker has exited; the process's exit status."""
-    return asyncio.run(Supervisor(config, argv).run())
+    try:
+        supervisor = Supervisor(config, argv)
+    except ConfigError as exc:
+        log.error("sluice: %s", exc)
+        return 2
+    return asyncio.run(supervisor.run())

@@ -93,10 +93,23 @@ def test_deployment_service_probes_and_budget_fit_together(tmp_path: Path) -> No
     volume = {m["mountPath"]: m["name"] for m in container["volumeMounts"]}
     assert config.access_log.dir is not None and str(config.access_log.dir) in volume
     assert any(e["name"] == "SLUICE_INSTANCE" for e in container["env"])  # one instance name per pod
+    # a read-only root: workers > 1 keep their relay socket in runtime_dir, a declared emptyDir
+    assert container["securityContext"]["readOnlyRootFilesystem"] is True
+    assert config.workers > 1 and config.runtime_dir is not None
+    emptydirs = {v["name"] for v in spec["template"]["spec"]["volumes"] if "emptyDir" in v}
+    assert volume.get(str(config.runtime_dir)) in emptydirs
+    # nobody is an admin just by connecting; the client's address comes from the load balancer
+    assert not config.anonymous_admin and not config.allow_anonymous_admins
+    assert config.proxy_protocol == "v2"
 
     services = {s["metadata"]["name"]: s for s in by_kind("Service")}
     lb = services["sluice"]["spec"]
     assert lb["type"] == "LoadBalancer" and lb["selector"] == labels
+    annotations = services["sluice"]["metadata"]["annotations"]
+    assert annotations["service.beta.kubernetes.io/aws-load-balancer-proxy-protocol"] == "*"  # PROXY v2
+    check = "service.beta.kubernetes.io/aws-load-balancer-healthcheck-"
+    assert (annotations[check + "protocol"], int(annotations[check + "port"]), annotations[check + "path"]) \
+        == ("http", config.metrics.port, "/healthz")
     assert {p["targetPort"] for p in lb["ports"]} == {"bootstrap", *broker_names}
     assert {p["port"] for p in lb["ports"]} == {config.listen.port, *broker_ports(config, node_ids)}
 
@@ -137,6 +150,8 @@ def test_compose_runs_two_instances_behind_haproxy_on_the_same_ports(tmp_path: P
         names.add(config.instance)
         assert config.fleet is not None and config.store.type == "kafka"
         assert [hp.host for hp in config.upstream.bootstrap] == ["kafka"]  # the compose service
+        assert not config.anonymous_admin and not config.allow_anonymous_admins
+        assert config.proxy_protocol == "v2"
     assert len(names) == len(sluices)  # each instance has its own name, so its own log files
 
     haproxy = (COMPOSE / "haproxy.cfg").read_text()
@@ -145,6 +160,7 @@ def test_compose_runs_two_instances_behind_haproxy_on_the_same_ports(tmp_path: P
     servers = re.findall(r"^\s*server (\S+) (\S+)\s*$", haproxy, re.M)  # no port: the client's port
     assert sorted(host for _, host in servers) == sorted(sluices)
     assert "mode tcp" in haproxy and "option httpchk GET /healthz" in haproxy
+    assert re.search(r"^\s*default-server send-proxy-v2 ", haproxy, re.M)  # what proxy_protocol: v2 reads
     assert f"check port {config.metrics.port}" in haproxy
     assert config.listen.port in bound and broker_ports(config, range(10)) <= bound
     published = set()

@@ -1,46 +1,45 @@
 """The compose example's shape, run for real without containers: deploy/compose/sluice.yaml (fleet,
-Kafka quota store) on two Sluice instances that listen on the same ports at 127.0.0.2 and 127.0.0.3
-(as two containers would), and deploy/compose/haproxy.cfg (Debian's haproxy) in front of them at
-127.0.0.1, the one advertised host. Clients reach the broker only through the load balancer, and
-both instances serve them."""
+Kafka quota store, `workers: 2`, `proxy_protocol: v2`) on two Sluice instances that listen on the
+same ports at 127.0.0.2 and 127.0.0.3 (as two containers would), and deploy/compose/haproxy.cfg
+(Debian's haproxy, `send-proxy-v2`) in front of them at 127.0.0.1, the one advertised host.
+
+haproxy connects to the instances from its own address, 127.0.0.9 (`source`), and clients connect
+from 127.0.0.1 or 127.0.0.7, so what Sluice sees is either the client's address (from the PROXY
+header) or plainly the load balancer's. While idempotent producers run, one instance is drained
+(SIGTERM): its /healthz answers 503, haproxy takes it out and sends new connections to the other,
+and the producers lose and duplicate nothing."""
 
 from __future__ import annotations
 
 import json
-import re
-import shutil
-import subprocess
+import signal
+import threading
+import urllib.error
+import urllib.request
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
 
+from protocol.apis import ApiKey
+from protocol.proxy_protocol import encode_v2
 from tests.conftest import create_topic, unique_name
-from tests.harness import clients
-from tests.harness.kafka import KafkaCluster, _die_with_parent, free_port
+from tests.harness import clients, haproxy
+from tests.harness.kafka import KafkaCluster, free_port
+from tests.harness.rawclient import RawKafkaSocket, fetch_request_v12, metadata_request
 from tests.harness.sluice import SluiceProcess
+from tests.harness.wait import eventually, wait_until
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 COMPOSE = Path(__file__).resolve().parents[2] / "deploy" / "compose"
 INSTANCES = {"sluice-1": "127.0.0.2", "sluice-2": "127.0.0.3"}
-PRODUCERS, MESSAGES = 4, 50
-
-
-def haproxy_config(bootstrap_port: int, broker_port: int, metrics_port: int) -> str:
-    """deploy/compose/haproxy.cfg on loopback: the same frontend, backend and health check; the
-    compose names and ports replaced by this test's."""
-    text = (COMPOSE / "haproxy.cfg").read_text()
-    text = re.sub(r"resolvers docker\n.*\n", "", text)
-    text = text.replace("bind :9092", f"bind 127.0.0.1:{bootstrap_port}")
-    text = re.sub(r"bind :9100-9109", f"bind 127.0.0.1:{broker_port}", text)
-    text = text.replace("check port 9404 inter 2s fall 2 rise 2 resolvers docker init-addr last,libc,none",
-                        f"check port {metrics_port} inter 500ms fall 2 rise 1")
-    for name, host in INSTANCES.items():
-        text = text.replace(f"server {name} {name}", f"server {name} {host}")
-    assert "docker" not in text and "9404" not in text, text
-    return text
+LB_SOURCE = haproxy.SOURCE     # haproxy's address towards the instances
+REFUSED_CLIENT = "127.0.0.7"   # a client whose address a per-IP limit refuses
+PRODUCERS = 4
+NEW_CONNECTIONS = 6
 
 
 def read_records(root: Path) -> list[dict[str, Any]]:
@@ -48,55 +47,156 @@ def read_records(root: Path) -> list[dict[str, Any]]:
             for line in path.read_text().splitlines()]
 
 
-def test_two_instances_behind_haproxy_serve_every_port(kafka: KafkaCluster, tmp_path: Path) -> None:
-    haproxy = shutil.which("haproxy")
-    assert haproxy is not None, "haproxy missing: run scripts/setup"
+def healthz(host: str, port: int) -> int:
+    try:
+        with urllib.request.urlopen(f"http://{host}:{port}/healthz", timeout=2) as response:
+            return int(response.status)
+    except urllib.error.HTTPError as exc:
+        return exc.code
+    except OSError:
+        return -1
+
+
+class Producers:
+    """Idempotent producers sending numbered records until stopped; every delivery report kept."""
+
+    def __init__(self, address: str, topic: str) -> None:
+        from confluent_kafka import Producer
+
+        self.topic = topic
+        self.producers = [Producer({"bootstrap.servers": address, "client.id": f"lb-{i}", "linger.ms": 5,
+                                    "enable.idempotence": True, "acks": "all", "message.timeout.ms": 120_000})
+                          for i in range(PRODUCERS)]  # opened together: leastconn spreads them
+        self.sent: list[bytes] = []
+        self.delivered: list[bytes] = []
+        self.errors: list[str] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _report(self, err: Any, msg: Any) -> None:
+        if err is not None:
+            self.errors.append(str(err))
+        else:
+            self.delivered.append(msg.value())
+
+    def _run(self) -> None:
+        n = 0
+        while not self._stop.is_set():
+            for i, producer in enumerate(self.producers):
+                value = f"p{i}-{n}".encode()
+                producer.produce(self.topic, value, on_delivery=self._report)
+                self.sent.append(value)
+                producer.poll(0)
+            n += 1
+            self._stop.wait(0.01)   # about 400 records/s in all: load, not a flood
+
+    def __enter__(self) -> Producers:
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=30)
+        for producer in self.producers:
+            assert producer.flush(120) == 0
+
+    def __exit__(self, *exc: object) -> None:
+        if not self._stop.is_set():
+            self.stop()
+
+
+def test_two_instances_behind_haproxy_see_clients_and_drain_without_loss(kafka: KafkaCluster,
+                                                                          tmp_path: Path) -> None:
     bootstrap_port, broker_port, metrics_port = free_port(), free_port(), free_port()
     logs = tmp_path / "logs"
     base = yaml.safe_load((COMPOSE / "sluice.yaml").read_text())
+    assert base["workers"] == 2 and base["proxy_protocol"] == "v2"
     fleet = unique_name("lbfleet")
     cfg = tmp_path / "haproxy.cfg"
-    cfg.write_text(haproxy_config(bootstrap_port, broker_port, metrics_port))
+    cfg.write_text(haproxy.config(INSTANCES, bootstrap_port, broker_port, metrics_port))
 
     (node_id,) = [n.node_id for n in kafka.nodes]
-    sluices: list[SluiceProcess] = []
-    lb: subprocess.Popen[str] | None = None
+    sluices: dict[str, SluiceProcess] = {}
+    lb: haproxy.Haproxy | None = None
+    address = f"127.0.0.1:{bootstrap_port}"
     try:
         for name, host in INSTANCES.items():
             config = base | {
                 "listen": f"{host}:{bootstrap_port}", "advertised_host": "127.0.0.1",
                 "broker_port_base": broker_port - node_id,
-                "upstream": {"bootstrap": kafka.bootstrap}, "instance": name, "workers": 1,
+                "upstream": {"bootstrap": kafka.bootstrap}, "instance": name,
                 "metrics": {"host": host, "port": metrics_port},
                 "access_log": {"dir": str(logs), "format": "json"},
                 "store": base["store"] | {"topic": f"{fleet}-quotas"},
-                "fleet": base["fleet"] | {"id": fleet, "topic": f"{fleet}-reports", "expected_members": 2},
+                "fleet": base["fleet"] | {"id": fleet, "topic": f"{fleet}-reports"},
+                # haproxy's own address and the refused client's may not connect: only a client
+                # address read from the PROXY header gets through
+                "limits": {"max_connections_per_ip_overrides": {LB_SOURCE: 0, REFUSED_CLIENT: 0}},
             }
-            sluices.append(SluiceProcess(kafka.bootstrap, tmp_path / name, config=config).start(timeout_s=60))
-        lb = subprocess.Popen([haproxy, "-db", "-f", str(cfg)], stdout=subprocess.PIPE,
-                              stderr=subprocess.STDOUT, text=True, preexec_fn=_die_with_parent)
+            sluices[name] = SluiceProcess(kafka.bootstrap, tmp_path / name, config=config)
+            sluices[name].start(timeout_s=120)
+        lb = haproxy.Haproxy(cfg)
+        wait_until(lambda: haproxy.listening(address), 30, "haproxy listening")
+        wait_until(lambda: all(healthz(h, metrics_port) == 200 for h in INSTANCES.values()), 30, "healthy")
 
-        address = f"127.0.0.1:{bootstrap_port}"
+        # the per-IP limit sees the client's address: 127.0.0.7 is refused, 127.0.0.1 is served
+        with RawKafkaSocket(address, source_host=REFUSED_CLIENT) as refused:
+            refused.send(metadata_request())
+            assert refused.at_eof(15.0)
+        assert eventually(lambda: any(f"connection from {REFUSED_CLIENT} refused" in s.log()
+                                      for s in sluices.values()), bool), \
+            [s.log()[-1500:] for s in sluices.values()]
+
         topic = create_topic(kafka.bootstrap, unique_name("lb"))
-        from confluent_kafka import Producer
+        idle = create_topic(kafka.bootstrap, unique_name("lb-idle"))  # a fetch on it waits max_wait_ms
+        with Producers(address, topic) as producers:
+            wait_until(lambda: len(producers.delivered) >= 400, 60, "deliveries before the drain")
 
-        producers = [Producer({"bootstrap.servers": address, "client.id": f"lb-{i}", "linger.ms": 5})
-                     for i in range(PRODUCERS)]  # open together: leastconn spreads them
-        for i, producer in enumerate(producers):
-            for n in range(MESSAGES):
-                producer.produce(topic, f"p{i}-{n}".encode())
-        for producer in producers:
-            assert producer.flush(60) == 0
-        got = clients.confluent_consume(address, topic, PRODUCERS * MESSAGES, config={"client.id": "lb-c"})
-        assert sorted(got) == sorted(f"p{i}-{n}".encode() for i in range(PRODUCERS) for n in range(MESSAGES))
+            # drain sluice-1 with a long poll in flight on it (sent straight to it, PROXY header first),
+            # so that the drain lasts a few seconds
+            with RawKafkaSocket(f"{INSTANCES['sluice-1']}:{broker_port}") as held:
+                held.send_raw(encode_v2(("127.0.0.1", 40000), (INSTANCES["sluice-1"], broker_port)))
+                correlation_id = held.send(fetch_request_v12(idle, max_wait_ms=6000))
+                delivered_at_drain = len(producers.delivered)
+                sluices["sluice-1"].signal(signal.SIGTERM)
+                assert eventually(lambda: healthz(INSTANCES["sluice-1"], metrics_port), lambda s: s == 503,
+                                  10, 0.02) == 503
+                assert lb is not None
+                wait_until(lambda: "sluice/sluice-1 is DOWN" in lb.log(), 10, "haproxy takes sluice-1 out")
+                # new connections now: every one goes to sluice-2
+                new_ports = []
+                for _ in range(NEW_CONNECTIONS):
+                    with RawKafkaSocket(address) as conn:
+                        new_ports.append(conn.sock.getsockname()[1])
+                        conn.send(metadata_request())
+                        conn.recv(ApiKey.METADATA, 12)
+                got_id, _body = held.recv(ApiKey.FETCH, 12)   # the drained instance answered it
+                assert got_id == correlation_id
+            assert sluices["sluice-1"].process is not None
+            assert sluices["sluice-1"].process.wait(60) == 0, sluices["sluice-1"].log()[-3000:]
+            wait_until(lambda: len(producers.delivered) >= delivered_at_drain + 400, 60,
+                       "deliveries after the drain")
+            producers.stop()
+        assert not producers.errors, producers.errors[:5]
+        assert len(producers.delivered) == len(producers.sent)
     finally:
-        for sluice in sluices:
+        for sluice in sluices.values():
             sluice.stop()
         if lb is not None:
-            lb.terminate()
-            lb.wait(timeout=10)
+            lb.stop()
 
-    produce = [r for r in read_records(logs) if r["api_name"] == "Produce"]
-    served = {r["instance"] for r in produce}
-    assert served == set(INSTANCES), served  # both instances carried produce traffic ...
-    assert {r["broker_id"] for r in produce} == {node_id}  # ... on the per-broker port, through haproxy
+    # nothing lost, nothing twice: what Kafka holds is exactly what was sent
+    got = clients.confluent_consume(kafka.bootstrap, topic, len(producers.sent), config={"client.id": "lb-c"})
+    counts = Counter(got)
+    assert set(counts) == set(producers.sent) and max(counts.values()) == 1
+
+    records = read_records(logs)
+    produce = [r for r in records if r["api_name"] == "Produce"]
+    assert {r["instance"] for r in produce} == set(INSTANCES)  # both instances carried produce traffic
+    assert {r["broker_id"] for r in produce} == {node_id}        # on the per-broker port, through haproxy
+    # the access log has the client's address, never the load balancer's
+    hosts = Counter(r["client_address"].rsplit(":", 1)[0] for r in records)
+    assert set(hosts) == {"127.0.0.1"}, hosts
+    fresh = [r for r in records if int(r["client_address"].rsplit(":", 1)[1]) in new_ports
+             and r["api_name"] == "Metadata"]
+    assert len(fresh) >= NEW_CONNECTIONS and {r["instance"] for r in fresh} == {"sluice-2"}, fresh

@@ -12,9 +12,10 @@ from protocol.headers import RequestHeader
 
 
 class RawKafkaSocket:
-    def __init__(self, address: str, timeout_s: float = 10.0) -> None:
+    def __init__(self, address: str, timeout_s: float = 10.0, source_host: str | None = None) -> None:
         host, port = address.rsplit(":", 1)
-        self.sock = socket.create_connection((host, int(port)), timeout=timeout_s)
+        self.sock = socket.create_connection((host, int(port)), timeout=timeout_s,
+                                             source_address=None if source_host is None else (source_host, 0))
         self._correlation = 0
 
     def close(self) -> None:

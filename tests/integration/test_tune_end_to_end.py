@@ -29,7 +29,7 @@ def test_logs_recommend_apply_and_sluice_throttles_to_the_new_quota(kafka: Kafka
     config = {
         "access_log": {"dir": str(tmp_path / "logs")},
         "store": {"type": "sqlite", "path": str(tmp_path / "quotas.db")},
-        "admins": ["ANONYMOUS"],
+        "admins": ["ANONYMOUS"], "allow_anonymous_admins": True,  # a plaintext test listener
         "quotas": {"window": {"samples": 11, "size_ms": 500},
                    "entries": [{"client_id": "tuned", "producer_byte_rate": 50 * 1024 * KiB}]},
     }

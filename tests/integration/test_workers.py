@@ -74,7 +74,8 @@ def log_time(log: str, text: str) -> float:
 
 
 def config(metrics_port: int, access_dir: Path, flood_rate: int) -> dict[str, Any]:
-    return {"metrics": {"port": metrics_port}, "admins": ["ANONYMOUS"], "instance": "wk",
+    return {"metrics": {"port": metrics_port}, "admins": ["ANONYMOUS"], "allow_anonymous_admins": True,
+            "instance": "wk",
             "drain_timeout_ms": 5000,
             "store": {"type": "sqlite", "path": "quotas.db"},
             "access_log": {"dir": str(access_dir), "format": "json"},
