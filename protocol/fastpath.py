@@ -25,9 +25,12 @@ from typing import Final, cast
 from protocol import framing, headers, produce, records, throttle
 from protocol.headers import RequestHeader
 
+PURE_PYTHON_ENV: Final = "SLUICE_PURE_PYTHON"
+"""Set to 1 (true, yes) to run the pure-Python data plane even when the compiled one is built."""
+
 
 def _pure_requested() -> bool:
-    return os.environ.get("SLUICE_PURE_PYTHON", "").strip().lower() in ("1", "true", "yes")
+    return os.environ.get(PURE_PYTHON_ENV, "").strip().lower() in ("1", "true", "yes")
 
 
 def _load_compiled() -> ModuleType | None:

@@ -18,6 +18,7 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from protocol import fastpath
 from proxy.admin.store import StoreConfig
 from proxy.fleet.config import FleetConfig
 from proxy.ops.disk_guard import StorageConfig
@@ -473,7 +474,7 @@ def env_overrides(environ: Mapping[str, str]) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for name, value in environ.items():
         if not name.startswith(ENV_PREFIX) or name in {"SLUICE_KAFKA_LIBS", "SLUICE_KAFKA_BOOTSTRAP",
-                                                        CONNECTIONS_TOKEN_ENV}:
+                                                        CONNECTIONS_TOKEN_ENV, fastpath.PURE_PYTHON_ENV}:
             continue
         if name.startswith("SLUICE_WORKER_"):  # a worker's role, set by its supervisor (proxy.fleet.local)
             continue
