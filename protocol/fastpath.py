@@ -33,11 +33,19 @@ def _pure_requested() -> bool:
     return os.environ.get(PURE_PYTHON_ENV, "").strip().lower() in ("1", "true", "yes")
 
 
+_TWINS: Final = ("FrameSplitter", "read_request_header", "read_response_correlation_id", "read_produce_acks",
+                  "throttle_time_offset", "plan_throttle_patch", "patch_throttle_time",
+                  "fetch_response_partitions", "count_records")
+
+
 def _load_compiled() -> ModuleType | None:
+    """protocol._speedups, or None if it is not built or was built from an older .pyx (a stale
+    build lacks a twin: the pure path runs until `pip install -e .` rebuilds it)."""
     try:
-        return importlib.import_module("protocol._speedups")
+        module = importlib.import_module("protocol._speedups")
     except ImportError:
         return None
+    return module if all(hasattr(module, name) for name in _TWINS) else None
 
 
 COMPILED_MODULE: Final = _load_compiled()
@@ -79,5 +87,5 @@ def describe() -> str:
         return "compiled (protocol._speedups)"
     if COMPILED_MODULE is not None:
         return "pure Python (SLUICE_PURE_PYTHON is set)"
-    return ("pure Python (protocol._speedups was not built: reinstall with a C compiler present, "
-            "`pip install -e .`, to use the compiled one)")
+    return ("pure Python (protocol._speedups is not built, or is older than protocol/_speedups.pyx: "
+            "run `pip install -e .` with a C compiler present to use the compiled one)")

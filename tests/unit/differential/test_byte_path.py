@@ -374,3 +374,15 @@ def test_fetch_responses_kio_builds(api_version: int, data: st.DataObject) -> No
     payload = response_payload(data.draw(st.from_type(load_response_schema(ApiKey.FETCH, api_version))))
     expected = outcome(records.fetch_response_partitions, payload, api_version)
     assert outcome(compiled().fetch_response_partitions, payload, api_version) == expected
+
+
+def test_a_stale_build_is_not_used(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A protocol._speedups built from an older .pyx lacks a twin: the selector refuses it whole."""
+    import importlib
+    from types import SimpleNamespace
+
+    full = {name: getattr(compiled(), name) for name in fastpath._TWINS}
+    monkeypatch.setattr(importlib, "import_module", lambda name: SimpleNamespace(**full))
+    assert fastpath._load_compiled() is not None
+    del full["fetch_response_partitions"]
+    assert fastpath._load_compiled() is None
