@@ -16,10 +16,18 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    SecretStr,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
 from protocol import fastpath
-from proxy.admin.store import StoreConfig
+from proxy.admin.store import StoreConfig, librdkafka_text
 from proxy.fleet.config import FleetConfig
 from proxy.ops.disk_guard import StorageConfig
 from proxy.stages.callbacks import PLUGIN_KEYS, QuotaPlugins
@@ -172,12 +180,24 @@ class AccessLogConfig(BaseModel):
     rotate_mb: int = Field(default=128, ge=1)
     queue_size: int = Field(default=100_000, ge=100)
     kafka_bootstrap: str | None = Field(default=None, description="also send records to this cluster")
-    kafka_topic: str | None = None
+    kafka_topic: str | None = Field(default=None, description="the topic records are sent to (with "
+                                                               "kafka_bootstrap)")
+    kafka_config: dict[str, SecretStr] = Field(default_factory=dict,
+                                               description="librdkafka settings of the topic sink (SASL, "
+                                                           "TLS, message.timeout.ms); never shown in logs")
+
+    @field_validator("kafka_config", mode="before")
+    @classmethod
+    def _settings_as_text(cls, value: object) -> object:
+        """librdkafka settings are strings; YAML numbers and booleans are written as librdkafka does."""
+        return librdkafka_text(value)
 
     @model_validator(mode="after")
     def _kafka(self) -> AccessLogConfig:
         if (self.kafka_bootstrap is None) != (self.kafka_topic is None):
             raise ValueError("kafka_bootstrap and kafka_topic go together")
+        if self.kafka_config and self.kafka_bootstrap is None:
+            raise ValueError("kafka_config needs kafka_bootstrap and kafka_topic")
         if self.format == "parquet" and self.dir is not None and not _installed("pyarrow"):
             raise ValueError("format: parquet needs pyarrow installed (or format: json)")
         if self.kafka_bootstrap is not None and not _installed("confluent_kafka"):

@@ -52,6 +52,16 @@ class QuotaService:
         assert self._store is not None, "QuotaService.start() first"
         return self._store
 
+    def problems(self) -> list[str]:
+        """Store records Sluice cannot read (their quotas are not applied), for `/healthz`."""
+        if self._store is None:
+            return []
+        unreadable = sorted(self._store.unreadable().items())
+        return [f"quota store: cannot read {name}: {why}" for name, why in unreadable]
+
+    def unreadable(self) -> dict[str, str]:
+        return {} if self._store is None else self._store.unreadable()
+
     async def start(self) -> None:
         """Open the store, seed it (see `reconcile_seed`), apply it, follow its changes."""
         self._loop = asyncio.get_running_loop()

@@ -26,8 +26,14 @@ from proxy.ops.connections import SAMPLE_INTERVAL_MS, BearerToken, ConnectionInv
 from proxy.ops.disk_guard import StorageCollector, StoragePoller
 from proxy.ops.headroom import USAGE_PATH, HeadroomCollector, usage_json, usage_report
 from proxy.ops.heap import HeapTrimCollector, HeapTrimmer, glibc_malloc_trim
-from proxy.ops.http import MetricsEndpoint
-from proxy.ops.metrics import AccessLogCollector, LimitsCollector, QuotaSensorCollector, SluiceMetrics
+from proxy.ops.http import Degraded, MetricsEndpoint
+from proxy.ops.metrics import (
+    AccessLogCollector,
+    LimitsCollector,
+    QuotaSensorCollector,
+    QuotaStoreCollector,
+    SluiceMetrics,
+)
 from proxy.pumps.connection import ClientConnection, ConnectionServices, connection_factory
 from proxy.pumps.limits import ConnectionLimits, LimitSettings
 from proxy.pumps.upstreams import BrokerRegistry, UpstreamTarget, schedule_server
@@ -39,6 +45,7 @@ from proxy.stages.callbacks import ClusterMetadataFeed, ClusterMetadataStage
 from proxy.stages.client_software import ClientSoftwareStage
 from proxy.stages.connection_stats import ConnectionStatsStage
 from proxy.stages.quota import DecisionObserver, QuotaManagers, QuotaStage
+from proxy.stages.topic_resolver import TopicIdResolver
 from quotas.clock import Clock, SystemClock
 from quotas.connection_limits import BufferBudget, ConnectionLimiter, IpConnectionRates
 from quotas.fleet import DEFAULT_HEADROOM, FleetFallback, FleetView
@@ -70,9 +77,16 @@ class ProxyServer:
         self.registry_metrics = CollectorRegistry()
         self.metrics = SluiceMetrics(self.registry_metrics)
         self.quotas = QuotaManagers(config.quota_config(), self.clock, config.quota_plugins())
+        # Produce v13 / Fetch v13+ name topics by id: ids no forwarded Metadata named are asked of
+        # the broker by this process itself
+        self.topic_ids = TopicIdResolver(
+            self.quotas.topic_names, [(a.host, a.port) for a in config.upstream.bootstrap],
+            config.upstream.tls.context(), timeout_s=config.upstream.connect_timeout_ms / 1000 + 5)
+        self.topic_ids.attach()
         self.cluster_feed = ClusterMetadataFeed(self.quotas.update_cluster_metadata,
                                                 lambda: self.quotas.wants_cluster_metadata)
         self.quota_service = QuotaService(config, self.quotas)  # the store; started in start()
+        self.registry_metrics.register(QuotaStoreCollector(self.quota_service.unreadable))
         self.storage: StoragePoller | None = None  # storage-driven throttling; started in start()
         if config.storage is not None:
             self.storage = StoragePoller(
@@ -84,7 +98,7 @@ class ProxyServer:
         self.registry_metrics.register(HeadroomCollector(self.quotas, self.clock, sensor_collector.cap))
         self.fleet = make_fleet(config, self.quotas, self.clock, worker_index)  # one budget across processes
         if self.fleet is not None:
-            self.registry_metrics.register(FleetCollector(self.fleet))
+            self.registry_metrics.register(FleetCollector(self.fleet, config.metrics.max_series_per_metric))
         self.metrics_endpoint: MetricsEndpoint | None = None
         self.inventory: ConnectionInventory | None = None  # GET /connections, when enabled
         self._sampler: asyncio.Task[None] | None = None
@@ -117,7 +131,7 @@ class ProxyServer:
         if self.storage is not None:
             await self.storage.start()
         if self.fleet is not None:
-            self.fleet.start()
+            await self.fleet.start()  # joins before the listeners open
 
         def start_listener_factory(target: UpstreamTarget) -> object:
             return connection_factory(self._services())(target)
@@ -168,9 +182,13 @@ class ProxyServer:
         log.info("data plane: %s", fastpath.describe())
         if config.metrics.port is not None:
             inventory, token = self.inventory, BearerToken.configured(config.connections_endpoint)
+            degraded: list[Degraded] = [self.quota_service.problems]
+            if self.access_log is not None:
+                degraded.append(self.access_log.problems)
             self.metrics_endpoint = MetricsEndpoint.for_registry(
                 self.registry_metrics, lambda: not self._draining, {USAGE_PATH: self._usage},
-                connections=None if inventory is None else _async(inventory.render), token=token)
+                connections=None if inventory is None else _async(inventory.render), token=token,
+                degraded=degraded)
             if self.worker_index is None:
                 await self.metrics_endpoint.start(config.metrics.host, config.metrics.port)
             else:  # the supervisor serves metrics.port and merges every worker's registry
@@ -281,6 +299,7 @@ class ProxyServer:
             await self.storage.close()
         if self.fleet is not None:
             await self.fleet.close()
+        await self.topic_ids.close()
         await self.quota_service.close()
         self._stopped.set()
 
@@ -365,8 +384,9 @@ def make_access_log(config: ProxyConfig, worker: int | None = None) -> AccessLog
     if cfg.dir is None:
         return None
     kafka = None
-    if cfg.kafka_bootstrap is not None and cfg.kafka_topic is not None:
-        kafka = (cfg.kafka_bootstrap, cfg.kafka_topic)  # the writer process sends there (access_log_files)
+    if cfg.kafka_bootstrap is not None and cfg.kafka_topic is not None:  # the writer process sends there
+        settings = {k: v.get_secret_value() for k, v in cfg.kafka_config.items()}
+        kafka = (cfg.kafka_bootstrap, cfg.kafka_topic, settings)
     return AccessLogWriter(cfg.dir, config.instance, log_format=cfg.format,
                            rotate_bytes=cfg.rotate_mb * 1024 * 1024, queue_size=cfg.queue_size,
                            kafka=kafka, worker=worker)

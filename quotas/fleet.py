@@ -30,12 +30,26 @@ active on a group keeps at most its standby share for `warmup_ms` (two report in
 others' reports it holds are up to one interval old, so "nobody else is active" is not yet known;
 without this, members whose clients start together would each take the whole quota at first.
 
-**Staleness.** A member not heard from for `member_timeout_ms` has left: its share returns to the
-others at the next computation. **Fallback.** While the exchange is down (nothing received, not
-even this member's own echo, for `member_timeout_ms`, or the channel says so) every group's share
-is ``1 / n`` with ``n`` the last known member count (`FleetFallback.SPLIT`, the default: the fleet
-as a whole never admits more than one budget), or 1 (`FleetFallback.FULL`: each member enforces
-the whole quota, failing open).
+**Staleness.** A member not heard from for `member_timeout_ms` *while the exchange was healthy*
+has left: its share returns to the others at the next computation. "Healthy" needs evidence: the
+member is dropped only once something (this member's own echo will do) has been received more than
+the timeout after that member's last report, and after the exchange's return, more than the
+timeout after the return. So a silent exchange freezes the membership rather than emptying it.
+
+**Fallback.** While the exchange is down (nothing received, not even this member's own echo, for
+`member_timeout_ms`, or the channel says so) every group's share is ``1 / n`` with ``n`` the frozen
+member count (`FleetFallback.SPLIT`, the default: the fleet as a whole never admits more than one
+budget), or 1 (`FleetFallback.FULL`: each member enforces the whole quota, failing open).
+
+**Joining.** Until a member has heard the fleet (its own report came back through the exchange, so
+every report published before it has been read), it holds ``1 / n`` of every group with ``n`` the
+larger of `expected_members` and the members heard so far, counting itself: a restarted process
+takes no more than its due before it knows the others.
+
+**Report format** (`encode_report`): JSON, versioned by ``"v"``. Version 2 carries the whole
+`SensorKey` as a fixed six-element array; a field added to the key is a new version. A report of
+any other version is refused with `FleetReportVersionError` (the member counts it by reason and
+logs it once): an old member's report is never read as a new one's.
 """
 
 from __future__ import annotations
@@ -48,13 +62,30 @@ from dataclasses import dataclass, field
 
 from quotas.entity import QuotaKind, SensorKey
 
-#: Report format version (`"v"` in the JSON); a reader ignores reports of another version.
-REPORT_VERSION = 1
+#: Report format version (`"v"` in the JSON); a reader refuses reports of any other version.
+#: 1: groups were ``[scope, kind, user, client_id, used, constrained]`` (no prefix or topic);
+#: 2: groups are ``[scope, [kind, user, client_id, client_id_prefix, topic, topic_prefix], used,
+#: constrained]``.
+REPORT_VERSION = 2
+#: The fields of a `SensorKey` on the wire, in order (version 2).
+KEY_FIELDS = ("kind", "user", "client_id", "client_id_prefix", "topic", "topic_prefix")
 DEFAULT_HEADROOM = 0.2
 
 
 class FleetReportError(ValueError):
     """A payload that is not a usage report of this format."""
+
+    reason = "malformed"
+
+
+class FleetReportVersionError(FleetReportError):
+    """A usage report of another format version (`version`): an older member's, or a newer one's."""
+
+    def __init__(self, version: object) -> None:
+        self.version = version
+        old = type(version) is int and version < REPORT_VERSION
+        self.reason = "old_version" if old else "unknown_version"
+        super().__init__(f"a usage report of version {version!r}; this member reads version {REPORT_VERSION}")
 
 
 class FleetFallback(enum.Enum):
@@ -82,26 +113,46 @@ class UsageReport:
 
 
 def encode_report(report: UsageReport) -> bytes:
-    """Compact JSON: ``{"v", "fleet", "member", "seq", "interval_ms", "groups": [[scope, kind,
-    user, client_id, used_per_s, constrained], ...]}``."""
-    groups = [[g.scope, g.key.kind.value, g.key.user, g.key.client_id, round(g.used_per_s, 3),
-               1 if g.constrained else 0] for g in report.groups]
+    """Compact JSON, version 2::
+
+        {"v":2,"fleet":F,"member":M,"seq":N,"interval_ms":I,
+         "groups":[[scope,[kind,user,client_id,client_id_prefix,topic,topic_prefix],used_per_s,constrained],...]}
+
+    ``used_per_s`` is rounded to 3 decimals; ``constrained`` is 0 or 1."""
+    groups = [[g.scope, _encode_key(g.key), round(g.used_per_s, 3), 1 if g.constrained else 0]
+              for g in report.groups]
     return json.dumps({"v": REPORT_VERSION, "fleet": report.fleet_id, "member": report.member,
                        "seq": report.seq, "interval_ms": report.interval_ms, "groups": groups},
                       separators=(",", ":")).encode()
 
 
+def _encode_key(key: SensorKey) -> list[str]:
+    return [key.kind.value, key.user, key.client_id, key.client_id_prefix, key.topic, key.topic_prefix]
+
+
 _KINDS = {k.value: k for k in QuotaKind}
 
 
+def _decode_key(raw: object) -> SensorKey:
+    if not (isinstance(raw, list) and len(raw) == len(KEY_FIELDS) and all(isinstance(x, str) for x in raw)):
+        raise FleetReportError(f"bad key {raw!r}: want {len(KEY_FIELDS)} strings {KEY_FIELDS}")
+    kind = _KINDS.get(raw[0])
+    if kind is None:
+        raise FleetReportError(f"unknown quota kind {raw[0]!r}")
+    return SensorKey(kind, raw[1], raw[2], raw[3], raw[4], raw[5])
+
+
 def decode_report(payload: bytes) -> UsageReport:
-    """The inverse of `encode_report`; anything else raises `FleetReportError`."""
+    """The inverse of `encode_report`. A report of another version raises
+    `FleetReportVersionError`; anything else that is not a version-2 report, `FleetReportError`."""
     try:
         raw = json.loads(payload)
     except (ValueError, UnicodeDecodeError) as exc:
         raise FleetReportError(f"not JSON: {exc}") from None
-    if not isinstance(raw, dict) or raw.get("v") != REPORT_VERSION:
-        raise FleetReportError("not a usage report of version 1")
+    if not isinstance(raw, dict) or "v" not in raw:
+        raise FleetReportError("not a usage report (no version)")
+    if raw["v"] != REPORT_VERSION or type(raw["v"]) is not int:
+        raise FleetReportVersionError(raw["v"])
     try:
         fleet_id, member, seq, interval_ms = raw["fleet"], raw["member"], raw["seq"], raw["interval_ms"]
         if not (isinstance(fleet_id, str) and isinstance(member, str) and type(seq) is int
@@ -109,13 +160,14 @@ def decode_report(payload: bytes) -> UsageReport:
             raise FleetReportError("bad header fields")
         groups = []
         for g in raw["groups"]:
-            scope, kind, user, client_id, used, constrained = g
-            if not (isinstance(scope, str) and isinstance(user, str) and isinstance(client_id, str)
-                    and isinstance(used, int | float) and not isinstance(used, bool) and math.isfinite(used)
-                    and used >= 0 and constrained in (0, 1)):
+            if not (isinstance(g, list) and len(g) == 4):
                 raise FleetReportError(f"bad group {g!r}")
-            groups.append(GroupUsage(scope, SensorKey(_KINDS[kind], user, client_id), float(used),
-                                     bool(constrained)))
+            scope, key, used, constrained = g
+            if not (isinstance(scope, str) and isinstance(used, int | float) and not isinstance(used, bool)
+                    and math.isfinite(used) and used >= 0 and type(constrained) is int
+                    and constrained in (0, 1)):
+                raise FleetReportError(f"bad group {g!r}")
+            groups.append(GroupUsage(scope, _decode_key(key), float(used), bool(constrained)))
     except (KeyError, TypeError, ValueError) as exc:
         if isinstance(exc, FleetReportError):
             raise
@@ -146,12 +198,15 @@ def water_fill(wants: Iterable[float]) -> list[float]:
 @dataclass(frozen=True, slots=True)
 class ShareDecision:
     """Shares for one member at one moment: `shares` per (scope, key) where it is active,
-    `standby` for every other group, and why (for logs and metrics)."""
+    `standby` for every other group, the groups the others use, and why (for logs and metrics)."""
 
     shares: Mapping[tuple[str, SensorKey], float]
     standby: float
     members: int
     fallback: bool = False
+    joining: bool = False   # this member has not heard the fleet yet
+    #: groups other members are using (a sensor created here for one starts without credit)
+    busy: frozenset[tuple[str, SensorKey]] = frozenset()
 
 
 @dataclass(slots=True)
@@ -173,12 +228,21 @@ class FleetView:
     _heard: dict[str, _Heard] = field(default_factory=dict)
     _active_since: dict[tuple[str, SensorKey], int] = field(default_factory=dict)
     _last_any_ms: int | None = None
+    _healthy_since_ms: int = 0
+    _joined: bool = False
+    _first_decide_ms: int | None = None
     _last_known_members: int = 1
     rejected: int = 0
 
     def expect_members(self, n: int) -> None:
-        """The member count the fallback splits by until the fleet has been heard from."""
+        """The member count the fallback and a joining member split by until the fleet has been
+        heard from."""
         self._last_known_members = max(1, n)
+
+    @property
+    def joined(self) -> bool:
+        """This member's own report came back: every report published before it has been read."""
+        return self._joined
 
     def receive(self, report: UsageReport, now_ms: int) -> bool:
         """Take a report (this member's own echo included). Reports of another fleet, or older
@@ -186,7 +250,12 @@ class FleetView:
         if report.fleet_id != self.fleet_id:
             self.rejected += 1
             return False
+        if self.exchange_silent(now_ms):
+            # the exchange is back (or heard for the first time): members' silence counts from now
+            self._healthy_since_ms = now_ms
         self._last_any_ms = now_ms
+        if report.member == self.member:
+            self._joined = True
         heard = self._heard.get(report.member)
         if heard is not None and report.seq <= heard.report.seq:
             return False
@@ -194,10 +263,16 @@ class FleetView:
         return True
 
     def live_members(self, now_ms: int) -> list[str]:
-        """Members heard from within the timeout (this member always counts); forgets the rest."""
-        cutoff = now_ms - self.member_timeout_ms
-        for name in [m for m, h in self._heard.items() if h.received_ms < cutoff]:
-            del self._heard[name]
+        """Members not known to have left (this member always counts); forgets those that have.
+
+        A member has left when the exchange delivered something more than the timeout after its
+        last report (and after the exchange's last return): silence the exchange itself may
+        explain is not taken as leaving."""
+        last_any = self._last_any_ms
+        if last_any is not None:
+            for name in [m for m, h in self._heard.items()
+                         if last_any - max(h.received_ms, self._healthy_since_ms) > self.member_timeout_ms]:
+                del self._heard[name]
         live = set(self._heard)
         live.add(self.member)
         return sorted(live)
@@ -214,13 +289,10 @@ class FleetView:
                now_ms: int, *, channel_up: bool = True) -> ShareDecision:
         """This member's shares. `own` is its fresh usage per group; `limits` the unshared limit of
         every group it has a sensor for (None: unlimited, share irrelevant)."""
-        if not channel_up or self.exchange_silent(now_ms):
-            n = self._last_known_members
-            share = 1.0 if self.fallback_mode is FleetFallback.FULL else 1.0 / n
-            return ShareDecision({}, share, n, fallback=True)
-        live = self.live_members(now_ms)
-        self._last_known_members = len(live)
-        standby = 1.0 / len(live)
+        if self._first_decide_ms is None:
+            self._first_decide_ms = now_ms
+        silent = not channel_up or self.exchange_silent(now_ms)
+        live = self.live_members(now_ms)  # frozen while silent: nobody left then
         others: dict[tuple[str, SensorKey], list[GroupUsage]] = {}
         for name in live:
             if name == self.member:
@@ -228,6 +300,17 @@ class FleetView:
             for g in self._heard[name].report.groups:
                 if g.used_per_s > 0 or g.constrained:
                     others.setdefault((g.scope, g.key), []).append(g)
+        busy = frozenset(others)
+        if silent or not self._joined:
+            n = max(self._last_known_members, len(live))
+            full = self.fallback_mode is FleetFallback.FULL
+            if not self._joined and now_ms - self._first_decide_ms <= self.member_timeout_ms:
+                # joining: its due until its own report comes back; once it has waited a whole
+                # timeout for it, the exchange counts as down (FULL then fails open)
+                return ShareDecision({}, 1.0 / n, n, joining=True, busy=busy)
+            return ShareDecision({}, 1.0 if full else 1.0 / n, n, fallback=True, busy=busy)
+        self._last_known_members = len(live)
+        standby = 1.0 / len(live)
         shares: dict[tuple[str, SensorKey], float] = {}
         active_since: dict[tuple[str, SensorKey], int] = {}
         for mine in own:
@@ -245,7 +328,7 @@ class FleetView:
                 share = min(share, standby)
             shares[group] = share
         self._active_since = active_since
-        return ShareDecision(shares, standby, len(live))
+        return ShareDecision(shares, standby, len(live), busy=busy)
 
     def _want(self, g: GroupUsage, limit: float) -> float:
         return math.inf if g.constrained else g.used_per_s * (1.0 + self.headroom) / limit

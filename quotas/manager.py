@@ -17,7 +17,7 @@ Per request the proxy calls `record_and_check(kind, identity, value)` and gets a
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator, Mapping
+from collections.abc import Collection, Iterator, Mapping
 from dataclasses import dataclass
 from typing import NamedTuple
 
@@ -216,6 +216,7 @@ class QuotaManager:
         self._scales: dict[QuotaKind, float] = {}  # storage throttle factors (set_limit_scale)
         self._shares: Mapping[SensorKey, float] = {}  # fleet shares (set_shares)
         self._standby_share = 1.0
+        self._busy: Collection[SensorKey] = frozenset()  # groups other fleet members use (set_shares)
         self._config = QuotaConfig(window=config.window)
         self._apply(config)
 
@@ -355,17 +356,24 @@ class QuotaManager:
     def limit_scale(self, kind: QuotaKind) -> float:
         return self._scales.get(kind, 1.0)
 
-    def set_shares(self, shares: Mapping[SensorKey, float], standby: float) -> None:
+    def set_shares(self, shares: Mapping[SensorKey, float], standby: float,
+                   busy: Collection[SensorKey] = frozenset()) -> None:
         """Fleet mode: this process enforces ``bound x share`` (`quotas.fleet`): `shares` for the
         sharing groups it is active on, `standby` for every other (and every new) one. Sensors keep
         their history. While a share is below 1 a byte-rate throttle is capped at the full quota
         window, as for a storage factor, so a client held by a small share checks again within one
-        window once the shares move."""
+        window once the shares move.
+
+        `busy`: groups other members are using. A sensor created here for one of them starts
+        *spent*, as if it had run at its bound for the last window (`_start_spent`): the budget's
+        recent past was used elsewhere, so a new sensor's credit (Kafka's young-rate padding, or a
+        full token bucket) would admit it a second time."""
         for share in (standby, *shares.values()):
             if not 0.0 < share <= 1.0:
                 raise ValueError(f"a share must be in (0, 1], got {share}")
         self._shares = dict(shares)
         self._standby_share = standby
+        self._busy = busy
         for sensor in self._sensors.values():
             share = self._shares.get(sensor.key, standby)
             if share != sensor.share:
@@ -482,11 +490,14 @@ class QuotaManager:
             sensor = self._sensors.get(key)
             if sensor is None:
                 sensor = self._retired.pop(key, None) if self._retired else None
+                fresh = sensor is None
                 if sensor is None:
                     sensor = _Sensor(key, SampledRate(self._rate_config), now, self._last_sweep_ms)
                 else:
                     sensor.touched_sweep_ms = self._last_sweep_ms  # now at the end of the dict
                 self._bind_limit(sensor)
+                if fresh and self._busy and key in self._busy:
+                    self._start_spent(sensor, now)
                 self._sensors[key] = sensor
             bindings[identity] = sensor
         return sensor
@@ -518,6 +529,23 @@ class QuotaManager:
     def _unlimited(self, kind: QuotaKind, identity: ClientIdentity) -> ThrottleDecision:
         return ThrottleDecision(kind, self._callback.sensor_key(kind, identity), 0, 0.0, None,
                                 self._config.shadow_all, None)
+
+    def _start_spent(self, sensor: _Sensor, now: int) -> None:
+        """No credit for a new sensor of a group the fleet is using: a token bucket starts empty;
+        a windowed rate starts with one window's worth of its bound in each of the samples - 1
+        windows before now (the rate is then exactly the bound, and those samples expire one per
+        window as a steady client's would). Its `used_total` (what the fleet is told) is untouched."""
+        bound = sensor.bound
+        if bound is None or bound <= 0:
+            return
+        if sensor.bucket is not None:
+            burst = bound * sensor.burst_s
+            sensor.bucket.record(burst, bound, burst, now)
+            return
+        window_ms = self._window_ms
+        per_window = bound * window_ms / 1000.0
+        for back in range(self._rate_config.samples - 1, 0, -1):
+            sensor.rate.record(per_window, now - back * window_ms)
 
     def _bind_limit(self, sensor: _Sensor) -> None:
         bound = self._callback.quota_limit(sensor.key)

@@ -15,14 +15,31 @@ whole or not at all. One Sluice instance per file; its workers (`--workers N`) s
 process polls SQLite's `PRAGMA data_version` (`watch_interval_ms`, 100 ms) and reloads the table
 when another process committed, so a change made through one worker applies in all within ~100 ms.
 
-`kafka` is a compacted topic shared by several instances. Record key = the entity (JSON of its
-components), value = JSON of all its keys and values, a tombstone when its last key goes. Every
-instance consumes the topic from the beginning and keeps consuming; a write is produced with
-acks=all and `apply` returns once this instance has read its own records back, so every instance
-applies every change in the topic's order. Consistency: last write wins per entity key (two
-instances changing different keys of one entity at the same moment: one change is lost), and a
-change reaches every instance within the consumer's poll interval (`poll_interval_ms`, 100 ms).
-The records of one batch are written one after another, not atomically.
+`kafka` is a compacted topic shared by several instances (and their workers). It is designed on
+what Kafka guarantees, so that no change an admin was told succeeded is ever undone:
+
+* One record per (entity, quota key): key ``[{"client-id":"x"},"producer_byte_rate"]``, value
+  the number, a tombstone when the key is removed. Compaction keeps the latest record per key, so
+  the topic is Kafka's own ``entity -> {key: value}`` map (`ClientQuotaRecord` is per key too).
+  A write never reads and rewrites an entity: two writers changing different keys of one entity
+  touch different records, and both changes stand. Two writers changing the same key: the one
+  the partition log orders last wins, on every instance alike (one partition: one order).
+* A batch (one AlterClientQuotas request, a seed) is one Kafka transaction (a transactional
+  producer, `transactional.id` unique to this process) and consumers read committed records
+  only: every instance sees all of a batch or none of it. An error aborts the transaction, so
+  an error answered means nothing of the batch was written (unless the abort itself fails,
+  which the error then says).
+* `apply` returns once this instance has read its batch back, so what it answers is what it
+  enforces. A committed batch not read back within `write_timeout_ms` is not an error: it is in
+  the log and applies when it is read; the table returned already holds it.
+* Every instance consumes the topic from the beginning and keeps consuming; a change reaches
+  every instance within the consumer's poll interval (`poll_interval_ms`, 100 ms).
+* A record Sluice cannot read (a bad entity, an unknown key, a value out of range) is an error
+  naming the record: at start the store refuses to open; later it is logged and listed by
+  `KafkaStore.unreadable` (counted in `sluice_quota_store_unreadable_records`) until a readable
+  record with the same key replaces it. No quota is silently dropped.
+* The older format (one record per entity holding all its keys) is still read, in log order,
+  and rewritten as one record per key (in one transaction) when an instance opens the topic.
 
 Meta values (seeding state, see `reconcile_seed`) are rows of a `meta` table, or records keyed
 ``__sluice__/<name>``.
@@ -44,7 +61,7 @@ from typing import Any, Literal, Protocol
 
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationInfo, field_validator, model_validator
 
-from quotas.entity import CLIENT_ID, USER, QuotaEntity
+from quotas.entity import QuotaEntity
 from quotas.errors import QuotaConfigError
 from quotas.table import QuotaChange, QuotaTable, format_value, validate_key_value
 
@@ -64,6 +81,15 @@ class StoreError(Exception):
 
 
 # ---------------------------------------------------------------------------------- config
+
+def librdkafka_text(value: object) -> object:
+    """A mapping of librdkafka settings with YAML's numbers and booleans as the strings librdkafka
+    takes (``30000``, ``true``); anything else is left for validation to refuse."""
+    if not isinstance(value, dict):
+        return value
+    return {k: (str(v).lower() if isinstance(v, bool) else str(v)) if isinstance(v, bool | int | float)
+            else v for k, v in value.items()}
+
 
 class StoreSasl(BaseModel):
     """Credentials for the brokers' quota import over SASL (PLAIN or SCRAM)."""
@@ -109,6 +135,12 @@ class StoreConfig(BaseModel):
             return Path(base) / value
         return value
 
+    @field_validator("kafka_config", mode="before")
+    @classmethod
+    def _settings_as_text(cls, value: object) -> object:
+        """YAML numbers and booleans as the strings librdkafka takes (``30000``, ``true``)."""
+        return librdkafka_text(value)
+
     @model_validator(mode="after")
     def _kafka_library(self) -> StoreConfig:
         if self.type == "kafka" and importlib.util.find_spec("confluent_kafka") is None:
@@ -128,12 +160,13 @@ def encode_entity(entity: QuotaEntity) -> str:
 
 
 def decode_entity(text: str) -> QuotaEntity:
-    data = json.loads(text)
+    try:
+        data = json.loads(text)
+    except ValueError:
+        raise ValueError(f"not an entity: {text!r}") from None
     if not isinstance(data, dict) or not all(isinstance(v, str | None) for v in data.values()):
         raise ValueError(f"not an entity: {text!r}")
-    if set(data) - {USER, CLIENT_ID}:
-        raise ValueError(f"unknown entity types in {text!r}")
-    return QuotaEntity.from_kafka(data.items())
+    return QuotaEntity.from_kafka(data.items())  # every entity type Sluice knows, or QuotaConfigError
 
 
 def encode_table(table: Mapping[QuotaEntity, Mapping[str, float]]) -> str:
@@ -172,6 +205,8 @@ class QuotaStore(Protocol):
     def meta(self, name: str) -> str | None: ...
 
     def subscribe(self, callback: Callable[[QuotaTable], None]) -> None: ...
+
+    def unreadable(self) -> dict[str, str]: ...
 
     def close(self) -> None: ...
 
@@ -220,6 +255,9 @@ class MemoryStore(_Subscribers):
     def meta(self, name: str) -> str | None:
         return self._meta.get(name)
 
+    def unreadable(self) -> dict[str, str]:
+        return {}
+
     def close(self) -> None:
         pass
 
@@ -248,6 +286,7 @@ class SqliteStore(_Subscribers):
         self.path = path
         self._lock = threading.Lock()
         self._closed = threading.Event()
+        self._problem: str | None = None
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
             self._db = sqlite3.connect(str(path), check_same_thread=False, isolation_level=None)
@@ -292,10 +331,18 @@ class SqliteStore(_Subscribers):
             try:
                 changed = self.poll_external_change()
             except StoreError as exc:
-                log.warning("%s", exc)
+                if self._problem != str(exc):  # once per problem: it is on /healthz and a metric
+                    log.error("%s; the quotas as last read stay in force", exc)
+                self._problem = str(exc)
                 continue
             if changed is not None:
                 self.notify(changed)
+
+    def unreadable(self) -> dict[str, str]:
+        """The file's problem when another process last changed it into something Sluice cannot
+        read (the quotas as last read stay in force); empty otherwise."""
+        problem = self._problem
+        return {} if problem is None else {str(self.path): problem}
 
     def poll_external_change(self) -> QuotaTable | None:
         """The table as another process left it, when one committed since the last poll; else None."""
@@ -308,27 +355,36 @@ class SqliteStore(_Subscribers):
                 raise StoreError(f"cannot read the quota store {self.path}: {exc}") from exc
             if version == self._data_version:
                 return None
+            table = self._read()  # raises while the file holds a row it cannot read: tried again next time
             self._data_version = version
-            table = self._read()
+            self._problem = None
             if table == self._table:
                 return None
             self._table = table
             return table
 
     def _read(self) -> QuotaTable:
-        rows: dict[QuotaEntity, dict[str, object]] = {}
+        rows: dict[QuotaEntity, dict[str, float]] = {}
         try:
-            cursor = self._db.execute("SELECT entity, key, value FROM quotas ORDER BY entity, key")
-            for entity_text, key, value in cursor:
+            # every row first: a statement left unfinished by an error below would hold its read
+            # snapshot, and the next reads would see the file as it was then
+            found = self._db.execute("SELECT entity, key, value FROM quotas ORDER BY entity, key").fetchall()
+            for entity_text, key, value in found:
                 try:
                     entity = decode_entity(entity_text)
                 except (ValueError, QuotaConfigError) as exc:
-                    log.warning("%s: ignoring a row for a bad entity %r: %s", self.path, entity_text, exc)
-                    continue
-                rows.setdefault(entity, {})[key] = value
+                    raise StoreError(f"the quota store {self.path} holds a row Sluice cannot read (entity "
+                                     f"{entity_text}, key {key}): {exc}") from None
+                problem = (f"value {value!r} is not a number"
+                           if isinstance(value, bool) or not isinstance(value, int | float)
+                           else validate_key_value(key, float(value)))
+                if problem is not None:
+                    raise StoreError(f"the quota store {self.path} holds a row Sluice cannot read (entity "
+                                     f"{entity_text}, key {key}): {problem}")
+                rows.setdefault(entity, {})[key] = float(value)
         except sqlite3.Error as exc:
             raise StoreError(f"cannot read the quota store {self.path}: {exc}") from exc
-        return QuotaTable((e, checked_values(e, v, str(self.path))) for e, v in rows.items())
+        return QuotaTable(rows.items())
 
     def load(self) -> QuotaTable:
         with self._lock:
@@ -387,7 +443,13 @@ class SqliteStore(_Subscribers):
 
 
 class KafkaStore(_Subscribers):
-    """A compacted topic every instance reads from the beginning and writes through."""
+    """A compacted topic every instance reads from the beginning and writes through.
+
+    One record per (entity, quota key): key ``[{"client-id":"x"},"producer_byte_rate"]`` (the
+    entity as `encode_entity`, then the key), value the number as JSON, a tombstone when the key
+    is removed. A batch is one Kafka transaction (`transactional.id` unique to this process); the
+    consumer reads committed records only. See the module docstring for why.
+    """
 
     def __init__(self, bootstrap: str, topic: str, *, replication_factor: int = -1,
                  poll_interval_ms: int = 100, write_timeout_ms: int = 10_000,
@@ -395,7 +457,7 @@ class KafkaStore(_Subscribers):
                  load_timeout_s: float = 30.0) -> None:
         super().__init__()
         try:
-            from confluent_kafka import Consumer, KafkaException, Producer
+            from confluent_kafka import Consumer, KafkaException
         except ImportError:
             raise StoreError("the kafka quota store needs confluent-kafka: pip install confluent-kafka") \
                 from None
@@ -403,18 +465,22 @@ class KafkaStore(_Subscribers):
         self.topic = topic
         self._timeout_s = write_timeout_ms / 1000
         self._poll_s = poll_interval_ms / 1000
-        common = {"bootstrap.servers": bootstrap, **(kafka_config or {})}
+        self._common = {"bootstrap.servers": bootstrap, **(kafka_config or {})}
+        self._instance = instance
         self._table = QuotaTable()
         self._meta: dict[str, str] = {}
+        self._legacy: set[str] = set()           # keys of readable records of the old format
+        self._unreadable: dict[str, str] = {}    # record key -> why it cannot be read
         self._cond = threading.Condition()
+        self._write_lock = threading.Lock()
         self._position: dict[int, int] = {}
+        self._unnotified = False                 # the table changed since subscribers were told
         self._closed = threading.Event()
+        self._producer: Any = None
         try:
-            partitions = self._ensure_topic(common, replication_factor)
-            self._producer = Producer({**common, "acks": "all", "enable.idempotence": True, "linger.ms": 0,
-                                       "client.id": f"sluice-quota-store-{instance}"})
+            partitions = self._ensure_topic(self._common, replication_factor)
             group = f"sluice-quota-store-{instance}-{uuid.uuid4().hex}"  # never joined: we assign
-            self._consumer = Consumer({**common, "group.id": group,
+            self._consumer = Consumer({**self._common, "group.id": group, "isolation.level": "read_committed",
                                        "enable.auto.commit": False, "enable.partition.eof": False,
                                        "fetch.wait.max.ms": poll_interval_ms, "fetch.error.backoff.ms": 100,
                                        "client.id": f"sluice-quota-store-{instance}"})
@@ -422,8 +488,18 @@ class KafkaStore(_Subscribers):
             raise StoreError(f"cannot reach the quota store topic {topic} on {bootstrap}: {exc}") from exc
         self._partitions = partitions
         self._catch_up(load_timeout_s)
+        self._unnotified = False  # nobody has subscribed yet: `load` gives them the table
+        if self._unreadable:
+            self._consumer.close()
+            raise StoreError(f"the quota store topic {topic} holds records Sluice cannot read "
+                             f"(fix or delete them; nothing is dropped silently): "
+                             f"{self._describe_unreadable()}")
         self._thread = threading.Thread(target=self._run, name="quota-store-consumer", daemon=True)
         self._thread.start()
+        if self._legacy:
+            self._migrate()
+
+    # ---------------------------------------------------------------- reading
 
     def _ensure_topic(self, common: Mapping[str, str], replication_factor: int) -> list[int]:
         from confluent_kafka import KafkaError, KafkaException
@@ -454,13 +530,19 @@ class KafkaStore(_Subscribers):
         return sorted(topic.partitions)
 
     def _catch_up(self, timeout_s: float) -> None:
-        """Read the topic from the beginning up to its end as of now."""
+        """Read the topic from the beginning up to its end as of now. The end is the high watermark;
+        the consumer's position (not the last record's offset) is compared with it, since the
+        position moves past transaction markers, which are never delivered."""
         from confluent_kafka import OFFSET_BEGINNING, TopicPartition
 
         deadline = time.monotonic() + timeout_s
         ends = {p: self._end_offset(p, deadline) for p in self._partitions}
         self._consumer.assign([TopicPartition(self.topic, p, OFFSET_BEGINNING) for p in self._partitions])
-        while any(self._position.get(p, 0) < end for p, end in ends.items()):
+        while True:
+            positions = {tp.partition: tp.offset for tp in
+                         self._consumer.position([TopicPartition(self.topic, p) for p in self._partitions])}
+            if all(max(positions.get(p, -1), self._position.get(p, 0)) >= end for p, end in ends.items()):
+                return
             if time.monotonic() > deadline:
                 raise StoreError(f"could not read the quota store topic {self.topic} to its end "
                                  f"within {timeout_s:g} s")
@@ -489,52 +571,68 @@ class KafkaStore(_Subscribers):
                 time.sleep(0.2)
 
     def _poll_once(self, notify: bool) -> None:
-        msg = self._consumer.poll(self._poll_s)
-        if msg is None:
-            return
-        if msg.error() is not None:
-            log.warning("quota store consumer: %s", msg.error())
-            return
+        """Read what is there (up to 1,000 records) and apply it. Subscribers are told only once the
+        consumer is at the partition's end (read_committed: its last stable offset), which is
+        always a transaction's boundary: they never see part of a batch."""
+        msgs = self._consumer.consume(1000, self._poll_s)
         changed = False
-        key = (msg.key() or b"").decode("utf-8", "replace")
-        value = msg.value()
         with self._cond:
-            if key.startswith(META_PREFIX):
-                name = key[len(META_PREFIX):]
-                if value is None:
-                    self._meta.pop(name, None)
-                else:
-                    self._meta[name] = value.decode("utf-8", "replace")
-            else:
-                changed = self._apply_record(key, value)
-            self._position[int(msg.partition() or 0)] = int(msg.offset() or 0) + 1
+            for msg in msgs:
+                if msg.error() is not None:
+                    log.warning("quota store consumer: %s", msg.error())
+                    continue
+                key = (msg.key() or b"").decode("utf-8", "replace")
+                value = msg.value()
+                if key.startswith(META_PREFIX):
+                    name = key[len(META_PREFIX):]
+                    if value is None:
+                        self._meta.pop(name, None)
+                    else:
+                        self._meta[name] = value.decode("utf-8", "replace")
+                elif self._apply_record(key, value, int(msg.offset() or 0)):
+                    changed = True
+                self._position[int(msg.partition() or 0)] = int(msg.offset() or 0) + 1
+            self._unnotified = self._unnotified or changed
             table = self._table
-            self._cond.notify_all()
-        if changed and notify:
+            if msgs:
+                self._cond.notify_all()
+        if notify and self._unnotified and self._at_end():
+            self._unnotified = False
             self.notify(table)
 
-    def _apply_record(self, key: str, value: bytes | None) -> bool:
-        try:
-            entity = decode_entity(key)
-        except (ValueError, QuotaConfigError) as exc:
-            log.warning("topic %s: ignoring a record for a bad entity %r: %s", self.topic, key, exc)
-            return False
-        values: dict[str, float] = {}
-        if value is not None:
-            try:
-                raw = json.loads(value)
-                if not isinstance(raw, dict):
-                    raise ValueError("not a JSON object")
-            except ValueError as exc:
-                log.warning("topic %s: ignoring a bad record for %s: %s", self.topic, entity.describe(), exc)
+    def _at_end(self) -> bool:
+        """The consumer has read every committed record it knows of (its cached end offsets)."""
+        from confluent_kafka import TopicPartition
+
+        for tp in self._consumer.position([TopicPartition(self.topic, p) for p in self._partitions]):
+            _low, high = self._consumer.get_watermark_offsets(tp, cached=True)
+            if tp.offset < 0 or (high >= 0 and tp.offset < high):
                 return False
-            values = checked_values(entity, raw, f"topic {self.topic}")
-        old = self._table.get(entity, {})
-        if dict(old) == values:
+        return True
+
+    def _apply_record(self, key: str, value: bytes | None, offset: int) -> bool:
+        """Apply one quota record (under `_cond`); True when the table changed. A record that
+        cannot be read is remembered by its key (an error at start; logged and counted later)
+        until a readable record with the same key replaces it."""
+        try:
+            changes = record_changes(key, value, self._table)
+        except ValueError as exc:
+            if value is None:  # a tombstone clears whatever its key held, readable or not
+                self._unreadable.pop(key, None)
+                return False
+            self._unreadable[key] = f"offset {offset}: {exc}"
+            log.error("quota store topic %s: cannot read the record %s at offset %d: %s", self.topic,
+                      key, offset, exc)
             return False
-        changes = [QuotaChange(entity, k, None) for k in old if k not in values]
-        changes += [QuotaChange(entity, k, v) for k, v in values.items()]
-        self._table = self._table.apply(changes)
+        self._unreadable.pop(key, None)
+        if key.startswith("{"):
+            (self._legacy.add if value is not None else self._legacy.discard)(key)
+        if not changes:
+            return False
+        table = self._table.apply(changes)
+        if table == self._table:
+            return False
+        self._table = table
         return True
 
     def _run(self) -> None:
@@ -543,6 +641,16 @@ class KafkaStore(_Subscribers):
                 self._poll_once(notify=True)
             except Exception:  # keep consuming whatever one record does
                 log.exception("quota store consumer failed on a record")
+
+    def unreadable(self) -> dict[str, str]:
+        """Records the store could not read (record key -> why): for `/healthz` and metrics."""
+        with self._cond:
+            return dict(self._unreadable)
+
+    def _describe_unreadable(self) -> str:
+        items = sorted(self._unreadable.items())
+        text = "; ".join(f"record {k}: {why}" for k, why in items[:5])
+        return text + (f"; and {len(items) - 5} more" if len(items) > 5 else "")
 
     def load(self) -> QuotaTable:
         with self._cond:
@@ -555,63 +663,213 @@ class KafkaStore(_Subscribers):
         with self._cond:
             return self._meta.get(name)
 
-    def apply(self, changes: Sequence[QuotaChange], meta: Mapping[str, str] | None = None) -> QuotaTable:
+    # ---------------------------------------------------------------- writing
+
+    def _migrate(self) -> None:
+        """Rewrite the old format's entity records (all of an entity's keys in one record) as one
+        record per key, and delete them, in one transaction."""
         with self._cond:
-            current = self._table
-        after = current.apply(changes)
-        touched = list(dict.fromkeys(c.entity for c in changes))
+            legacy = sorted(self._legacy)
+            table = self._table
         records: list[tuple[str, bytes | None]] = []
-        for entity in touched:
-            new = after.get(entity)
-            if (dict(new) if new else None) == (dict(current[entity]) if entity in current else None):
-                continue
-            records.append((encode_entity(entity), None if new is None else json.dumps(dict(new)).encode()))
+        for key in legacy:  # the old record's tombstone first: it removes every key of its entity
+            entity = decode_entity(key)
+            records.append((key, None))
+            for name, value in sorted(table.get(entity, {}).items()):
+                records.append((encode_record_key(entity, name), json.dumps(value).encode()))
+        try:
+            self._write(records)
+        except StoreError as exc:
+            log.warning("quota store topic %s: old-format records not migrated yet (they are still read): %s",
+                        self.topic, exc)
+            return
+        log.info("quota store topic %s: %d old-format entity record(s) rewritten as one record per key",
+                 self.topic, len(legacy))
+
+    def apply(self, changes: Sequence[QuotaChange], meta: Mapping[str, str] | None = None) -> QuotaTable:
+        """Write the batch in one transaction, one record per changed (entity, key): a change to one
+        key never rewrites another, so concurrent writers of different keys never undo each other.
+        Returns once this instance has read the batch back; if that takes longer than the write
+        timeout, the committed batch is still reported as written (it will be read: it is in the
+        log), with the table as it will be."""
+        last: dict[tuple[QuotaEntity, str], float | None] = {}
+        for change in changes:
+            last[(change.entity, change.key)] = change.value
+        records: list[tuple[str, bytes | None]] = [
+            (encode_record_key(entity, key), None if value is None else json.dumps(float(value)).encode())
+            for (entity, key), value in last.items()]
         records += [(META_PREFIX + name, value.encode()) for name, value in (meta or {}).items()]
         if not records:
-            return current
-        written = self._produce(records)
+            return self.current()
+        written = self._write(records)
         deadline = time.monotonic() + self._timeout_s
         with self._cond:
             while any(self._position.get(p, 0) <= offset for p, offset in written.items()):
                 left = deadline - time.monotonic()
                 if left <= 0:
-                    raise StoreError(f"the change was written to {self.topic} but not read back within "
-                                     f"{self._timeout_s:g} s")
+                    log.warning("quota store topic %s: a committed change is not read back yet after %g s; "
+                                "it applies when it is", self.topic, self._timeout_s)
+                    return self._table.apply(changes)
                 self._cond.wait(left)
             return self._table
 
-    def _produce(self, records: Sequence[tuple[str, bytes | None]]) -> dict[int, int]:
-        """Produce and wait for every ack; the highest offset written per partition."""
+    def _write(self, records: Sequence[tuple[str, bytes | None]]) -> dict[int, int]:
+        """Produce `records` in one transaction; the highest offset written per partition. Either
+        every record is committed or none is (an error aborts the transaction)."""
         from confluent_kafka import KafkaException
 
-        errors: list[str] = []
-        written: dict[int, int] = {}
+        with self._write_lock:
+            errors: list[str] = []
+            written: dict[int, int] = {}
 
-        def delivered(err: Any, msg: Any) -> None:
-            if err is not None:
-                errors.append(str(err))
-            else:
-                written[msg.partition()] = max(written.get(msg.partition(), -1), msg.offset())
+            def delivered(err: Any, msg: Any) -> None:
+                if err is not None:
+                    errors.append(str(err))
+                else:
+                    written[msg.partition()] = max(written.get(msg.partition(), -1), msg.offset())
+
+            producer = self._transactional_producer()
+            try:
+                producer.begin_transaction()
+                for key, value in records:
+                    producer.produce(self.topic, key=key.encode(), value=value, on_delivery=delivered)
+                left = producer.flush(self._timeout_s)
+                if errors or left:
+                    why = "; ".join(errors) or \
+                        f"{left} record(s) not acknowledged within {self._timeout_s:g} s"
+                    raise StoreError(why)
+                self._commit(producer)
+            except (KafkaException, BufferError, StoreError) as exc:
+                outcome = "nothing of the batch was written" if self._abort(producer) else \
+                    "the transaction could not be aborted: the batch may still apply"
+                raise StoreError(f"cannot write to the quota store topic {self.topic} ({outcome}): "
+                                 f"{exc}") from exc
+            return written
+
+    def _transactional_producer(self) -> Any:
+        from confluent_kafka import KafkaException, Producer
+
+        if self._producer is None:
+            transactional_id = f"sluice-quota-store-{self._instance}-{uuid.uuid4().hex}"  # one per process
+            producer = Producer({**self._common, "acks": "all", "enable.idempotence": True, "linger.ms": 0,
+                                 "transactional.id": transactional_id,
+                                 # a process that dies mid-batch holds readers back until the broker
+                                 # aborts its transaction: this long, just over a batch's own limit
+                                 "transaction.timeout.ms": int(self._timeout_s * 1000) + 5_000,
+                                 "client.id": f"sluice-quota-store-{self._instance}"})
+            # the first transactional producer of a cluster makes it create and load its transaction
+            # log: retriable errors (coordinator loading, not available) are retried for a while
+            deadline = time.monotonic() + max(30.0, self._timeout_s)
+            while True:
+                try:
+                    producer.init_transactions(max(1.0, deadline - time.monotonic()))
+                    break
+                except KafkaException as exc:
+                    if not exc.args[0].retriable() or time.monotonic() >= deadline:
+                        raise StoreError(f"cannot start writing to the quota store topic {self.topic} "
+                                         f"(Kafka transactions): {exc}") from exc
+                    log.info("quota store topic %s: %s; retrying", self.topic, exc.args[0].str())
+            self._producer = producer
+        return self._producer
+
+    def _commit(self, producer: Any) -> None:
+        from confluent_kafka import KafkaException
+
+        deadline = time.monotonic() + self._timeout_s
+        while True:
+            try:
+                producer.commit_transaction(max(0.1, deadline - time.monotonic()))
+                return
+            except KafkaException as exc:
+                error = exc.args[0]
+                if error.retriable() and time.monotonic() < deadline:
+                    continue
+                raise
+
+    def _abort(self, producer: Any) -> bool:
+        """Abort the open transaction (True: done). A producer that cannot is replaced next time."""
+        from confluent_kafka import KafkaException
 
         try:
-            for key, value in records:
-                self._producer.produce(self.topic, key=key.encode(), value=value, on_delivery=delivered)
-            left = self._producer.flush(self._timeout_s)
-        except (KafkaException, BufferError) as exc:
-            raise StoreError(f"cannot write to the quota store topic {self.topic}: {exc}") from exc
-        if errors or left:
-            why = "; ".join(errors) or f"{left} record(s) not acknowledged within {self._timeout_s:g} s"
-            raise StoreError(f"cannot write to the quota store topic {self.topic}: {why}")
-        return written
+            producer.abort_transaction(self._timeout_s)
+            return True
+        except KafkaException as exc:
+            log.warning("quota store topic %s: cannot abort a transaction (%s); a new producer is used",
+                        self.topic, exc)
+            self._producer = None
+            return False
 
     def close(self) -> None:
         self._closed.set()
-        self._thread.join(5)
+        if hasattr(self, "_thread"):
+            self._thread.join(5)
         self._consumer.close()
-        self._producer.flush(2)
+        if self._producer is not None:
+            self._producer.flush(2)
 
     def describe(self) -> str:
         return f"kafka topic {self.topic} on {self.bootstrap}"
+
+
+def encode_record_key(entity: QuotaEntity, key: str) -> str:
+    """The Kafka store's record key of one (entity, quota key): ``[{"client-id":"x"},"request_rate"]``."""
+    return f"[{encode_entity(entity)},{json.dumps(key)}]"
+
+
+def record_changes(key: str, value: bytes | None, table: QuotaTable) -> list[QuotaChange]:
+    """The changes one quota record of the Kafka store makes to `table`; ValueError (naming what is
+    wrong) for a record that cannot be read.
+
+    * ``[entity, key]`` -> the number, or a tombstone: set or remove that key;
+    * ``{entity}`` -> an object of every key (the old format, before one record per key): the
+      entity's keys become the object's; a tombstone removes them all.
+    """
+    try:
+        parsed = json.loads(key)
+    except ValueError:
+        raise ValueError("the key is not JSON") from None
+    if isinstance(parsed, list):
+        if len(parsed) != 2 or not isinstance(parsed[0], dict) or not isinstance(parsed[1], str):
+            raise ValueError("the key is not [entity, quota key]")
+        entity = _entity_of(parsed[0])
+        if value is None:
+            return [QuotaChange(entity, parsed[1], None)]
+        return [QuotaChange(entity, parsed[1], _number(parsed[1], value))]
+    if isinstance(parsed, dict):
+        entity = _entity_of(parsed)
+        old = table.get(entity, {})
+        if value is None:
+            return [QuotaChange(entity, k, None) for k in old]
+        try:
+            raw = json.loads(value)
+        except ValueError:
+            raise ValueError("the value is not JSON") from None
+        if not isinstance(raw, dict):
+            raise ValueError("the value is not a JSON object of quota keys")
+        values = {k: _number(k, json.dumps(v).encode()) for k, v in raw.items()}
+        return [QuotaChange(entity, k, None) for k in old if k not in values] + \
+            [QuotaChange(entity, k, v) for k, v in values.items()]
+    raise ValueError("the key is neither [entity, quota key] nor an entity")
+
+
+def _entity_of(components: Mapping[str, object]) -> QuotaEntity:
+    try:
+        return decode_entity(json.dumps(components))
+    except QuotaConfigError as exc:
+        raise ValueError(f"not an entity Sluice knows: {exc}") from None
+
+
+def _number(key: str, value: bytes) -> float:
+    try:
+        number = json.loads(value)
+    except ValueError:
+        raise ValueError(f"the value of {key} is not JSON") from None
+    if isinstance(number, bool) or not isinstance(number, int | float):
+        raise ValueError(f"the value of {key} is not a number: {value[:40]!r}")
+    problem = validate_key_value(key, float(number))
+    if problem is not None:
+        raise ValueError(problem)
+    return float(number)
 
 
 def open_store(config: StoreConfig, *, upstream_bootstrap: str, instance: str) -> QuotaStore:
@@ -717,7 +975,9 @@ __all__ = [
     "StoreSasl",
     "decode_entity",
     "encode_entity",
+    "encode_record_key",
     "open_store",
     "reconcile_seed",
+    "record_changes",
     "table_from_described",
 ]

@@ -3,10 +3,11 @@ Kafka as the channel.
 
 One partition, so every member reads every report in one order; time-based retention (a report is
 worth one interval, so nothing needs compaction). Each member produces with acks=1 and no retries
-(a lost report is replaced by the next one) and reads from the end with a consumer that never joins
-a group. A background thread polls the consumer; `drain` hands over what arrived. The channel
-counts as down when a produce fails or when nothing, not even this member's own report, has come
-back for `silence_ms`; it is then retried in the background and comes back by itself.
+(a lost report is replaced by the next one) and reads, from one silence period back (so a member
+that joins hears the fleet at once), with a consumer that never joins a group. A background thread
+polls the consumer; `drain` hands over what arrived. The channel counts as down when a produce
+fails or when nothing, not even this member's own report, has come back for `silence_ms`; it is
+then retried in the background and comes back by itself.
 """
 
 from __future__ import annotations
@@ -153,5 +154,14 @@ class KafkaExchange(Inbox):
                                    "enable.auto.commit": False, "enable.partition.eof": False,
                                    "fetch.wait.max.ms": 50, "fetch.error.backoff.ms": 100,
                                    "client.id": client_id})
-        self._consumer.assign([TopicPartition(self.topic, 0, OFFSET_END)])
+        # start one silence period back, not at the end: a member that (re)joins reads every live
+        # member's latest report in its first round instead of one interval later
+        since_ms = int(time.time() * 1000 - self._silence_s * 1000)
+        try:
+            (found,) = self._consumer.offsets_for_times([TopicPartition(self.topic, 0, since_ms)],
+                                                        timeout=self._setup_timeout_s)
+            start = found.offset if found.error is None and found.offset >= 0 else OFFSET_END
+        except KafkaException:
+            start = OFFSET_END
+        self._consumer.assign([TopicPartition(self.topic, 0, start)])
         self._last_received = time.monotonic()  # give our first report time to come back

@@ -37,10 +37,14 @@ from quotas.fleet import (
     encode_report,
 )
 from quotas.manager import ThrottleDecision
+from quotas.series_cap import DEFAULT_MAX_SERIES_PER_METRIC, OVERFLOW, SeriesCap
 
 log = logging.getLogger("sluice.fleet")
 
 Group = tuple[str, SensorKey]
+
+#: Why a payload on the exchange was not taken (`FleetReportError.reason`), for the metric.
+IGNORE_REASONS = ("malformed", "old_version", "unknown_version")
 
 
 class FleetClaims:
@@ -102,6 +106,10 @@ class _Seen:
     throttle_count: int
 
 
+#: While joining, a member reports and reads this often (its own report comes back sooner).
+JOIN_POLL_MS = 100
+
+
 class FleetMember:
     """Runs the report loop; `tick` is one round and is what the unit tests drive."""
 
@@ -113,26 +121,46 @@ class FleetMember:
         self.clock = clock
         self.claims = claims
         self.interval_ms = interval_ms
+        # a Kafka exchange sets its topic up first (metadata, perhaps a creation): allow for it
+        self.join_timeout_ms = max(view.member_timeout_ms, 5000)
         self._seq = 0
         self._seen: dict[Group, _Seen] = {}
         self._last_tick_ms: int | None = None
         self._task: asyncio.Task[None] | None = None
-        self.decision = ShareDecision({}, 1.0, 1, fallback=False)
+        self.decision = ShareDecision({}, 1.0, 1, joining=True)
         self.in_fallback = False
+        self._joined_logged = False
         self.reports_received = 0
         self.reports_sent = 0
         self.report_bytes_sent = 0
-        self.bad_reports = 0
+        self.ignored: dict[str, int] = {}  # payloads not taken, by reason (FleetReportError.reason)
 
     @property
     def name(self) -> str:
         return self.view.member
 
-    def start(self) -> None:
+    @property
+    def bad_reports(self) -> int:
+        return sum(self.ignored.values())
+
+    async def start(self) -> None:
+        """Join before any client is served: report and read every `JOIN_POLL_MS` until this
+        member's own report comes back (it has then read every live member's latest report), for
+        at most `join_timeout_ms`; meanwhile, and if it times out, it holds the joining share
+        (`FleetView.decide`), never the whole quota."""
+        self._apply(self.view.decide((), {}, self.clock.now_ms(), channel_up=False))
         self.exchange.start()
-        self._task = asyncio.get_running_loop().create_task(self._run(), name="fleet-member")
         log.info("fleet %s: member %s, reports every %d ms over %s", self.view.fleet_id, self.name,
                  self.interval_ms, self.exchange.describe())
+        deadline_ms = self.clock.now_ms() + self.join_timeout_ms
+        while not self.view.joined and self.clock.now_ms() < deadline_ms:
+            await asyncio.sleep(JOIN_POLL_MS / 1000)
+            self.tick()
+        if not self.view.joined:
+            log.warning("fleet %s: not joined after %d ms (exchange %s silent); serving with %.3f of "
+                        "each quota", self.view.fleet_id, self.join_timeout_ms, self.exchange.describe(),
+                        self.decision.standby)
+        self._task = asyncio.get_running_loop().create_task(self._run(), name="fleet-member")
 
     async def close(self) -> None:
         if self._task is not None:
@@ -155,8 +183,7 @@ class FleetMember:
             try:
                 report = decode_report(payload)
             except FleetReportError as exc:
-                self.bad_reports += 1
-                log.debug("fleet: ignoring a payload that is not a usage report: %s", exc)
+                self._ignore(exc)
                 continue
             if self.view.receive(report, now):
                 self.reports_received += 1
@@ -171,6 +198,18 @@ class FleetMember:
         self.report_bytes_sent += len(payload)
         decision = self.view.decide(own, limits, now, channel_up=self.exchange.connected)
         self._apply(decision)
+
+    def _ignore(self, exc: FleetReportError) -> None:
+        """Count a payload not taken by its reason; the first of each reason is logged as a warning
+        (a member of another version keeps sending one every interval)."""
+        first = exc.reason not in self.ignored
+        self.ignored[exc.reason] = self.ignored.get(exc.reason, 0) + 1
+        if first:
+            log.warning("fleet %s: ignoring a payload on the exchange (%s): %s (further ones are counted "
+                        "in sluice_fleet_reports_ignored_total{reason=\"%s\"})", self.view.fleet_id,
+                        exc.reason, exc, exc.reason)
+        else:
+            log.debug("fleet: ignoring a payload (%s): %s", exc.reason, exc)
 
     def _own_usage(self, now_ms: int, elapsed_ms: int) -> tuple[list[GroupUsage], dict[Group, float | None]]:
         claimed = self.claims.claimed(now_ms)
@@ -197,6 +236,10 @@ class FleetMember:
         return own, limits
 
     def _apply(self, decision: ShareDecision) -> None:
+        if self.view.joined and not self._joined_logged:
+            self._joined_logged = True
+            log.info("fleet %s: joined (heard its own report back); %d member(s)", self.view.fleet_id,
+                     decision.members)
         if decision.fallback != self.in_fallback:
             if decision.fallback:
                 log.warning("fleet %s: exchange %s unreachable or silent; fallback: each quota x %.3f "
@@ -209,16 +252,27 @@ class FleetMember:
             log.info("fleet %s: %d member(s) now (was %d)", self.view.fleet_id, decision.members,
                      self.decision.members)
         self.decision = decision
+        self.managers.fleet_standby_share = decision.standby
+        busy: dict[str, set[SensorKey]] = {}
+        for scope, key in decision.busy:
+            busy.setdefault(scope, set()).add(key)
+        self.managers.fleet_busy = {scope: frozenset(keys) for scope, keys in busy.items()}
         for scope, manager in self.managers.labelled():
             shares = {key: share for (s, key), share in decision.shares.items() if s == scope}
-            manager.set_shares(shares, decision.standby)
+            manager.set_shares(shares, decision.standby, self.managers.fleet_busy.get(scope, frozenset()))
 
 
 class FleetCollector(Collector):
-    """`sluice_fleet_*`: members seen, this member's share per entity, report age, exchange health."""
+    """`sluice_fleet_*`: members seen, this member's share per entity, report age, exchange health.
 
-    def __init__(self, member: FleetMember) -> None:
+    `sluice_fleet_share` is labelled with the whole sharing group (scope and every tag of the key);
+    at most `max_series_per_metric` groups get a series of their own, the rest are folded into one
+    ``__overflow__`` series per scope and kind holding their mean share (`SeriesCap`)."""
+
+    def __init__(self, member: FleetMember,
+                 max_series_per_metric: int = DEFAULT_MAX_SERIES_PER_METRIC) -> None:
         self._member = member
+        self.cap: SeriesCap[Group] = SeriesCap(max_series_per_metric)
 
     def collect(self) -> Iterator[Metric]:
         m = self._member
@@ -245,9 +299,11 @@ class FleetCollector(Collector):
         yield received
         ignored = CounterMetricFamily(
             "sluice_fleet_reports_ignored",
-            "Payloads on the exchange not taken: not a usage report, or a report of another fleet",
+            "Payloads on the exchange not taken: not a usage report (malformed), a report of an older "
+            "or unknown format version, or a report of another fleet",
             labels=["reason"])
-        ignored.add_metric(["malformed"], m.bad_reports)
+        for reason in IGNORE_REASONS:
+            ignored.add_metric([reason], m.ignored.get(reason, 0))
         ignored.add_metric(["other_fleet"], m.view.rejected)
         yield ignored
         sent = CounterMetricFamily("sluice_fleet_reports_sent", "Usage reports published")
@@ -261,7 +317,29 @@ class FleetCollector(Collector):
         standby.add_metric([], m.decision.standby)
         yield standby
         share = GaugeMetricFamily("sluice_fleet_share", "This member's share of an entity's quota",
-                                  labels=["broker", "kind", "user", "client_id"])
-        for (scope, key), value in m.decision.shares.items():
-            share.add_metric([scope, key.kind.value, key.user, key.client_id], value)
+                                  labels=SHARE_LABELS)
+        shares = m.decision.shares
+        folded = self.cap.split(sorted(shares, key=_group_order))
+        overflow: dict[tuple[str, str], list[float]] = {}
+        for (scope, key), value in shares.items():
+            if (scope, key) in folded:
+                overflow.setdefault((scope, key.kind.value), []).append(value)
+                continue
+            share.add_metric([scope, key.kind.value, key.user, key.client_id, key.client_id_prefix, key.topic,
+                              key.topic_prefix], value)
+        for (scope, kind), values in sorted(overflow.items()):
+            share.add_metric([scope, kind, *[OVERFLOW] * (len(SHARE_LABELS) - 2)], sum(values) / len(values))
         yield share
+        yield CounterMetricFamily("sluice_fleet_share_series_folded",
+                                  "Sharing groups folded into the __overflow__ series of sluice_fleet_share "
+                                  "because metrics.max_series_per_metric had series",
+                                  value=self.cap.folded_total)
+
+
+#: `sluice_fleet_share`'s labels: the scope (`broker`), the kind and every tag of the `SensorKey`.
+SHARE_LABELS = ["broker", "kind", "user", "client_id", "client_id_prefix", "topic", "topic_prefix"]
+
+
+def _group_order(group: Group) -> tuple[str, str, str, str, str, str, str]:
+    scope, key = group
+    return (scope, key.kind.value, key.user, key.client_id, key.client_id_prefix, key.topic, key.topic_prefix)

@@ -16,7 +16,7 @@ import logging
 import pickle
 import signal
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import IO, Any, Protocol
@@ -37,7 +37,8 @@ ROW_FIELDS = ("ts_ms", "broker_id", "client_address", "principal", "client_id", 
               "request_payload", "response_payload")
 Row = tuple[Any, ...]
 
-COUNTERS = ("written", "failed")   # shared integers the proxy reads for /metrics
+COUNTERS = ("written", "failed", "topic_delivered", "topic_dropped")  # shared integers the proxy reads
+WRITTEN, FAILED, TOPIC_DELIVERED, TOPIC_DROPPED = range(len(COUNTERS))
 _PARQUET_ROWS = 50_000
 _PARQUET_ROW_BYTES = 200  # an estimate per record: rotation by size is approximate for Parquet
 
@@ -47,30 +48,63 @@ class RecordSink(Protocol):
 
     def send(self, line: str) -> None: ...
 
+    def poll(self) -> None: ...
+
     def close(self) -> None: ...
 
 
 class KafkaSink:
-    """Records also go to a Kafka topic (librdkafka batches them)."""
+    """Records also go to a Kafka topic (librdkafka batches them). Every record is counted once
+    it is settled: delivered (`TOPIC_DELIVERED`), or dropped (`TOPIC_DROPPED`): librdkafka's
+    queue full, a delivery that failed or timed out (`message.timeout.ms`, 30 s unless
+    `settings` say otherwise), or still undelivered at close. `settings` are the user's librdkafka
+    settings (SASL/TLS): secrets, never logged."""
 
-    def __init__(self, bootstrap: str, topic: str) -> None:
+    def __init__(self, bootstrap: str, topic: str, settings: Mapping[str, str], counters: Any) -> None:
         from confluent_kafka import Producer
 
         self._topic = topic
-        self._producer = Producer({"bootstrap.servers": bootstrap, "linger.ms": 100,
-                                   "client.id": "sluice-access-log", "queue.buffering.max.messages": 100_000})
+        self._counters = counters
+        self._warned_s = self._error_logged_s = -1e9
+        self._producer: Any = Producer({"linger.ms": 100, "client.id": "sluice-access-log",
+                                   "queue.buffering.max.messages": 100_000, "message.timeout.ms": 30_000,
+                                   **settings, "bootstrap.servers": bootstrap, "error_cb": self._error})
+
+    def _error(self, err: Any) -> None:
+        now = time.monotonic()
+        if now - self._error_logged_s >= 10:  # librdkafka repeats them while the cluster is away
+            self._error_logged_s = now
+            log.warning("access-log topic %s: %s", self._topic, err.str())
+
+    def _delivered(self, err: Any, _msg: Any) -> None:
+        if err is None:
+            self._counters[TOPIC_DELIVERED] += 1
+        else:
+            self._drop(f"a record was not delivered: {err.str()}")
+
+    def _drop(self, why: str, n: int = 1) -> None:
+        self._counters[TOPIC_DROPPED] += n
+        now = time.monotonic()
+        if now - self._warned_s >= 10:  # at most one line per 10 s: the count is the metric
+            self._warned_s = now
+            log.warning("access-log topic %s: %s; records dropped (counted in "
+                        "sluice_access_log_records_dropped_total{cause=\"topic\"})", self._topic, why)
 
     def send(self, line: str) -> None:
         try:
-            self._producer.produce(self._topic, line.encode())
+            self._producer.produce(self._topic, line.encode(), on_delivery=self._delivered)
         except BufferError:
-            log.warning("access-log topic %s is not keeping up; record dropped", self._topic)
+            self._drop("not keeping up (its queue is full)")
+        self._producer.poll(0)
+
+    def poll(self) -> None:
         self._producer.poll(0)
 
     def close(self) -> None:
         left = self._producer.flush(10)
         if left:
-            log.warning("access-log topic %s: %d records not delivered at close", self._topic, left)
+            self._drop(f"{left} record(s) not delivered at close", left)
+        self._producer = None  # its callbacks refer to this sink: the producer goes now, not at exit
 
 
 PayloadFields = tuple[list[dict[str, object]] | None, int | None, list[int]]
@@ -282,7 +316,8 @@ class RecordFiles:
 
 
 def serve(conn: Connection, root: str, instance: str, log_format: str, rotate_bytes: int,
-          worker: int | None, kafka: tuple[str, str] | None, counters: Sequence[int]) -> None:
+          worker: int | None, kafka: tuple[str, str, Mapping[str, str]] | None,
+          counters: Sequence[int]) -> None:
     """The writer process's main: batches from `conn` until an empty one or EOF.
 
     It ignores SIGTERM and SIGINT (a signal to the whole process group): the proxy drains, then
@@ -290,9 +325,9 @@ def serve(conn: Connection, root: str, instance: str, log_format: str, rotate_by
     EOF ends it the same way."""
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    sink = KafkaSink(*kafka) if kafka is not None else None
-    files = RecordFiles(Path(root), instance, log_format, rotate_bytes, worker, sink)
     shared: Any = counters
+    sink = KafkaSink(*kafka, counters=shared) if kafka is not None else None
+    files = RecordFiles(Path(root), instance, log_format, rotate_bytes, worker, sink)
     topic_names: dict[bytes, str] = {}
     last_flush = time.monotonic()
     try:
@@ -308,10 +343,12 @@ def serve(conn: Connection, root: str, instance: str, log_format: str, rotate_by
                 for row in rows:
                     try:
                         files.write(build_record(row, instance, topic_names, worker))
-                        shared[0] += 1
+                        shared[WRITTEN] += 1
                     except Exception:  # a bad record must not stop the log
-                        shared[1] += 1
+                        shared[FAILED] += 1
                         log.exception("cannot write an access-log record")
+            if sink is not None:
+                sink.poll()  # delivery reports: every record sent is counted delivered or dropped
             if time.monotonic() - last_flush >= 1.0:
                 files.flush()
                 last_flush = time.monotonic()

@@ -68,7 +68,8 @@ class HeadroomCollector(Collector):
     has no headroom series (a ratio does not add up over sensors), so client-id churn cannot grow
     this metric past `metrics.max_series_per_metric` either."""
 
-    def __init__(self, managers: QuotaManagers, clock: Clock, cap: SeriesCap | None = None) -> None:
+    def __init__(self, managers: QuotaManagers, clock: Clock,
+                 cap: SeriesCap[tuple[str, SensorKey]] | None = None) -> None:
         self._managers = managers
         self._clock = clock
         self._keep: Keep | None = None if cap is None else (lambda broker, key: not cap.folds((broker, key)))

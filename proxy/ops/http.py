@@ -1,4 +1,5 @@
-"""A minimal HTTP endpoint on the metrics port: `/metrics` (Prometheus text), `/healthz`, JSON
+"""A minimal HTTP endpoint on the metrics port: `/metrics` (Prometheus text), `/healthz` (see
+`HealthReport` for its status codes), JSON
 documents such as `/quotas/usage` (`json_routes`; no authentication, as for `/metrics`: bind
 `metrics.host` to a private interface) and, when enabled, `/connections` (JSON,
 `proxy.ops.connections`; 404 when not enabled, 401 without the bearer token when one is configured).
@@ -11,7 +12,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from dataclasses import dataclass
 
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
@@ -20,7 +22,39 @@ from proxy.ops.connections import BearerToken
 log = logging.getLogger("sluice.http")
 
 
-Health = Callable[[], tuple[bool, bytes]]   # (healthy?, the body of /healthz)
+@dataclass(frozen=True, slots=True)
+class HealthReport:
+    """What `/healthz` answers:
+
+    * 200 ``ok``: serving, and every part works;
+    * 207 ``degraded: <part>: <why>`` (a line per problem): serving (a load balancer or readiness
+      probe, which take any 2xx, keeps sending connections) but a part is failing: the access log
+      is dropping records or its writer is being restarted, or the quota store holds records
+      Sluice cannot read. Monitoring alerts on it; the reasons are also metrics;
+    * 503 (``draining``, or ``unavailable: N/M workers up``): do not send new connections here.
+    """
+
+    serving: bool
+    unavailable: str = "draining"           # the body's reason when not serving
+    degraded: tuple[str, ...] = ()
+
+    @property
+    def status(self) -> str:
+        if not self.serving:
+            return "503 Service Unavailable"
+        return "207 Multi-Status" if self.degraded else "200 OK"
+
+    @property
+    def body(self) -> bytes:
+        if not self.serving:
+            return f"{self.unavailable}\n".encode()
+        if self.degraded:
+            return "".join(f"degraded: {why}\n" for why in self.degraded).encode()
+        return b"ok\n"
+
+
+Health = Callable[[], Awaitable[HealthReport]]   # what /healthz answers, asked per request
+Degraded = Callable[[], Sequence[str]]            # a part's problems now (empty: it works)
 Render = Callable[[], Awaitable[bytes]]    # the body of a document
 _MAX_HEADER_LINES = 100
 
@@ -42,13 +76,12 @@ class MetricsEndpoint:
     @classmethod
     def for_registry(cls, registry: CollectorRegistry, healthy: Callable[[], bool],
                      json_routes: Mapping[str, Render] | None = None, *, connections: Render | None = None,
-                     token: BearerToken | None = None) -> MetricsEndpoint:
+                     token: BearerToken | None = None, degraded: Sequence[Degraded] = ()) -> MetricsEndpoint:
         async def scrape() -> bytes:
             return generate_latest(registry)
 
-        def health() -> tuple[bool, bytes]:
-            ok = healthy()
-            return ok, b"ok\n" if ok else b"draining\n"
+        async def health() -> HealthReport:
+            return HealthReport(healthy(), degraded=tuple(why for part in degraded for why in part()))
 
         return cls(scrape, health, json_routes, connections=connections, token=token)
 
@@ -81,8 +114,8 @@ class MetricsEndpoint:
             elif (route := self._json.get(path)) is not None:
                 status, ctype, body = "200 OK", "application/json", await route()
             elif path == "/healthz":
-                ok, body = self._health()
-                status, ctype = ("200 OK" if ok else "503 Service Unavailable"), "text/plain"
+                report = await self._health()
+                status, ctype, body = report.status, "text/plain", report.body
             elif path == "/connections" and self._connections is not None:
                 if self._token is not None and not self._token.allows(authorization):
                     status, ctype, body = "401 Unauthorized", "text/plain", b"unauthorized\n"

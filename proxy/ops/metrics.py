@@ -12,7 +12,7 @@ churn cannot grow the label set without bound. Throttle time avg/max cover Kafka
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Mapping
 
 from prometheus_client import CollectorRegistry
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
@@ -21,7 +21,7 @@ from prometheus_client.registry import Collector
 from protocol.apis import api_name
 from proxy.flow.inflight import InFlight
 from proxy.flow.pipeline import ConnectionContext, StageBase
-from proxy.ops.access_log import AccessLogWriter
+from proxy.ops.access_log import DROP_CAUSES, AccessLogWriter
 from proxy.pumps.limits import (
     HANDSHAKE_TIMEOUT,
     IDLE_TIMEOUT,
@@ -36,6 +36,9 @@ from quotas.connection_limits import CONNECTION_CREATION_RATE, MAX_CONNECTIONS, 
 from quotas.entity import QuotaKind, SensorKey
 from quotas.headroom import KIND_LABEL
 from quotas.manager import QuotaManager, SensorSnapshot, ThrottleDecision
+from quotas.series_cap import DEFAULT_MAX_SERIES_PER_METRIC as DEFAULT_MAX_SERIES_PER_METRIC
+from quotas.series_cap import OVERFLOW as OVERFLOW
+from quotas.series_cap import SeriesCap as SeriesCap
 
 _KIND_NAME = KIND_LABEL  # the `kind` label, one spelling for the metrics and /quotas/usage
 _RATE_METRIC = {
@@ -71,59 +74,7 @@ def _topic_label(key: SensorKey) -> str:
     return key.topic_prefix + "*" if key.topic_prefix else key.topic
 
 
-#: The label value that stands for every sensor beyond `metrics.max_series_per_metric`.
-OVERFLOW = "__overflow__"
-#: `metrics.max_series_per_metric`'s default.
-DEFAULT_MAX_SERIES_PER_METRIC = 2000
-
 _Member = tuple[str, SensorKey]  # (broker label, sensor)
-
-
-class SeriesCap:
-    """Which sensors get series of their own: at most `limit` (per broker label and sensor key).
-
-    A sensor that comes while `limit` have their own series is *folded*: its values go into the
-    ``user="__overflow__", client_id="__overflow__"`` series of its broker and kind, and it is
-    counted once in `folded_total`. A sensor keeps its own series until it expires (an hour
-    without a record); a freed place goes to a folded sensor first (the most recently active one:
-    `live` lists the least recently active first), then to a newcomer. Nothing ever moves from its
-    own series into the overflow, so series do not flap and counters stay monotonic; client-id
-    churn within the hour only grows the overflow, never the number of series.
-    """
-
-    def __init__(self, limit: int) -> None:
-        if limit < 1:
-            raise ValueError(f"max_series_per_metric must be >= 1, got {limit}")
-        self.limit = limit
-        self.folded_total = 0
-        self._own: set[_Member] = set()
-        self._folded: set[_Member] = set()
-
-    def folds(self, member: _Member) -> bool:
-        """Whether `member` was folded into the overflow at the last `split`."""
-        return member in self._folded
-
-    def split(self, live: list[_Member]) -> set[_Member]:
-        """Forget the sensors no longer `live`, place the others; returns the folded ones."""
-        present = set(live)
-        self._own &= present
-        self._folded &= present
-        own, folded = self._own, self._folded
-        if len(own) < self.limit:
-            for member in [m for m in reversed(live) if m in folded]:
-                if len(own) >= self.limit:
-                    break
-                folded.discard(member)
-                own.add(member)
-        for member in live:
-            if member in own or member in folded:
-                continue
-            if len(own) < self.limit:
-                own.add(member)
-            else:
-                folded.add(member)
-                self.folded_total += 1
-        return folded
 
 
 class _Overflow:
@@ -161,7 +112,7 @@ class QuotaSensorCollector(Collector):
                  max_series_per_metric: int = DEFAULT_MAX_SERIES_PER_METRIC) -> None:
         self._managers = managers
         self._clock = clock
-        self.cap = SeriesCap(max_series_per_metric)
+        self.cap: SeriesCap[_Member] = SeriesCap(max_series_per_metric)
         self._overflow = _Overflow()
 
     def collect(self) -> Iterator[Metric]:
@@ -364,14 +315,44 @@ class AccessLogCollector(Collector):
 
     def collect(self) -> Iterator[Metric]:
         w = self._writer
-        yield CounterMetricFamily("sluice_access_log_records_written", "Access-log records written",
+        drops = w.drops
+        yield CounterMetricFamily("sluice_access_log_records_written", "Access-log records written to files",
                                   value=w.written)
         yield CounterMetricFamily("sluice_access_log_records_dropped",
-                                  "Access-log records dropped because the queue was full", value=w.dropped)
+                                  "Access-log records dropped, every cause (see ..._drops_total)",
+                                  value=sum(drops.values()))
+        by_cause = CounterMetricFamily("sluice_access_log_drops", "Access-log records dropped, by cause: "
+                                       "queue_full (the handoff was full), writer_died (sent to a writer "
+                                       "process that died), topic (the Kafka topic sink could not deliver "
+                                       "them; the files have them)", labels=["cause"])
+        for cause in DROP_CAUSES:
+            by_cause.add_metric([cause], drops[cause])
+        yield by_cause
         yield CounterMetricFamily("sluice_access_log_records_failed",
                                   "Access-log records that could not be built", value=w.failed)
+        yield CounterMetricFamily("sluice_access_log_topic_records_delivered",
+                                  "Access-log records the Kafka topic sink delivered",
+                                  value=w.topic_delivered)
+        yield CounterMetricFamily("sluice_access_log_writer_restarts",
+                                  "Access-log writer processes started again after one died",
+                                  value=w.restarts)
+        yield GaugeMetricFamily("sluice_access_log_degraded", "1 while /healthz reports the access log "
+                                "degraded (writer down, or records dropped in the last 10 s)",
+                                value=1 if w.problems() else 0)
         yield GaugeMetricFamily("sluice_access_log_queue_depth", "Access-log records waiting to be written",
                                 value=w.queue_depth)
+
+
+class QuotaStoreCollector(Collector):
+    """Records the quota store holds and cannot read (each named in the log and on /healthz)."""
+
+    def __init__(self, unreadable: Callable[[], Mapping[str, str]]) -> None:
+        self._unreadable = unreadable
+
+    def collect(self) -> Iterator[Metric]:
+        yield GaugeMetricFamily("sluice_quota_store_unreadable_records", "Quota store records (or rows) "
+                                "Sluice cannot read: their quotas are not applied",
+                                value=len(self._unreadable()))
 
 
 #: Every cause `sluice_limit_hits_total` counts (the config key of the limit hit), shown from 0.

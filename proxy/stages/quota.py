@@ -43,7 +43,7 @@ from __future__ import annotations
 import logging
 import math
 import struct
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 
 from protocol.apis import ApiKey, api_name, response_header_version
@@ -60,7 +60,7 @@ from quotas.callback import DefaultQuotaCallback, TopicQuotaCallback, topic_iden
 from quotas.clock import Clock
 from quotas.cluster import ClusterView
 from quotas.config import QuotaConfig
-from quotas.entity import ClientIdentity, QuotaKind
+from quotas.entity import ClientIdentity, QuotaKind, SensorKey
 from quotas.manager import QuotaManager, ThrottleDecision
 from quotas.storage import with_base_rate
 
@@ -86,6 +86,11 @@ class QuotaManagers:
         self._config = config
         self._clock = clock
         self._managers: dict[int | None, QuotaManager] = {}
+        # the fleet's standby share and the groups other members use, by scope label
+        # (`FleetMember`): a manager created between two report rounds (a client's first request
+        # to a broker) starts with them, not with the whole quota and a fresh sensor's credit
+        self.fleet_standby_share = 1.0
+        self.fleet_busy: Mapping[str, frozenset[SensorKey]] = {}
         self.plugins = QuotaPlugins() if plugins is None else plugins
         self.cluster = ClusterView()
         self._scales: dict[QuotaKind, float] = {}  # storage throttle factors, for new managers too
@@ -116,6 +121,10 @@ class QuotaManagers:
             manager.update_cluster_metadata(self.cluster)
             for kind, factor in self._scales.items():
                 manager.set_limit_scale(kind, factor)
+            if self.fleet_standby_share != 1.0 or self.fleet_busy:
+                label = "all" if self.plugins.scope == "cluster" else \
+                    "bootstrap" if broker_id is None else str(broker_id)
+                manager.set_shares({}, self.fleet_standby_share, self.fleet_busy.get(label, frozenset()))
             self._managers[broker_id] = manager
         return manager
 

@@ -4,15 +4,18 @@ Produce bytes are attributed per topic from the request, Fetch bytes from the re
 a topic's share is the size of its record sets (the rest of the frame, headers and partition
 fields, is not any one topic's). Records are the sum of the record-batch header counts
 (`protocol.records`; a legacy message set counts 0). Requests that name topics by id (Produce
-v13, Fetch v13+) are mapped to names from the Metadata responses Sluice forwarded
-(`TopicNames`); an id not seen yet is reported by its hex form, so its bytes still count against
-a quota on that form and never against another topic's.
+v13, Fetch v13+) are mapped to names from the Metadata responses Sluice forwarded and, for an id
+none of them named (the client's Metadata went through another instance or worker), from the
+process's own Metadata request by id (`TopicNames.resolver`, `proxy.stages.topic_resolver`). Until
+the answer comes an id is reported by its hex form, so its bytes still count against a quota on
+that form and never against another topic's.
 """
 
 from __future__ import annotations
 
 import hashlib
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from protocol import fastpath, records
@@ -34,14 +37,35 @@ class TopicUsage:
 NO_USAGE = TopicUsage()
 
 
+#: Topic ids a process remembers (the oldest learned is forgotten first).
+MAX_TOPIC_IDS = 100_000
+
+
 class TopicNames:
-    """Topic id -> name, from Metadata responses v10+ (decoded only when their bytes are new)."""
+    """Topic id -> name, from Metadata responses v10+ (decoded only when their bytes are new), at
+    most `max_ids` of them. `resolver`, when set, is told of every id `name` cannot name (it must
+    return at once; `proxy.stages.topic_resolver.TopicIdResolver` asks the broker in the background
+    and `add`s the answer)."""
 
-    __slots__ = ("_names", "_seen")
+    __slots__ = ("_max_ids", "_names", "_seen", "resolver")
 
-    def __init__(self) -> None:
+    def __init__(self, max_ids: int = MAX_TOPIC_IDS) -> None:
         self._names: dict[bytes, str] = {}
         self._seen: set[bytes] = set()
+        self._max_ids = max_ids
+        self.resolver: Callable[[bytes], None] | None = None
+
+    def __len__(self) -> int:
+        return len(self._names)
+
+    def add(self, names: dict[bytes, str]) -> None:
+        """Learn `names` (id -> name); beyond `max_ids` the oldest learned are forgotten."""
+        known = self._names
+        for raw, topic in names.items():
+            known.pop(raw, None)
+            known[raw] = topic
+        while len(known) > self._max_ids:
+            del known[next(iter(known))]
 
     def learn(self, payload: bytes, api_version: int) -> None:
         if api_version < 10:
@@ -53,7 +77,7 @@ class TopicNames:
         if len(self._seen) > 1024:
             self._seen.clear()
         try:
-            self._names.update(records.topic_ids_from_metadata_response(payload, api_version))
+            self.add(records.topic_ids_from_metadata_response(payload, api_version))
         except ProtocolError as exc:
             log.debug("metadata v%d: topic ids not read: %s", api_version, exc)
 
@@ -61,7 +85,12 @@ class TopicNames:
         if topic is not None:
             return topic
         raw = topic_id or b""
-        return self._names.get(raw, raw.hex())
+        name = self._names.get(raw)
+        if name is not None:
+            return name
+        if self.resolver is not None and raw:
+            self.resolver(raw)
+        return raw.hex()
 
 
 def _usage(parts: list[records.PartitionTraffic], names: TopicNames) -> TopicUsage:

@@ -13,7 +13,8 @@ Sluice port with SO_REUSEPORT, so the kernel spreads new connections over them. 
 * forwards SIGHUP (reload) and SIGTERM/SIGINT (drain) to every worker; after SIGTERM it exits 0
   once all have exited, killing stragglers after `drain_timeout_ms` and a grace period;
 * serves `metrics.port`: `/metrics` is every worker's exposition merged with a `worker` label
-  (`proxy.workers.merge`) plus its own families; `/healthz` is 200 while every worker is up;
+  (`proxy.workers.merge`) plus its own families; `/healthz` is 503 unless every worker is up, else
+  the workers' own answers combined (`proxy.ops.http.HealthReport`: 200, or 207 naming what is degraded);
   `/quotas/usage` is the workers' usage reports merged per sharing group
   (`quotas.headroom.merge_worker_reports`: rates summed, the limit the instance's part of the budget);
 * runs the workers' relay for usage reports (`proxy.fleet.local.HubServer`), whose socket path
@@ -49,7 +50,7 @@ from proxy.config import ConfigError, ProxyConfig
 from proxy.fleet.local import ENV_HUB, ENV_INDEX, HubServer
 from proxy.ops.connections import BearerToken, merge_workers
 from proxy.ops.headroom import USAGE_PATH, usage_json
-from proxy.ops.http import MetricsEndpoint
+from proxy.ops.http import HealthReport, MetricsEndpoint
 from proxy.workers.merge import merge_expositions, render
 from proxy.workers.policy import RestartBackoff, worker_argv
 from proxy.workers.ports import Reservation, close_quietly, reserve_ports
@@ -293,10 +294,25 @@ class Supervisor:
     def healthy(self) -> bool:
         return not self._stopping and all(w.up for w in self.workers)
 
-    def health(self) -> tuple[bool, bytes]:
-        ok = self.healthy()
+    async def health(self) -> HealthReport:
+        """503 unless every worker is up; otherwise every worker's own degraded reasons (its
+        `/healthz`, 207), each named by its worker."""
         up = sum(w.up for w in self.workers)
-        return ok, f"{'ok' if ok else 'degraded'}: {up}/{len(self.workers)} workers up\n".encode()
+        if not self.healthy():
+            return HealthReport(False, unavailable=f"unavailable: {up}/{len(self.workers)} workers up")
+        ports = [(w.index, w.status.metrics_port) for w in self.workers
+                 if w.status is not None and w.status.metrics_port is not None]
+        answers = await asyncio.gather(*(_http_status("127.0.0.1", port, "/healthz") for _, port in ports))
+        degraded: list[str] = []
+        for (index, _), answer in zip(ports, answers, strict=True):
+            if answer is None:
+                degraded.append(f"worker {index}: /healthz did not answer")
+                continue
+            code, body = answer
+            if code == 207:
+                degraded += [f"worker {index}: {line.removeprefix('degraded: ')}"
+                             for line in body.splitlines() if line.strip()]
+        return HealthReport(True, degraded=tuple(degraded))
 
 
 class _SupervisorCollector(Collector):
@@ -326,6 +342,15 @@ def _describe_exit(code: int) -> str:
 
 async def _http_get(host: str, port: int, path: str, headers: dict[str, str] | None = None) -> str | None:
     """The body of a worker's endpoint, or None when it does not answer in time (or not 200)."""
+    answer = await _http_status(host, port, path, headers)
+    if answer is None or answer[0] != 200:
+        return None
+    return answer[1]
+
+
+async def _http_status(host: str, port: int, path: str,
+                       headers: dict[str, str] | None = None) -> tuple[int, str] | None:
+    """(status code, body) of a worker's endpoint, or None when it does not answer in time."""
     try:
         reader, writer = await asyncio.wait_for(asyncio.open_connection(host, port), SCRAPE_TIMEOUT_S)
     except (OSError, TimeoutError):
@@ -339,9 +364,10 @@ async def _http_get(host: str, port: int, path: str, headers: dict[str, str] | N
     finally:
         writer.close()
     head, sep, body = data.partition(b"\r\n\r\n")
-    if not sep or b" 200 " not in head.split(b"\r\n", 1)[0]:
+    status_line = head.split(b"\r\n", 1)[0].split()
+    if not sep or len(status_line) < 2 or not status_line[1].isdigit():
         return None
-    return body.decode("utf-8", "replace")
+    return int(status_line[1]), body.decode("utf-8", "replace")
 
 
 def private_dir(runtime_dir: Path | None) -> Path:

@@ -4,10 +4,12 @@ Parquet by default and JSON lines on request, every record valid against the sha
 from __future__ import annotations
 
 import json
+import os
 import pickle
 import signal
 import struct
 import threading
+import time
 from multiprocessing import Pipe
 from pathlib import Path
 
@@ -19,9 +21,10 @@ from protocol.apis import ApiKey
 from proxy.flow.inflight import InFlight
 from proxy.flow.pipeline import ConnectionContext, Pipeline, ResponseOutcome, StageBase
 from proxy.ops import access_log_files
-from proxy.ops.access_log import AccessLogStage, AccessLogWriter, row_of
+from proxy.ops.access_log import DEGRADED_HOLD_S, AccessLogStage, AccessLogWriter, WriterBackoff, row_of
 from proxy.ops.access_log_files import Row, build_record, serve
 from quotas.clock import FakeClock
+from tests.harness.wait import eventually, wait_until
 from tests.unit.protocol.test_records import LEGACY
 
 CTX = ConnectionContext(3, "127.0.0.1:5000", "broker 1", 1, principal="alice",
@@ -72,8 +75,56 @@ def test_every_handed_over_record_is_written_valid_in_either_format(tmp_path: Pa
 
 def test_a_full_handoff_drops_and_counts_instead_of_blocking(tmp_path: Path) -> None:
     writer = AccessLogWriter(tmp_path / "logs", "unit", queue_size=100)  # not started: nothing drains
+    assert writer.problems() == []
     serve_requests(writer, 150)
     assert len(writer.handoff) == 100 and writer.dropped == 50
+    assert writer.drops == {"queue_full": 50, "writer_died": 0, "topic": 0}
+    # degraded while records are dropped, and for DEGRADED_HOLD_S after the last one
+    assert writer.problems() == ["access log: records dropped in the last 10 s (in all: 50 queue_full)"]
+    assert writer.problems(now_s=time.monotonic() + DEGRADED_HOLD_S + 0.1) == []
+
+
+def test_the_writer_backoff_doubles_to_its_cap_and_resets_after_a_stable_run() -> None:
+    backoff = WriterBackoff(initial_s=0.5, max_s=4.0, stable_after_s=60.0)
+    delays: list[float] = []
+    previous: float | None = None
+    for _ in range(6):
+        previous = backoff.delay_s(previous, ran_s=1.0)
+        delays.append(previous)
+    assert delays == [0.5, 1.0, 2.0, 4.0, 4.0, 4.0]
+    assert backoff.delay_s(4.0, ran_s=60.0) == 0.5
+
+
+def test_a_killed_writer_is_restarted_its_lost_records_counted_and_the_log_goes_on(tmp_path: Path) -> None:
+    """SIGSTOP the writer, hand records over (they sit unread in the pipe), SIGKILL it: the feeder
+    notices, counts what was sent and never written as dropped (writer_died), reports the log
+    degraded while the writer is down, starts a new writer after the backoff, and every record
+    handed over afterwards is written."""
+    writer = AccessLogWriter(tmp_path / "logs", "unit", log_format="json",
+                             backoff=WriterBackoff(initial_s=1.0))
+    writer.start()
+    try:
+        serve_requests(writer, 100)
+        wait_until(lambda: writer.written == 100, 30, "the first records written")
+        first_pid = writer.writer_pid
+        assert first_pid is not None
+        os.kill(first_pid, signal.SIGSTOP)
+        serve_requests(writer, 50)
+        wait_until(lambda: writer.sent == 150, 30, "the records sent to the stopped writer")
+        os.kill(first_pid, signal.SIGKILL)
+        down = eventually(writer.problems, lambda p: any("writer process died" in w for w in p), timeout_s=10)
+        assert any("writer process died (exit status -9)" in w for w in down), down
+        assert writer.drops["writer_died"] == 50 and writer.restarts == 0
+        serve_requests(writer, 30)  # handed over while it is down: they wait in the queue
+        wait_until(lambda: writer.restarts == 1, 30, "the writer restarted")
+        # up again, and still degraded: records were dropped within DEGRADED_HOLD_S (1 s ago)
+        assert [p for p in writer.problems() if "50 writer_died" in p]
+        assert writer.writer_pid not in (None, first_pid)
+        wait_until(lambda: writer.written == 130, 60, "the records handed over after the kill written")
+        assert writer.queue_depth == 0
+        assert writer.problems(now_s=time.monotonic() + DEGRADED_HOLD_S + 0.1) == []  # then healthy
+    finally:
+        writer.close(timeout_s=30)
 
 
 def test_the_brokers_throttle_is_logged_even_when_sluice_patched_a_larger_one() -> None:
@@ -146,7 +197,7 @@ def serve_batches(root: Path, batches: list[list[Row]], worker: int | None = Non
 
     feeder = threading.Thread(target=feed)
     feeder.start()
-    counters = [0, 0]
+    counters = [0] * len(access_log_files.COUNTERS)
     serve(receiver, str(root), "unit", "parquet", rotate_bytes, worker, None, counters)
     feeder.join()
     return counters[0], counters[1]
@@ -194,3 +245,40 @@ def test_a_row_that_cannot_be_read_is_counted_and_the_others_are_written(tmp_pat
     rows[4] = (*rows[4][:21], 12345)  # a bug's row (a Metadata response that is no bytes): it raises
     assert serve_batches(tmp_path, [rows[:6], rows[6:]]) == (9, 1)
     assert [r["correlation_id"] for _, _, rs in written(tmp_path) for r in rs] == [0, 1, 2, 3, 5, 6, 7, 8, 9]
+
+
+def test_the_topic_sinks_settings_are_secret_and_need_the_sink() -> None:
+    from proxy.config import ConfigError, load_config
+    from proxy.server import make_access_log
+
+    base = {"upstream": {"bootstrap": "localhost:9092"}}
+    sink = {"dir": "/tmp/al", "format": "json", "kafka_bootstrap": "b:9092", "kafka_topic": "log",
+            "kafka_config": {"sasl.password": "hunter2", "message.timeout.ms": 5000,
+                             "enable.idempotence": True}}
+    config = load_config(None, {**base, "access_log": sink}, environ={})
+    assert "hunter2" not in repr(config) and "hunter2" not in str(config.access_log)
+    writer = make_access_log(config)
+    assert writer is not None  # what the writer process gets: librdkafka's strings
+    assert writer._kafka == ("b:9092", "log", {"sasl.password": "hunter2", "message.timeout.ms": "5000",
+                                               "enable.idempotence": "true"})
+    with pytest.raises(ConfigError, match="access_log"):
+        load_config(None, {**base, "access_log": {"dir": "/tmp/al", "kafka_config": {"a": "b"}}}, environ={})
+
+
+@pytest.mark.usefixtures("no_signal_handlers")
+def test_records_the_topic_sink_cannot_deliver_are_counted_dropped_not_delivered(tmp_path: Path) -> None:
+    """A sink whose cluster is unreachable: after message.timeout.ms every record it was given is
+    counted dropped (the files still have them)."""
+    import socket
+
+    with socket.socket() as s:  # a port nothing listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    receiver, sender = Pipe(duplex=False)
+    sender.send_bytes(pickle.dumps(mixed_rows(10)))
+    sender.send_bytes(b"")
+    counters = [0] * len(access_log_files.COUNTERS)
+    serve(receiver, str(tmp_path), "unit", "json", 1 << 20, None,
+          (f"127.0.0.1:{port}", "log", {"message.timeout.ms": "300"}), counters)
+    assert counters[access_log_files.WRITTEN] == 10
+    assert counters[access_log_files.TOPIC_DROPPED] == 10 and counters[access_log_files.TOPIC_DELIVERED] == 0

@@ -3,15 +3,17 @@ others, how claims of throttled connections keep a share, and the fallback."""
 
 from __future__ import annotations
 
+import asyncio
+
 import pytest
 
 from proxy.fleet.member import FleetClaims, FleetCollector, FleetMember
 from proxy.flow.pipeline import ConnectionContext
 from proxy.stages.quota import QuotaManagers
-from quotas.clock import FakeClock
+from quotas.clock import FakeClock, SystemClock
 from quotas.config import QuotaConfig
 from quotas.entity import ClientIdentity, QuotaKind, SensorKey
-from quotas.fleet import FleetView, GroupUsage, UsageReport, decode_report, encode_report
+from quotas.fleet import FleetView, GroupUsage, ShareDecision, UsageReport, decode_report, encode_report
 from quotas.manager import ThrottleDecision
 
 Q = 1_000_000.0
@@ -167,3 +169,108 @@ def test_scope_cluster_and_cluster_entries_are_shared_groups_too() -> None:
     bounds = {label: manager.quota_bound(KEY) for label, manager in managers.labelled()}
     assert bounds["all"] == pytest.approx(2400.0)
     assert bounds["cluster"] == pytest.approx(2400.0)
+
+
+def exported(m: FleetMember, cap: int = 2000) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    return {(metric.name, tuple(s.labels.items())): s.value
+            for metric in FleetCollector(m, cap).collect() for s in metric.samples}
+
+
+def test_reports_of_another_format_version_are_counted_by_reason_and_logged_once(
+        caplog: pytest.LogCaptureFixture) -> None:
+    clock = FakeClock()
+    m, exchange, _ = member(clock)
+    v1 = (b'{"v":1,"fleet":"f","member":"old","seq":%d,"interval_ms":500,'
+          b'"groups":[["1","producer_byte_rate","","app",1,0]]}')
+    v9 = b'{"v":9,"fleet":"f","member":"new","seq":1,"interval_ms":500,"groups":[]}'
+    with caplog.at_level("INFO", logger="sluice.fleet"):
+        for seq in (1, 2, 3):
+            exchange.inbox += [v1 % seq, v9]
+            m.tick()
+            clock.advance(500)
+    # neither the old nor the new member is read as a member of this fleet
+    assert m.decision.members == 1
+    counts = exported(m)
+    assert counts[("sluice_fleet_reports_ignored", (("reason", "old_version"),))] == 3
+    assert counts[("sluice_fleet_reports_ignored", (("reason", "unknown_version"),))] == 3
+    assert counts[("sluice_fleet_reports_ignored", (("reason", "malformed"),))] == 0
+    warnings = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+    assert sum("old_version" in w for w in warnings) == 1, warnings
+    assert sum("unknown_version" in w for w in warnings) == 1, warnings
+
+
+def test_start_joins_before_serving_and_holds_its_due_meanwhile() -> None:
+    clock = FakeClock()
+    m, exchange, managers = member(clock)
+    m.view.expect_members(3)
+    shares_seen: list[float] = []
+    ticks = m.tick
+
+    def tick() -> None:  # what a manager created between two joining rounds would get
+        shares_seen.append(managers.fleet_standby_share)
+        ticks()
+
+    m.tick = tick  # type: ignore[method-assign]
+    exchange.inbox += [peer("b", 1, 1, True), peer("c", 1, 1, True)]
+
+    async def run() -> None:
+        await m.start()
+        await m.close()
+
+    asyncio.run(run())
+    # before its own report came back it held a third (1 / expected members), never the whole quota
+    assert shares_seen and shares_seen[0] == pytest.approx(1 / 3)
+    # it returned only once joined: its first report came back in the second round
+    assert m.view.joined and len(shares_seen) == 2
+    assert not m.decision.joining and m.decision.members == 3
+    # a manager created now (a client's first request to a broker) starts at the standby share
+    managers.for_broker(1).record_and_check(QuotaKind.PRODUCE, APP, 1)
+    assert managers.for_broker(1).quota_bound(KEY) == pytest.approx(Q / 3)
+
+
+def test_start_gives_up_joining_after_the_join_timeout_and_keeps_the_joining_share() -> None:
+    clock = SystemClock()
+    config = QuotaConfig.from_dict({"entries": [{"client_id": "app", "producer_byte_rate": Q}]})
+    managers = QuotaManagers(config, clock)
+    exchange = FakeExchange()
+    exchange.publish = lambda payload: None  # type: ignore[method-assign]  # nothing comes back
+    view = FleetView("f", "a", 150)
+    view.expect_members(2)
+    claims = FleetClaims(clock, ("all", "cluster"), hold_ms=1000)
+    m = FleetMember(view, exchange, managers, clock, claims, 500)
+    m.join_timeout_ms = 300
+
+    async def run() -> None:
+        await m.start()
+        await m.close()
+
+    asyncio.run(run())
+    assert not view.joined and m.decision.standby == pytest.approx(1 / 2)
+    assert managers.fleet_standby_share == pytest.approx(1 / 2)
+
+
+def test_the_share_metric_is_labelled_with_the_whole_key_and_capped() -> None:
+    clock = FakeClock()
+    m, _, _ = member(clock)
+    keys = [SensorKey(QuotaKind.PRODUCE, "alice", "", client_id_prefix="etl-"),
+            SensorKey(QuotaKind.PRODUCE, "alice", ""),
+            SensorKey(QuotaKind.PRODUCE, "", "", topic="t"),
+            SensorKey(QuotaKind.PRODUCE, "", "", topic_prefix="logs.")]
+    m.decision = ShareDecision({("1", k): 0.1 * (i + 1) for i, k in enumerate(keys)}, 0.5, 2)
+    shares = {labels: value for (name, labels), value in exported(m).items() if name == "sluice_fleet_share"}
+    # four groups, four series (before, the prefix and the user's own group shared one label set,
+    # and the two topic groups that of the whole fleet)
+    assert len(shares) == 4
+    assert shares[(("broker", "1"), ("kind", "producer_byte_rate"), ("user", "alice"), ("client_id", ""),
+                   ("client_id_prefix", "etl-"), ("topic", ""), ("topic_prefix", ""))] == pytest.approx(0.1)
+    assert shares[(("broker", "1"), ("kind", "producer_byte_rate"), ("user", ""), ("client_id", ""),
+                   ("client_id_prefix", ""), ("topic", "t"), ("topic_prefix", ""))] == pytest.approx(0.3)
+    # under a cap of 2: two series of their own, the other two in one overflow series (mean share)
+    collector = FleetCollector(m, 2)
+    samples = {(metric.name, tuple(s.labels.items())): s.value
+               for metric in collector.collect() for s in metric.samples}
+    capped = {labels: v for (name, labels), v in samples.items() if name == "sluice_fleet_share"}
+    assert len(capped) == 3
+    overflow = [v for labels, v in capped.items() if dict(labels)["user"] == "__overflow__"]
+    assert len(overflow) == 1
+    assert samples[("sluice_fleet_share_series_folded", ())] == 2

@@ -80,14 +80,23 @@ def test_sqlite_writes_a_batch_whole_or_not_at_all(tmp_path: Path) -> None:
     assert store.meta("m") is None and store.current() == {ALICE: {"producer_byte_rate": 1.0}}
 
 
-def test_sqlite_ignores_rows_that_break_the_rules(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+@pytest.mark.parametrize(("entity", "key", "value", "why"), [
+    (encode_entity(ALICE), "producer_byte_rate", -1.0, "must be greater than 0"),
+    ('{"ip":"x"}', "connection_creation_rate", 1.0, "unsupported entity type 'ip'"),
+    (encode_entity(ALICE), "bogus", 1.0, "Invalid configuration key bogus"),
+    ("not json", "request_rate", 1.0, "not an entity"),
+])
+def test_sqlite_refuses_a_row_it_cannot_read_naming_it(tmp_path: Path, entity: str, key: str, value: float,
+                                                       why: str) -> None:
+    """A hand-edited (or newer) store: the row is an error that names it, never a quota silently
+    dropped (issue 26)."""
     SqliteStore(tmp_path / "q.db").close()
-    with sqlite3.connect(tmp_path / "q.db") as db:  # a hand-edited store
+    with sqlite3.connect(tmp_path / "q.db") as db:
         db.executemany("INSERT INTO quotas VALUES (?, ?, ?)", [
-            (encode_entity(ALICE), "producer_byte_rate", -1.0), (encode_entity(ALICE), "request_rate", 3.0),
-            ('{"ip":"x"}', "connection_creation_rate", 1.0), (encode_entity(ALICE), "bogus", 1.0)])
-    assert SqliteStore(tmp_path / "q.db").load() == {ALICE: {"request_rate": 3.0}}
-    assert "must be greater than 0" in caplog.text and "Invalid configuration key bogus" in caplog.text
+            (encode_entity(ALICE), "request_rate", 3.0), (entity, key, value)])
+    with pytest.raises(StoreError) as raised:
+        SqliteStore(tmp_path / "q.db")
+    assert f"entity {entity}, key {key}" in str(raised.value) and why in str(raised.value)
 
 
 def test_store_path_is_relative_to_the_config_file(tmp_path: Path) -> None:
@@ -242,3 +251,23 @@ def test_workers_opening_a_new_sqlite_store_together_all_start(tmp_path: Path) -
         for opener in openers:
             opener.join(30)
         assert outcomes == ["ok"] * 4, outcomes
+
+
+def test_sqlite_changed_into_a_row_it_cannot_read_says_so_until_fixed(tmp_path: Path) -> None:
+    """Another process writes a row Sluice cannot read into a running store: the quotas as last
+    read stay, and `unreadable()` (for /healthz and the metric) names the problem until the row goes."""
+    from tests.harness.wait import eventually
+
+    store = SqliteStore(tmp_path / "q.db", watch_interval_ms=10)
+    try:
+        store.apply([set_(ALICE, "request_rate", 3.0)])
+        with sqlite3.connect(tmp_path / "q.db") as db:
+            db.execute("INSERT INTO quotas VALUES (?, ?, ?)", (encode_entity(ALICE), "bogus", 1.0))
+        problems = eventually(store.unreadable, bool, timeout_s=15)
+        assert "Invalid configuration key bogus" in problems[str(tmp_path / "q.db")]
+        assert store.current() == {ALICE: {"request_rate": 3.0}}
+        with sqlite3.connect(tmp_path / "q.db") as db:
+            db.execute("DELETE FROM quotas WHERE key = 'bogus'")
+        assert eventually(store.unreadable, lambda p: not p, timeout_s=15) == {}
+    finally:
+        store.close()

@@ -231,6 +231,47 @@ def test_supervisor_scrapes_every_up_worker_and_reports_health() -> None:
     asyncio.run(scenario())
 
 
+def test_supervisor_healthz_combines_the_workers_degraded_reasons() -> None:
+    """/healthz through the supervisor: 200 while every worker is up and fine, 207 naming each
+    worker's degraded part (its own /healthz), 503 when a worker is down."""
+    import asyncio
+
+    from proxy.ops.http import MetricsEndpoint
+    from proxy.workers.supervisor import Supervisor
+
+    async def scenario() -> None:
+        config = load_config(None, {**BASE, "workers": 2}, environ={})
+        supervisor = Supervisor(config, ["proxy"])
+        problems: list[list[str]] = [[], []]
+        endpoints = []
+        for index in range(2):
+            endpoint = MetricsEndpoint.for_registry(CollectorRegistry(), lambda: True,
+                                                    degraded=[lambda i=index: problems[i]])
+            await endpoint.start("127.0.0.1", 0)
+            endpoints.append(endpoint)
+            worker = supervisor.workers[index]
+            worker.process = _Running()  # type: ignore[assignment]
+            worker.status = WorkerStatus("127.0.0.1:9092", endpoint.port)
+        try:
+            report = await supervisor.health()
+            assert (report.status, report.body) == ("200 OK", b"ok\n")
+            problems[1].append("access log: records dropped in the last 10 s (in all: 5 queue_full)")
+            report = await supervisor.health()
+            assert report.status == "207 Multi-Status"
+            assert report.body == b"degraded: worker 1: access log: records dropped in the last 10 s " \
+                                  b"(in all: 5 queue_full)\n"
+            supervisor.workers[0].status = None
+            report = await supervisor.health()
+            assert report.status == "503 Service Unavailable"
+            assert report.body == b"unavailable: 1/2 workers up\n"
+        finally:
+            for endpoint in endpoints:
+                await endpoint.stop()
+            await supervisor._cleanup()
+
+    asyncio.run(scenario())
+
+
 def test_the_readiness_line_is_written_whole_while_other_threads_log(
         capfd: pytest.CaptureFixture[str]) -> None:
     import threading

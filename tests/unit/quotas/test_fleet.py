@@ -13,6 +13,7 @@ from quotas.entity import ClientIdentity, QuotaKind, SensorKey
 from quotas.fleet import (
     FleetFallback,
     FleetReportError,
+    FleetReportVersionError,
     FleetView,
     GroupUsage,
     UsageReport,
@@ -42,16 +43,72 @@ def test_report_round_trips() -> None:
     assert decode_report(encode_report(r)) == r
 
 
+def test_a_report_carries_the_whole_budget_key_byte_for_byte() -> None:
+    prefix = SensorKey(QuotaKind.PRODUCE, "alice", "", client_id_prefix="etl-")
+    topic = SensorKey(QuotaKind.FETCH, "", "", topic="t")
+    topics = SensorKey(QuotaKind.PRODUCER_RECORD_RATE, "", "", topic_prefix="logs.")
+    r = UsageReport("f1", "s-0/p42", 9, 500, (GroupUsage("1", prefix, 1048576.25, True),
+                                              GroupUsage("all", topic, 0.0, False),
+                                              GroupUsage("cluster", topics, 12.3456, False)))
+    assert encode_report(r) == (
+        b'{"v":2,'                  # format version: 2 carries the whole SensorKey
+        b'"fleet":"f1",'            # fleet id: reports of another fleet are ignored
+        b'"member":"s-0/p42",'      # member name: instance[/worker]/pid, new at every start
+        b'"seq":9,'                 # per member, increasing: an older report is ignored
+        b'"interval_ms":500,'       # the member's report interval
+        b'"groups":['
+        # [scope, [kind, user, client_id, client_id_prefix, topic, topic_prefix], used/s, constrained]
+        b'["1",["producer_byte_rate","alice","","etl-","",""],1048576.25,1],'
+        b'["all",["consumer_byte_rate","","","","t",""],0.0,0],'
+        # used/s is rounded to 3 decimals
+        b'["cluster",["producer_record_rate","","","","","logs."],12.346,0]'
+        b']}')
+    back = decode_report(encode_report(r))
+    assert [gr.key for gr in back.groups] == [prefix, topic, topics]
+    # a user's prefix group and the user's own group are different groups on every member
+    assert prefix != SensorKey(QuotaKind.PRODUCE, "alice", "")
+
+
+def test_reports_of_another_version_are_refused_by_reason_never_misread() -> None:
+    # what a version-1 member sends: the key cut to (kind, user, client_id)
+    v1 = (b'{"v":1,"fleet":"f","member":"m","seq":1,"interval_ms":500,'
+          b'"groups":[["1","producer_byte_rate","","app",1,0]]}')
+    with pytest.raises(FleetReportVersionError) as old:
+        decode_report(v1)
+    assert old.value.reason == "old_version" and old.value.version == 1
+    # a future version (say, one whose key carries a tag map) is not read as this one
+    v3 = (b'{"v":3,"fleet":"f","member":"m","seq":1,"interval_ms":500,'
+          b'"groups":[["1",["producer_byte_rate","","app","","","",{"team":"x"}],1,0]]}')
+    with pytest.raises(FleetReportVersionError) as new:
+        decode_report(v3)
+    assert new.value.reason == "unknown_version"
+    for version in (b'"2"', b"2.0", b"true", b"null"):
+        with pytest.raises(FleetReportVersionError) as odd:
+            decode_report(b'{"v":' + version + b',"fleet":"f","member":"m","seq":1,"interval_ms":500,'
+                          b'"groups":[]}')
+        assert odd.value.reason == "unknown_version"
+
+
+V2 = b'{"v":2,"fleet":"f","member":"m","seq":1,"interval_ms":500,"groups":[%s]}'
+
+
 @pytest.mark.parametrize("payload", [
-    b"", b"\xff", b"[]", b'{"v": 2}', b'{"v":1,"fleet":"f","member":"m","seq":1,"interval_ms":0,"groups":[]}',
-    b'{"v":1,"fleet":"f","member":"m","seq":1,"interval_ms":500,"groups":[["1","nope","","",1,0]]}',
-    b'{"v":1,"fleet":"f","member":"m","seq":1,"interval_ms":500,"groups":[["1","producer_byte_rate","","",-1,0]]}',
-    b'{"v":1,"fleet":"f","member":"m","seq":1,"interval_ms":500,"groups":[["1"]]}',
-    b'{"v":1,"fleet":"f","member":"m","seq":"1","interval_ms":500,"groups":[]}',
+    b"", b"\xff", b"[]", b'{"fleet":"f"}', b'{"v":2}',
+    b'{"v":2,"fleet":"f","member":"m","seq":1,"interval_ms":0,"groups":[]}',
+    b'{"v":2,"fleet":"f","member":"m","seq":"1","interval_ms":500,"groups":[]}',
+    V2 % b'["1",["nope","","","","",""],1,0]',                         # unknown kind
+    V2 % b'["1",["producer_byte_rate","","","","",""],-1,0]',          # negative usage
+    V2 % b'["1",["producer_byte_rate","","","","",""],1,2]',           # constrained not 0/1
+    V2 % b'["1",["producer_byte_rate","","app"],1,0]',                 # a version-1-sized key
+    V2 % b'["1",["producer_byte_rate","","","","","",""],1,0]',        # a key with a field more
+    V2 % b'["1",["producer_byte_rate","","",null,"",""],1,0]',         # a tag that is not a string
+    V2 % b'["1","producer_byte_rate","","app",1,0]',                   # a version-1 group
+    V2 % b'["1"]',
 ])
-def test_garbage_is_a_report_error(payload: bytes) -> None:
-    with pytest.raises(FleetReportError):
+def test_garbage_is_a_malformed_report(payload: bytes) -> None:
+    with pytest.raises(FleetReportError) as exc:
         decode_report(payload)
+    assert exc.value.reason == "malformed"
 
 
 # ---------------------------------------------------------------------------------- water-filling
@@ -70,8 +127,12 @@ def test_water_fill() -> None:
 
 # ---------------------------------------------------------------------------------- the view
 
-def view(member: str = "a", timeout_ms: int = 1500, **kw: object) -> FleetView:
-    return FleetView("f", member, timeout_ms, **kw)  # type: ignore[arg-type]
+def view(member: str = "a", timeout_ms: int = 1500, joined: bool = True, **kw: object) -> FleetView:
+    """A view; `joined`: it has heard its own report back at 0 (it has heard the fleet)."""
+    v = FleetView("f", member, timeout_ms, **kw)  # type: ignore[arg-type]
+    if joined:
+        v.receive(report(member, 0), 0)
+    return v
 
 
 def test_three_constrained_members_get_a_third_each() -> None:
@@ -161,11 +222,93 @@ def test_fallback_splits_by_the_last_known_member_count() -> None:
     assert v.decide([], {}, 1800, channel_up=False).fallback
 
 
-def test_fallback_full_fails_open_and_expected_members_before_first_contact() -> None:
-    assert view(fallback_mode=FleetFallback.FULL).decide([], {}, 0).standby == 1.0
-    v = view()
+def test_membership_is_frozen_while_the_exchange_is_silent() -> None:
+    # b and c last reported at 0; our own echo came back once more, at 400 (reports of one round
+    # arrive spread over the round); then the exchange fell silent (its broker died)
+    v = view(timeout_ms=1500)
+    v.receive(report("b", 1, g(1, True)), 0)
+    v.receive(report("c", 1, g(1, True)), 0)
+    v.receive(report("a", 1), 400)
+    assert v.decide([g(1, True)], {("1", KEY): Q}, 500).members == 3
+    # at 1600, b and c are 1600 ms silent (> 1500) but the exchange itself is only 1200 ms silent:
+    # nothing was received after their deadline, so they have not left (before, they were dropped
+    # here and a took the whole quota as the last member standing)
+    d = v.decide([g(1, True)], {("1", KEY): Q}, 1600)
+    assert d.members == 3 and d.shares[("1", KEY)] == pytest.approx(1 / 3)
+    # from 1901 the exchange is silent (> 1500 ms): the fallback splits by the frozen count, 3,
+    # for as long as the outage lasts
+    for now in (1901, 5000, 25_000):
+        d = v.decide([g(1, True)], {("1", KEY): Q}, now)
+        assert d.fallback and d.members == 3 and d.standby == pytest.approx(1 / 3), now
+
+
+def test_after_the_exchange_returns_members_get_a_whole_timeout_to_be_heard() -> None:
+    v = view(timeout_ms=1500)
+    v.receive(report("b", 1, g(1, True)), 0)
+    v.receive(report("c", 1, g(1, True)), 0)
+    v.decide([g(1, True)], {("1", KEY): Q}, 100)
+    # a 25 s outage; then our own echo is the first thing back, b a round later, c never (it died
+    # during the outage)
+    v.receive(report("a", 2), 25_000)
+    d = v.decide([g(1, True)], {("1", KEY): Q}, 25_000)
+    assert not d.fallback and d.members == 3 and d.shares[("1", KEY)] == pytest.approx(1 / 3)
+    v.receive(report("b", 2, g(1, True)), 25_500)
+    v.receive(report("a", 3), 26_000)
+    assert v.decide([g(1, True)], {("1", KEY): Q}, 26_000).members == 3
+    # c: silent for 1500 ms of a healthy exchange once something arrives after 25 000 + 1500
+    v.receive(report("a", 4), 26_501)
+    d = v.decide([g(1, True)], {("1", KEY): Q}, 26_501)
+    assert d.members == 2 and d.shares[("1", KEY)] == pytest.approx(1 / 2)
+
+
+def test_a_member_silent_while_the_exchange_works_leaves() -> None:
+    # b stops at 0 while our own reports keep coming back every 500 ms: b has left once one
+    # arrives more than 1500 ms after b's last report, at 2000
+    v = view(timeout_ms=1500)
+    v.receive(report("b", 1, g(1, True)), 0)
+    for seq, now in enumerate((500, 1000, 1500), start=1):
+        v.receive(report("a", seq), now)
+        assert v.decide([g(1, True)], {("1", KEY): Q}, now).members == 2, now
+    v.receive(report("a", 4), 2000)
+    d = v.decide([g(1, True)], {("1", KEY): Q}, 2000)
+    assert d.members == 1 and not d.fallback and d.shares[("1", KEY)] == pytest.approx(1.0)
+
+
+def test_a_joining_member_holds_its_due_until_its_own_report_comes_back() -> None:
+    # a restarted instance: the exchange replays the last reports of b and c (and of its own
+    # previous process, a0) before a's own first report comes back
+    v = view("a1", joined=False)
+    v.receive(report("b", 7, g(300_000, True)), 0)
+    v.receive(report("c", 7, g(300_000, True)), 0)
+    v.receive(report("a0", 7, g(300_000, True)), 0)
+    d = v.decide([g(500_000, True)], {("1", KEY): Q}, 100)
+    # it knows 4 members (a0 has not timed out yet): 1/4 for every group, active or not
+    assert d.joining and d.shares == {} and d.standby == pytest.approx(1 / 4)
+    v.receive(report("a1", 1), 500)
+    d = v.decide([g(500_000, True)], {("1", KEY): Q}, 500)
+    assert not d.joining and d.shares[("1", KEY)] == pytest.approx(1 / 4)
+    # a0 is gone once the exchange has carried 1500 ms more (b and c kept reporting): three
+    # members, a third each
+    v.receive(report("b", 8, g(300_000, True)), 1000)
+    v.receive(report("c", 8, g(300_000, True)), 1000)
+    v.receive(report("a1", 2), 1501)
+    assert v.decide([g(500_000, True)], {("1", KEY): Q}, 1501).shares[("1", KEY)] == pytest.approx(1 / 3)
+
+
+def test_before_first_contact_a_member_holds_its_due_then_falls_back() -> None:
+    # FULL: a member that never hears its own report back fails open only once it has waited a
+    # whole timeout (1500 ms) for it; until then it holds its due, 1 / expected members
+    v = view(joined=False, fallback_mode=FleetFallback.FULL)
     v.expect_members(3)
     d = v.decide([], {}, 0)
+    assert d.joining and not d.fallback and d.standby == pytest.approx(1 / 3)
+    d = v.decide([], {}, 1501)
+    assert d.fallback and not d.joining and d.standby == 1.0
+    # SPLIT: the same 1 / 3 while joining and in the fallback
+    v = view(joined=False)
+    v.expect_members(3)
+    assert v.decide([], {}, 0).standby == pytest.approx(1 / 3)
+    d = v.decide([], {}, 1501)
     assert d.fallback and d.standby == pytest.approx(1 / 3)
 
 
@@ -191,6 +334,38 @@ def test_manager_enforces_the_bound_times_the_share() -> None:
     m.set_shares({}, standby=1.0)
     assert m.quota_bound(KEY) == Q
     assert m.check(QuotaKind.PRODUCE, who).throttle_time_ms == 0
+
+
+def test_a_new_sensor_of_a_group_others_use_starts_without_credit() -> None:
+    who = ClientIdentity.of("ANONYMOUS", "app")
+    # not busy elsewhere: Kafka's young-sensor padding, 10 s x 250 000 B/s = 2.5 MB before a throttle
+    free = QuotaManager(config(Q), FakeClock(100_000), sticky_quotas_enabled=False)
+    free.set_shares({}, standby=0.25)
+    assert free.record_and_check(QuotaKind.PRODUCE, who, 2_000_000).throttle_time_ms == 0
+    # busy elsewhere: the 10 windows before now hold 250 000 B each, the rate is the bound exactly
+    # (2.5 MB / 10 s), so the same 2 MB is over it: (2.5 + 2) MB / 10 s = 450 000 B/s,
+    # throttle = (450000 - 250000) / 250000 x 10000 ms = 8000 ms
+    busy = QuotaManager(config(Q), FakeClock(100_000), sticky_quotas_enabled=False)
+    busy.set_shares({}, standby=0.25, busy={KEY})
+    d = busy.record_and_check(QuotaKind.PRODUCE, who, 2_000_000)
+    assert d.observed == pytest.approx(450_000) and d.throttle_time_ms == 8000
+    # what the fleet is told it used is only what it admitted
+    (usage,) = busy.fleet_usage()
+    assert usage.used_total == 2_000_000
+
+
+def test_a_new_token_bucket_of_a_group_others_use_starts_empty() -> None:
+    who = ClientIdentity.of("ANONYMOUS", "app")
+    cfg = QuotaConfig.from_dict({"rate_model": "token_bucket", "burst_ms": 2000,
+                                 "entries": [{"client_id": "app", "producer_byte_rate": Q}]})
+    free = QuotaManager(cfg, FakeClock(100_000), sticky_quotas_enabled=False)
+    free.set_shares({}, standby=0.5)
+    # full: burst = 500 000 B/s x 2 s = 1 MB of credit; 600 kB leaves 400 kB
+    assert free.record_and_check(QuotaKind.PRODUCE, who, 600_000).throttle_time_ms == 0
+    busy = QuotaManager(cfg, FakeClock(100_000), sticky_quotas_enabled=False)
+    busy.set_shares({}, standby=0.5, busy={KEY})
+    # empty: 600 kB puts it 600 kB in debt, 1.2 s to refill at 500 000 B/s
+    assert busy.record_and_check(QuotaKind.PRODUCE, who, 600_000).throttle_time_ms == 1200
 
 
 def test_a_share_caps_byte_throttles_at_the_quota_window() -> None:
