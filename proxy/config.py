@@ -27,6 +27,7 @@ from pydantic import (
     model_validator,
 )
 
+from protocol import fastpath
 from proxy.admin.store import StoreConfig, librdkafka_text
 from proxy.fleet.config import FleetConfig
 from proxy.ops.disk_guard import StorageConfig
@@ -498,7 +499,7 @@ def env_overrides(environ: Mapping[str, str]) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for name, value in environ.items():
         if not name.startswith(ENV_PREFIX) or name in {"SLUICE_KAFKA_LIBS", "SLUICE_KAFKA_BOOTSTRAP",
-                                                        CONNECTIONS_TOKEN_ENV}:
+                                                        CONNECTIONS_TOKEN_ENV, fastpath.PURE_PYTHON_ENV}:
             continue
         if name.startswith("SLUICE_WORKER_"):  # a worker's role, set by its supervisor (proxy.fleet.local)
             continue

@@ -16,8 +16,8 @@ from collections.abc import Callable
 
 from protocol.apis import api_name
 from protocol.errors import ProtocolError
+from protocol.fastpath import read_response_correlation_id
 from protocol.framing import FrameSplitter
-from protocol.headers import read_response_correlation_id
 from protocol.sasl import SASL_API_KEYS
 from proxy.flow.inflight import CorrelationMismatch, InFlight, InFlightRequests
 from proxy.flow.pipeline import ConnectionContext, Pipeline, ResponseOutcome

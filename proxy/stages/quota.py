@@ -49,10 +49,10 @@ import struct
 
 from protocol.apis import ApiKey, api_name, response_header_version
 from protocol.errors import ProtocolError
+from protocol.fastpath import patch_throttle_time
 from protocol.fetch import cap_fetch_max_bytes, empty_fetch_response
 from protocol.headers import RequestHeader, response_body_offset
 from protocol.share import cap_share_fetch_max_bytes
-from protocol.throttle import patch_throttle_time
 from proxy.flow.inflight import InFlight, QuotaNote
 from proxy.flow.pipeline import ConnectionContext, Forward, RequestOutcome, ResponseOutcome, StageBase
 from proxy.stages.topic_usage import TopicNames, TopicUsage, fetch_usage, produce_usage, share_fetch_usage
