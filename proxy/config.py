@@ -8,6 +8,7 @@ variables are `SLUICE_<SECTION>__<KEY>` (double underscore between levels), for 
 
 from __future__ import annotations
 
+import functools
 import importlib.util
 import os
 import ssl
@@ -26,13 +27,15 @@ from pydantic import (
     model_validator,
 )
 
+from protocol import fastpath
 from proxy.admin.store import StoreConfig, librdkafka_text
 from proxy.fleet.config import FleetConfig
 from proxy.ops.disk_guard import StorageConfig
-from proxy.stages.callbacks import PLUGIN_KEYS, QuotaPlugins
+from proxy.stages.callbacks import QuotaPlugins
 from quotas.config import QuotaConfig
-from quotas.connection_limits import canonical_ip, split_ip_entries
+from quotas.connection_limits import canonical_ip
 from quotas.errors import QuotaConfigError
+from quotas.section import QuotasSection
 
 ENV_PREFIX = "SLUICE_"
 RUNTIME_DIR_MAX_BYTES = 80
@@ -479,25 +482,28 @@ class ProxyConfig(BaseModel):
     def _off(cls, value: Any) -> Any:
         return "off" if value is False else value  # YAML 1.1 reads a bare `off` as false
 
-    def quota_config(self) -> QuotaConfig:
-        entries = {k: v for k, v in self.quotas.items() if k not in PLUGIN_KEYS}
+    @functools.cached_property
+    def quotas_section(self) -> QuotasSection:
+        """The ``quotas:`` section, typed (`quotas.section`); parsed once per configuration, on
+        first use (`load_config` uses it, so a bad section fails at start naming the key)."""
         try:
-            _, entries = split_ip_entries(entries, path="quotas")  # the ip entity: ip_connection_rates()
-            return QuotaConfig.from_dict(entries, path="quotas")
+            return QuotasSection.parse(self.quotas, path="quotas")
         except QuotaConfigError as exc:
             raise ConfigError("invalid configuration:\n  " + str(exc).replace("\n", "\n  ")) from None
+
+    def quota_config(self) -> QuotaConfig:
+        """The client quota entries (`quotas_section.entries`)."""
+        return self.quotas_section.entries
 
     def ip_connection_rates(self) -> dict[str, float]:
         """KIP-612's per-IP ``connection_creation_rate``: ``{ip or "<default>": connections/s}``."""
-        try:
-            return split_ip_entries(self.quotas, path="quotas")[0]
-        except QuotaConfigError as exc:
-            raise ConfigError("invalid configuration:\n  " + str(exc).replace("\n", "\n  ")) from None
+        return dict(self.quotas_section.ip_connection_rates)
 
     def quota_plugins(self) -> QuotaPlugins:
-        """``quotas.scope`` and ``quotas.callback`` (`proxy.stages.callbacks`); imports the class."""
+        """``quotas.scope``, ``quotas.callback`` and ``cluster_entries``, with the callback class
+        loaded: called at start and at reload only (validation never runs the user's code)."""
         try:
-            return QuotaPlugins.from_dict(self.quotas, path="quotas")
+            return QuotaPlugins.load(self.quotas_section, path="quotas")
         except QuotaConfigError as exc:
             raise ConfigError("invalid configuration:\n  " + str(exc).replace("\n", "\n  ")) from None
 
@@ -533,7 +539,7 @@ def env_overrides(environ: Mapping[str, str]) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for name, value in environ.items():
         if not name.startswith(ENV_PREFIX) or name in {"SLUICE_KAFKA_LIBS", "SLUICE_KAFKA_BOOTSTRAP",
-                                                        CONNECTIONS_TOKEN_ENV}:
+                                                        CONNECTIONS_TOKEN_ENV, fastpath.PURE_PYTHON_ENV}:
             continue
         if name.startswith("SLUICE_WORKER_"):  # a worker's role, set by its supervisor (proxy.fleet.local)
             continue
@@ -579,7 +585,5 @@ def load_config(path: Path | None = None, overrides: Mapping[str, Any] | None = 
                            "data_dir": Path(data_dir) if isinstance(data_dir, str | Path) else None})
     except ValidationError as exc:
         raise ConfigError(_format_error(exc, source)) from None
-    config.quota_config()  # quotas are validated at start too
-    config.ip_connection_rates()
-    config.quota_plugins()
+    config.quotas_section  # noqa: B018 - the quotas section is parsed (and checked) once, here
     return config

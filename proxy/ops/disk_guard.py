@@ -5,7 +5,7 @@ server, Strimzi's ``describeCluster``), asks each for DescribeLogDirs v4 (total 
 of every log dir) over its own connection with the upstream TLS settings (and ``storage.sasl``),
 computes the throttle factor (`quotas.storage.throttle_factor`; an incomplete view holds the last
 complete factor for `factor_validity_ms`, `quotas.storage.hold_or_fallback`) and applies it to every
-produce limit (`QuotaManagers.set_limit_scale`). With ``source: local`` it reads `shutil.disk_usage` of the
+produce limit (`QuotaEngine.set_limit_scale`). With ``source: local`` it reads `shutil.disk_usage` of the
 configured paths instead. Changes of the factor are logged, steady polls are not.
 
 Metrics (read at scrape time): ``sluice_storage_throttle_factor``,
@@ -130,7 +130,7 @@ class StorageConfig(BaseModel):
 
 
 class LimitScaler(Protocol):
-    """What the poller drives: `proxy.stages.quota.QuotaManagers` in the proxy."""
+    """What the poller drives: `quotas.engine.QuotaEngine` in the proxy."""
 
     def set_limit_scale(self, kind: QuotaKind, factor: float, /) -> None: ...
 

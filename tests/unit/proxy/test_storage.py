@@ -259,11 +259,11 @@ async def test_changes_are_logged_steady_polls_are_not(
 
 
 async def test_applies_to_all_gives_clients_without_a_quota_the_scaled_base_rate(tmp_path: Path) -> None:
-    from proxy.stages.quota import QuotaManagers
     from quotas import ClientIdentity, FakeClock, QuotaConfig, QuotaEntity, QuotaEntry
+    from quotas.engine import QuotaEngine
 
     free = shutil.disk_usage(tmp_path).free
-    quotas = QuotaManagers(QuotaConfig((QuotaEntry(QuotaEntity(user="alice"), {QuotaKind.PRODUCE: 1000.0}),)),
+    quotas = QuotaEngine(QuotaConfig((QuotaEntry(QuotaEntity(user="alice"), {QuotaKind.PRODUCE: 1000.0}),)),
                            FakeClock(0))
     broker = quotas.for_broker(1)
     alice, bob = ClientIdentity("alice", "a"), ClientIdentity("bob", "b")
