@@ -30,12 +30,13 @@ Scope = Literal["broker", "cluster"]
 
 
 class CallbackModel(BaseModel):
-    """``quotas.callback``: ``{class: "package.module:Class", config: {...}}``."""
+    """The quota callback (KIP-257's ClientQuotaCallback in Python): what shares a rate and its limit."""
 
     model_config = ConfigDict(extra="forbid", strict=True, frozen=True, populate_by_name=True)
 
-    class_: str = Field(default=DEFAULT_CALLBACK, alias="class", pattern=r"^[\w.]+:[\w.]+$")
-    config: dict[str, Any] = {}
+    class_: str = Field(default=DEFAULT_CALLBACK, alias="class", pattern=r"^[\w.]+:[\w.]+$",
+                        description="\"package.module:Class\", any importable class")
+    config: dict[str, Any] = Field(default={}, description="keyword arguments of the class")
 
 
 class QuotasModel(BaseModel):
@@ -49,9 +50,12 @@ class QuotasModel(BaseModel):
     rate_model: Literal["windowed", "token_bucket"] = "windowed"
     burst_ms: int | None = None
     entries: list[Any] = []
-    scope: Scope = "broker"
+    scope: Scope = Field(default="broker", description="broker: a budget per broker (Kafka's); cluster: one "
+                                                       "across every broker behind Sluice")
     callback: CallbackModel = CallbackModel()
-    cluster_entries: list[Any] = []
+    cluster_entries: list[Any] = Field(default=[], description="entries shaped as quotas.entries, each a "
+                                                               "budget across all brokers, beside the "
+                                                               "per-broker entries")
 
 
 @dataclass(frozen=True)

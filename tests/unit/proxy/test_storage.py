@@ -147,9 +147,9 @@ def test_valid_storage_config_loads(tmp_path: Path) -> None:
     assert (limits.soft.value, limits.hard.value) == (0.05, 1e9)
 
 
-def test_the_readme_example_is_a_valid_configuration(tmp_path: Path) -> None:
-    readme = (Path(__file__).parents[3] / "README.md").read_text()
-    example = readme.split("## Storage-driven throttling", 1)[1].split("```yaml\n", 1)[1].split("```", 1)[0]
+def test_the_docs_example_is_a_valid_configuration(tmp_path: Path) -> None:
+    docs = (Path(__file__).parents[3] / "docs" / "quotas.md").read_text()
+    example = docs.split("## Storage-driven throttling", 1)[1].split("```yaml\n", 1)[1].split("```", 1)[0]
     path = tmp_path / "readme.yaml"
     path.write_text(example)
     config = load_config(path, environ={})
