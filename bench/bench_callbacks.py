@@ -35,11 +35,11 @@ import time
 from pathlib import Path
 from typing import Any
 
-from bench.bench_hot_path import SocketBench, client_pairs, tree_cpu_s
+from bench.bench_hot_path import SocketBench, client_pairs
+from bench.common.cpu import process_cpu_s, thread_times
 
 REPO = Path(__file__).resolve().parent.parent
 RESULTS = REPO / "bench" / "results" / "callbacks.json"
-_TICK_S = 1 / os.sysconf("SC_CLK_TCK")
 
 
 def run_instrumented(out: str, args: list[str]) -> None:
@@ -73,8 +73,7 @@ def run_instrumented(out: str, args: list[str]) -> None:
 
 def main_thread(pid: int) -> tuple[float, float, int]:
     """(user s, system s, minor faults) of the process's first thread: the event loop."""
-    fields = Path(f"/proc/{pid}/task/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return int(fields[11]) * _TICK_S, int(fields[12]) * _TICK_S, int(fields[7])
+    return thread_times(pid)
 
 
 def read_totals(proc: subprocess.Popen[bytes], path: Path) -> dict[str, int]:
@@ -99,10 +98,10 @@ def measure(pairs_n: int, repeats: int, tmp: Path) -> list[dict[str, Any]]:
             for _ in range(repeats):
                 t0 = read_totals(proc, totals_path) if mode != "raw" else {}
                 u0, s0, f0 = main_thread(proc.pid)
-                c0 = tree_cpu_s(proc.pid)
+                c0 = process_cpu_s(proc.pid)
                 client_pairs(port, pairs_n)
                 time.sleep(0.2)  # the log's feeder and writer finish the round's records
-                c1 = tree_cpu_s(proc.pid)
+                c1 = process_cpu_s(proc.pid)
                 u1, s1, f1 = main_thread(proc.pid)
                 t1 = read_totals(proc, totals_path) if mode != "raw" else {}
                 per = 1e6 / pairs_n

@@ -85,7 +85,6 @@ import contextlib
 import datetime as dt
 import json
 import os
-import platform
 import re
 import shutil
 import subprocess
@@ -99,11 +98,21 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import IO, Any
 
-from bench.bench_proxy import create_topic, git_describe, process_cpu_s
-from tests.harness.kafka import REPO, KafkaCluster, _die_with_parent, free_port, java_command
-from tests.harness.load import Timeline, WatermarkSampler, confluent_flood
-from tests.harness.sluice import SluiceProcess
-from tests.harness.tools import KafkaTools
+from bench.common.cpu import process_cpu_s
+from bench.common.results import git_describe, machine, pyplot
+from bench.common.setup import (
+    REPO,
+    KafkaCluster,
+    KafkaTools,
+    SluiceProcess,
+    Timeline,
+    WatermarkSampler,
+    confluent_flood,
+    create_topic,
+    die_with_parent,
+    free_port,
+    java_command,
+)
 
 MODES: tuple[str, ...] = ("broker", "sluice", "bucket")
 CLIENTS: tuple[str, ...] = ("java", "librdkafka")
@@ -319,7 +328,7 @@ class JavaTool:
         cmd = java_command(main, *args, heap=heap, quick_start=False)
         self._log: IO[str] = open(log_path, "w")  # noqa: SIM115 - closed in stop()
         self.process = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                                        bufsize=1, preexec_fn=_die_with_parent, cwd=log_path.parent)
+                                        bufsize=1, preexec_fn=die_with_parent, cwd=log_path.parent)
         self._on_line = on_line
         self._reader = threading.Thread(target=self._pump, daemon=True)
         self._reader.start()
@@ -826,8 +835,7 @@ def run_benchmark(params: Params, modes: Sequence[str], clients: Sequence[str], 
         "benchmark": "fidelity",
         "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
         "sluice_commit": commit,
-        "machine": {"cpu_count": os.cpu_count(), "platform": platform.platform(),
-                    "python": platform.python_version(), "pinned": False},
+        "machine": machine(),
         "params": asdict(params) | {"burst_s": params.burst_s, "fill_bytes": params.fill_bytes},
         "quota_bytes_per_s": params.quota,
         "window": window,
@@ -916,10 +924,7 @@ def format_table(report: Mapping[str, Any]) -> str:
 
 def write_chart(report: Mapping[str, Any], path: Path) -> bool:
     try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
+        plt = pyplot()
     except ImportError:
         return False
     cases = report["cases"]

@@ -25,7 +25,6 @@ import argparse
 import json
 import os
 import signal
-import subprocess
 import sys
 import tempfile
 import threading
@@ -34,12 +33,20 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from tests.conftest import create_topic, unique_name
+from bench.common.cpu import own_cpu_s
+from bench.common.results import commit, load_avg, pyplot
+from bench.common.setup import (
+    REPO,
+    KafkaCluster,
+    Metrics,
+    SluiceProcess,
+    create_topic,
+    free_port,
+    kafka_cluster,
+    unique_name,
+)
 from tests.harness import load
-from tests.harness.kafka import REPO, KafkaCluster, free_port
-from tests.harness.sluice import SluiceProcess
-from tests.harness.wait import Sampler, wait_until
-from tests.integration.test_fleet import (
+from tests.harness.fleet import (
     Fleet,
     filled_topic,
     flood_through,
@@ -48,28 +55,13 @@ from tests.integration.test_fleet import (
     start_fleet,
     total_rate,
 )
-from tests.integration.test_quota_enforcement import PERIOD_S, RUN_S, WINDOW, Metrics, MiB
+from tests.harness.quotas import PERIOD_S, RUN_S, WINDOW, MiB
+from tests.harness.wait import Sampler, wait_until
 
 DEFAULT_OUT = REPO / "bench" / "results" / "fleet.json"
 QUOTA = MiB
 CLIENT = "fleet-app"
 ENTRY = {"client_id": CLIENT, "producer_byte_rate": QUOTA, "consumer_byte_rate": QUOTA}
-TICK_S = os.sysconf("SC_CLK_TCK")
-
-
-def cpu_seconds(pid: int) -> float:
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / TICK_S   # utime + stime
-
-
-def load_avg() -> list[float]:
-    return [round(x, 2) for x in os.getloadavg()]
-
-
-def commit() -> str:
-    done = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True,
-                          check=False)
-    return done.stdout.strip()
 
 
 def plain_sluices(kafka: KafkaCluster, workdir: Path, n: int, workers: int | None = None) -> Fleet:
@@ -220,8 +212,8 @@ def exchange_cost(kafka: KafkaCluster, workdir: Path, idle_s: float) -> dict[str
         def snap() -> tuple[list[tuple[float, float]], list[float], list[float]]:
             reports = [(counter(fleet.metrics(i), "sluice_fleet_reports_sent_total"),
                         counter(fleet.metrics(i), "sluice_fleet_report_bytes_sent_total")) for i in range(3)]
-            return (reports, [cpu_seconds(s.process.pid) for s in fleet.sluices if s.process],
-                    [cpu_seconds(s.process.pid) for s in plain.sluices if s.process])
+            return (reports, [own_cpu_s(s.process.pid) for s in fleet.sluices if s.process],
+                    [own_cpu_s(s.process.pid) for s in plain.sluices if s.process])
         time.sleep(2)   # past start-up work
         load_before = load_avg()
         r0, f0, p0 = snap()
@@ -251,7 +243,7 @@ def worker_cost(kafka: KafkaCluster, workdir: Path, workers: int, run_s: float) 
         topic = create_topic(kafka.bootstrap, unique_name("fw"))
         load_before = load_avg()
         req0 = counter(metrics, "sluice_requests_total", api="Produce")
-        cpu0 = sum(cpu_seconds(p) for p in pids)
+        cpu0 = sum(own_cpu_s(p) for p in pids)
         threads = [threading.Thread(target=load.confluent_flood, args=(sluice.bootstrap, topic, run_s),
                                     kwargs={"client_id": f"small-{i}", "record_size": 100,
                                             "config": {"linger.ms": 0, "log_level": 2}, "batch_bytes": 1024})
@@ -260,7 +252,7 @@ def worker_cost(kafka: KafkaCluster, workdir: Path, workers: int, run_s: float) 
             t.start()
         for t in threads:
             t.join(run_s + 60)
-        cpu = sum(cpu_seconds(p) for p in pids) - cpu0
+        cpu = sum(own_cpu_s(p) for p in pids) - cpu0
         requests = counter(metrics, "sluice_requests_total", api="Produce") - req0
         return {"workers": workers, "producers": 2 * workers, "requests": int(requests),
                 "worker_cpu_s": round(cpu, 2), "requests_per_cpu_s": round(requests / max(cpu, 1e-9)),
@@ -271,55 +263,57 @@ def worker_cost(kafka: KafkaCluster, workdir: Path, workers: int, run_s: float) 
 
 # ------------------------------------------------------------------------------------ the run
 
-def run_benchmark(quick: bool, java: bool, workdir: Path, log: Callable[[str], None]) -> dict[str, Any]:
-    run_s = 2 * PERIOD_S if quick else RUN_S
+def run_benchmark(quick: bool, java: bool, workdir: Path, log: Callable[[str], None],
+                  bootstrap: str | None = None) -> dict[str, Any]:
     started = time.monotonic()
-    kafka = KafkaCluster(workdir / "kafka", 1)
-    kafka.start()
-    log(f"broker up: {kafka.bootstrap}; load {load_avg()}")
+    with kafka_cluster(workdir, bootstrap) as kafka:
+        log(f"broker up: {kafka.bootstrap}; load {load_avg()}")
+        return measure(kafka, quick, java, workdir, log, started)
+
+
+def measure(kafka: KafkaCluster, quick: bool, java: bool, workdir: Path, log: Callable[[str], None],
+            started: float) -> dict[str, Any]:
+    run_s = 2 * PERIOD_S if quick else RUN_S
     cases: list[dict[str, Any]] = []
-    try:
-        plan: list[tuple[str, int, int, bool, int | None]] = [   # name, instances, producers, fleet, workers
-            ("alone", 1, 1, False, None), ("fleet-2", 2, 2, True, None)] if quick else [
-            ("alone", 1, 1, False, None), ("no-fleet-3", 3, 3, False, None), ("fleet-1", 1, 1, True, None),
-            ("fleet-2", 2, 2, True, None), ("fleet-3", 3, 3, True, None), ("workers-3", 1, 3, False, 3)]
-        for name, n, producers, with_fleet, workers in plan:
+    plan: list[tuple[str, int, int, bool, int | None]] = [   # name, instances, producers, fleet, workers
+        ("alone", 1, 1, False, None), ("fleet-2", 2, 2, True, None)] if quick else [
+        ("alone", 1, 1, False, None), ("no-fleet-3", 3, 3, False, None), ("fleet-1", 1, 1, True, None),
+        ("fleet-2", 2, 2, True, None), ("fleet-3", 3, 3, True, None), ("workers-3", 1, 3, False, 3)]
+    for name, n, producers, with_fleet, workers in plan:
+        fleet = (start_fleet(kafka, workdir / unique_name(name), n, [ENTRY]) if with_fleet
+                 else plain_sluices(kafka, workdir, n, workers=workers))
+        try:
+            if workers:
+                wait_until(lambda f=fleet, w=workers: f.metrics(0).value(  # type: ignore[misc]
+                    "sluice_fleet_members", worker="0") == w, 60, "workers to hear from each other")
+            cases.append(produce_case(kafka, fleet, name, n, producers, run_s, with_fleet, workers))
+        finally:
+            fleet.stop()
+        log(f"{name}: {cases[-1]['ratio']:.3f} x quota (load {cases[-1]['load_avg'][0]})")
+    if java and not quick:
+        for name, n, with_fleet in (("java-alone", 1, False), ("java-fleet-3", 3, True)):
             fleet = (start_fleet(kafka, workdir / unique_name(name), n, [ENTRY]) if with_fleet
-                     else plain_sluices(kafka, workdir, n, workers=workers))
+                     else plain_sluices(kafka, workdir, n))
             try:
-                if workers:
-                    wait_until(lambda f=fleet, w=workers: f.metrics(0).value(  # type: ignore[misc]
-                        "sluice_fleet_members", worker="0") == w, 60, "workers to hear from each other")
-                cases.append(produce_case(kafka, fleet, name, n, producers, run_s, with_fleet, workers))
+                cases.append(fetch_case(kafka, [s.bootstrap for s in fleet.sluices], name, with_fleet,
+                                        run_s, workdir))
+            except Exception as exc:   # report it, keep the rest of the run
+                cases.append({"name": name, "client": "java", "workload": "fetch",
+                              "error_text": repr(exc)})
             finally:
                 fleet.stop()
-            log(f"{name}: {cases[-1]['ratio']:.3f} x quota (load {cases[-1]['load_avg'][0]})")
-        if java and not quick:
-            for name, n, with_fleet in (("java-alone", 1, False), ("java-fleet-3", 3, True)):
-                fleet = (start_fleet(kafka, workdir / unique_name(name), n, [ENTRY]) if with_fleet
-                         else plain_sluices(kafka, workdir, n))
-                try:
-                    cases.append(fetch_case(kafka, [s.bootstrap for s in fleet.sluices], name, with_fleet,
-                                            run_s, workdir))
-                except Exception as exc:   # report it, keep the rest of the run
-                    cases.append({"name": name, "client": "java", "workload": "fetch",
-                                  "error_text": repr(exc)})
-                finally:
-                    fleet.stop()
-                log(f"{name}: {cases[-1].get('ratio')}")
-        after_s = 3 + (PERIOD_S if quick else RUN_S)
-        shifts = [shift_case(kafka, workdir, kill, after_s) for kill in (False, True)]
-        for s in shifts:
-            log(f"{s['event']}: shares settle {s['share_settle_s']} s, rate 0.9 x quota after "
-                f"{s['rate_reach_0_9_s']} s")
-        cost = exchange_cost(kafka, workdir, 5 if quick else 30)
-        log(f"exchange: {cost['members']} vs plain cpu {cost['plain_cpu_fraction']}")
-        counts = (1, 2) if quick else (1, 2, 3)
-        scaling = [worker_cost(kafka, workdir, w, 4 if quick else 15) for w in counts]
-        for w in scaling:
-            log(f"workers {w['workers']}: {w['requests_per_cpu_s']} requests per CPU-second")
-    finally:
-        kafka.stop()
+            log(f"{name}: {cases[-1].get('ratio')}")
+    after_s = 3 + (PERIOD_S if quick else RUN_S)
+    shifts = [shift_case(kafka, workdir, kill, after_s) for kill in (False, True)]
+    for s in shifts:
+        log(f"{s['event']}: shares settle {s['share_settle_s']} s, rate 0.9 x quota after "
+            f"{s['rate_reach_0_9_s']} s")
+    cost = exchange_cost(kafka, workdir, 5 if quick else 30)
+    log(f"exchange: {cost['members']} vs plain cpu {cost['plain_cpu_fraction']}")
+    counts = (1, 2) if quick else (1, 2, 3)
+    scaling = [worker_cost(kafka, workdir, w, 4 if quick else 15) for w in counts]
+    for w in scaling:
+        log(f"workers {w['workers']}: {w['requests_per_cpu_s']} requests per CPU-second")
     return {"benchmark": "fleet", "quick": quick, "java_fetch": java and not quick, "commit": commit(),
             "cpus": os.cpu_count(),
             "quota_bytes_per_s": QUOTA, "window": WINDOW, "run_s": run_s,
@@ -351,10 +345,7 @@ f"{s['event']}: shares settle in {s['share_settle_s']} s (sum {s['final_share_su
 
 
 def plot(report: dict[str, Any], path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     fig, (bars, shift) = plt.subplots(1, 2, figsize=(13, 4.5))
     done = [c for c in report["cases"] if "ratio" in c]
@@ -386,13 +377,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT, help="results JSON")
     parser.add_argument("--no-java", action="store_true", help="skip the Java consumer-group fetch cases")
     parser.add_argument("--workdir", type=Path, help="where Kafka and Sluice keep their files")
+    parser.add_argument("--bootstrap", help="use the Kafka cluster at HOST:PORT (unique topics) instead of "
+                                            "starting one")
     args = parser.parse_args(argv)
     workdir = args.workdir or Path(tempfile.mkdtemp(prefix="bench-fleet-"))
 
     def log(msg: str) -> None:
         print(msg, file=sys.stderr, flush=True)
 
-    report = run_benchmark(args.quick, not args.no_java, workdir, log)
+    report = run_benchmark(args.quick, not args.no_java, workdir, log, args.bootstrap)
     print(table(report))
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(report, indent=1) + "\n")

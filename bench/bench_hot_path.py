@@ -7,7 +7,7 @@ config (its stages, quota sensors, metrics, and with ``--access-log`` its writer
 `ClientConnection` over an in-memory transport and an in-memory upstream, and small Produce v8
 request/response pairs (one partition, a 200-byte record batch, acks=1; a default client-id quota
 that never binds, so each request is recorded and checked). The same pairs also go through the raw
-forwarder's logic (`bench.raw_forwarder`'s data path: bytes in, bytes out) in the same run.
+forwarder's logic (`bench.common.raw_forwarder`'s data path: bytes in, bytes out) in the same run.
 
 **Over sockets** (no Kafka: its noise stays out): a canned broker process answers each Produce at
 once; one blocking client sends ``--pairs`` pairs one at a time through (a) the raw forwarder,
@@ -52,13 +52,14 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from bench.common.cpu import process_cpu_s
+from bench.common.setup import free_port
 from protocol.apis import ApiKey
 from proxy.config import load_config
 from proxy.pumps.connection import ClientConnection
 from proxy.pumps.services import Upstream
 from proxy.pumps.upstreams import UpstreamTarget
 from proxy.server import ProxyServer
-from tests.harness.kafka import free_port
 
 REPO = Path(__file__).resolve().parent.parent
 RESULTS = REPO / "bench" / "results" / "hot_path.json"
@@ -175,8 +176,7 @@ def writer_cpu_s(server: ProxyServer) -> float:
     pid = writer.writer_pid if writer is not None else None
     if not pid:
         return 0.0
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    return process_cpu_s(pid, children=False)
 
 
 async def wait_logged(server: ProxyServer, expected: int, timeout_s: float = 120.0) -> None:
@@ -277,17 +277,6 @@ def wait_port(port: int, proc: subprocess.Popen[bytes], timeout_s: float = 60.0)
     raise SystemExit(f"port {port} never opened")
 
 
-def tree_cpu_s(pid: int) -> float:
-    """CPU seconds of `pid` and its live children (the access-log writer)."""
-    total = 0.0
-    pids = [pid] + [int(c) for c in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
-    for one in pids:
-        with contextlib.suppress(FileNotFoundError):
-            fields = Path(f"/proc/{one}/stat").read_text().rsplit(")", 1)[1].split()
-            total += (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-    return total
-
-
 def client_pairs(port: int, n: int) -> float:
     """Send `n` Produce requests one at a time, each after the previous response; wall seconds."""
     requests = [produce_request(i) for i in range(n)]
@@ -326,7 +315,7 @@ class SocketBench:
 
         port = free_port()
         if mode == "raw":
-            cmd = [self.python, "-m", "bench.raw_forwarder", "--listen", f"127.0.0.1:{port}",
+            cmd = [self.python, "-m", "bench.common.raw_forwarder", "--listen", f"127.0.0.1:{port}",
                    "--upstream", f"127.0.0.1:{self.broker_port}"]
         else:
             config: dict[str, Any] = {
@@ -365,10 +354,10 @@ def measure_sockets(pairs_n: int, repeats: int, tmp: Path) -> list[dict[str, Any
             proc, port = bench.start(mode)
             best_cpu, best_wall = float("inf"), float("inf")
             for _ in range(repeats):
-                c0 = tree_cpu_s(proc.pid)
+                c0 = process_cpu_s(proc.pid)
                 wall = client_pairs(port, pairs_n)
                 time.sleep(0.2)  # the feeder's 50 ms batches and the writer finish this round's records
-                best_cpu, best_wall = min(best_cpu, tree_cpu_s(proc.pid) - c0), min(best_wall, wall)
+                best_cpu, best_wall = min(best_cpu, process_cpu_s(proc.pid) - c0), min(best_wall, wall)
             rows.append({"mode": mode, "pairs": pairs_n, "repeats": repeats,
                          "cpu_us_per_pair": round(best_cpu * 1e6 / pairs_n, 1),
                          "wall_us_per_pair": round(best_wall * 1e6 / pairs_n, 1)})

@@ -5,7 +5,7 @@ One run starts one real Kafka broker and measures, for each of three paths to it
 * ``direct``: clients connect to the broker's PLAINTEXT listener;
 * ``sluice``: clients connect to Sluice (``python -m proxy proxy``), which connects to that same
   PLAINTEXT listener and rewrites broker addresses in Metadata and friends;
-* ``raw``:    clients connect to ``bench.raw_forwarder`` (uvloop Protocol pair, no protocol
+* ``raw``:    clients connect to ``bench.common.raw_forwarder`` (uvloop Protocol pair, no protocol
   knowledge), which connects to a second broker listener, ``RAW``, whose *advertised* address is
   the forwarder's own port, so clients that follow Metadata come back through the forwarder;
 
@@ -33,7 +33,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import re
 import shutil
 import socket
@@ -52,9 +51,20 @@ from typing import Any
 
 import crc32c
 
-from tests.harness.kafka import REPO, KafkaCluster, KafkaNode, _die_with_parent, free_port, java_command
-from tests.harness.sluice import READY, SluiceProcess
-from tests.harness.tools import parse_producer_perf
+from bench.common.cpu import own_cpu_s, process_cpu_s
+from bench.common.results import git_describe, machine, pyplot
+from bench.common.setup import (
+    READY,
+    REPO,
+    KafkaCluster,
+    KafkaNode,
+    SluiceProcess,
+    create_topic,
+    die_with_parent,
+    free_port,
+    java_command,
+    parse_producer_perf,
+)
 
 PATHS: tuple[str, ...] = ("direct", "sluice", "raw")
 WORKLOADS: tuple[str, ...] = ("produce", "fetch", "latency")
@@ -141,7 +151,7 @@ class ChildProcess:
 
     def start(self, timeout_s: float = 20.0) -> ChildProcess:
         self.process = subprocess.Popen(self.cmd, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                        text=True, preexec_fn=_die_with_parent)
+                                        text=True, preexec_fn=die_with_parent)
         threading.Thread(target=self._pump, daemon=True).start()
         if not self._event.wait(timeout_s):
             self.stop()
@@ -171,39 +181,6 @@ class ChildProcess:
         except subprocess.TimeoutExpired:
             self.process.kill()
             self.process.wait(timeout=10)
-
-
-def process_cpu_s(pid: int | None) -> float:
-    """CPU seconds a process and its live child processes (Sluice's access-log writer) have used so
-    far, all threads (0 if unknown).
-
-    From the scheduler's per-thread run time (ns resolution) where the kernel has schedstats,
-    else from utime + stime in clock ticks (10 ms resolution).
-    """
-    if pid is None:
-        return 0.0
-    return _own_cpu_s(pid) + sum(process_cpu_s(child) for child in _children(pid))
-
-
-def _children(pid: int) -> list[int]:
-    try:
-        return [int(c) for task in Path(f"/proc/{pid}/task").iterdir()
-                for c in (task / "children").read_text().split()]
-    except (OSError, ValueError):
-        return []
-
-
-def _own_cpu_s(pid: int) -> float:
-    try:
-        return sum(int((task / "schedstat").read_text().split()[0])
-                   for task in Path(f"/proc/{pid}/task").iterdir()) / 1e9
-    except (OSError, ValueError, IndexError):
-        pass
-    try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    except OSError:
-        return 0.0
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 # --------------------------------------------------------------------------- Java perf tools
@@ -387,14 +364,6 @@ class Environment:
     stop: list[Callable[[], object]] = field(default_factory=list)
 
 
-def create_topic(bootstrap: str, name: str, config: Mapping[str, str] | None = None) -> None:
-    from confluent_kafka.admin import AdminClient, NewTopic  # type: ignore[attr-defined]
-
-    admin = AdminClient({"bootstrap.servers": bootstrap})
-    futures = admin.create_topics([NewTopic(name, 1, 1, config=dict(config or {}))], operation_timeout=30)
-    futures[name].result(timeout=60)
-
-
 def advertised_brokers(bootstrap: str) -> list[str]:
     from confluent_kafka.admin import AdminClient
 
@@ -429,7 +398,7 @@ def start_environment(workdir: Path, paths: Sequence[str], profile_sluice: Path 
         f"advertised as 127.0.0.1:{forwarder_port}")
     try:
         if "raw" in paths:
-            fwd = ChildProcess([sys.executable, "-m", "bench.raw_forwarder", "--listen",
+            fwd = ChildProcess([sys.executable, "-m", "bench.common.raw_forwarder", "--listen",
                                 f"127.0.0.1:{forwarder_port}", "--upstream", f"127.0.0.1:{raw_port}"],
                                re.compile(r"raw forwarder ready: (\S+)")).start()
             env.stop.append(fwd.stop)
@@ -493,11 +462,11 @@ def measured(env: Environment, path: str, record_size: int,
              fn: Callable[[], dict[str, float]]) -> dict[str, float]:
     """Run one tool measurement, adding the proxy's CPU: % of the wall time and ms per MB moved."""
     pid = env.proxy_pids.get(path)
-    c0, own0, t0 = process_cpu_s(pid), _own_cpu_s(pid) if pid else 0.0, time.monotonic()
+    c0, own0, t0 = process_cpu_s(pid), own_cpu_s(pid) if pid else 0.0, time.monotonic()
     result = fn()
     wall = time.monotonic() - t0
     if pid is not None:
-        cpu, own = process_cpu_s(pid) - c0, _own_cpu_s(pid) - own0
+        cpu, own = process_cpu_s(pid) - c0, own_cpu_s(pid) - own0
         mb = result["records"] * record_size / 2**20
         result["proxy_cpu_s"] = cpu
         result["proxy_cpu_pct_of_wall"] = 100 * cpu / wall if wall else 0.0
@@ -520,8 +489,8 @@ def run_benchmark(params: Params, paths: Sequence[str], workloads: Sequence[str]
         direct = env.addresses["direct"]
         produce_topic, fetch_topic, latency_topic = "bench-produce", "bench-fetch", "bench-latency"
         # produce runs append to one topic; retention keeps the log (and the disk) small
-        create_topic(direct, produce_topic, {"retention.bytes": str(256 * 1024 * 1024)})
-        create_topic(direct, latency_topic, {"retention.bytes": str(64 * 1024 * 1024)})
+        create_topic(direct, produce_topic, config={"retention.bytes": str(256 * 1024 * 1024)})
+        create_topic(direct, latency_topic, config={"retention.bytes": str(64 * 1024 * 1024)})
         # calibration, in two steps (they also warm up the broker's JIT): a fixed-size direct run
         # sizes the fetch topic, and filling that topic (direct) sizes the produce runs
         cal = producer_perf(direct, produce_topic, params.calibrate_records, params.record_size,
@@ -614,17 +583,6 @@ def _ratio(a: float | None, b: float | None) -> float | None:
     return round(a / b, 3) if a is not None and b else None
 
 
-def git_describe() -> str:
-    try:
-        head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True,
-                              text=True, check=True).stdout.strip()
-        dirty = subprocess.run(["git", "status", "--porcelain", "--", "proxy", "protocol", "quotas"],
-                               cwd=REPO, capture_output=True, text=True, check=True).stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        return "unknown"
-    return head + ("+dirty" if dirty else "")
-
-
 def summarize(params: Params, paths: Sequence[str], runs: dict[str, dict[str, list[dict[str, float]]]],
               extra: Mapping[str, Any]) -> dict[str, Any]:
     results: dict[str, Any] = {}
@@ -678,8 +636,7 @@ def summarize(params: Params, paths: Sequence[str], runs: dict[str, dict[str, li
         "benchmark": "proxy",
         "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
         "sluice_commit": git_describe(),
-        "machine": {"cpu_count": os.cpu_count(), "platform": platform.platform(),
-                    "python": platform.python_version(), "pinned": False},
+        "machine": machine(),
         "params": asdict(params),
         "paths": list(paths),
         **extra,
@@ -737,10 +694,7 @@ def format_table(report: Mapping[str, Any]) -> str:
 
 def write_chart(report: Mapping[str, Any], path: Path) -> bool:
     try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
+        plt = pyplot()
     except ImportError:
         return False
     res = report["results"]

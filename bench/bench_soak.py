@@ -35,7 +35,7 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
-from bench.bench_fleet import commit
+from bench.common.results import commit, pyplot
 
 REPO = Path(__file__).resolve().parents[1]
 RESULTS = REPO / "bench" / "results"
@@ -71,10 +71,8 @@ def main(argv: list[str] | None = None) -> int:
 
     from confluent_kafka import Consumer, Producer
 
-    from tests.conftest import create_topic
-    from tests.harness.kafka import KafkaCluster, free_port
+    from bench.common.setup import KafkaCluster, SluiceProcess, create_topic, free_port
     from tests.harness.rawclient import RawKafkaSocket, metadata_request
-    from tests.harness.sluice import SluiceProcess
 
     work = Path(tempfile.mkdtemp(prefix="sluice-soak-"))
     cluster = KafkaCluster(work / "kafka", 1).start()
@@ -227,10 +225,7 @@ def _access_log_rows(root: Path) -> int:
 
 
 def _plot(samples: list[dict[str, float]], warm_s: float, out: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     t = [s["t_s"] for s in samples]
     fig, axes = plt.subplots(3, 1, figsize=(9, 8), sharex=True)

@@ -43,6 +43,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from bench.common.results import pyplot
 from contracts.access_log import FIELD_NAMES, partition_path, validate_record
 
 RESULTS = Path(__file__).resolve().parent / "results"
@@ -276,10 +277,7 @@ def session(master: str, driver_memory: str) -> Any:
 
 
 def plot(runs: Sequence[dict[str, Any]], path: Path, log_format: str) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     n = [r["records"] / 1e6 for r in runs]
     fig, ax = plt.subplots(figsize=(7, 4.2))

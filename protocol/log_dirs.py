@@ -9,6 +9,8 @@ import struct
 from dataclasses import dataclass
 from typing import Any
 
+from kio.schema.errors import ErrorCode
+
 from protocol.apis import ApiKey, request_header_version
 from protocol.encode import decode_response_body, encode_request, request_schema
 from protocol.errors import DecodeError
@@ -18,7 +20,7 @@ METADATA_VERSION = 12
 DESCRIBE_LOG_DIRS_VERSION = 4
 CLIENT_ID = "sluice-storage"
 #: Kafka's error for a log dir the broker has taken offline (KIP-112: full or failed disk).
-KAFKA_STORAGE_ERROR = 56
+KAFKA_STORAGE_ERROR = ErrorCode.kafka_storage_error
 
 
 @dataclass(frozen=True, slots=True)

@@ -22,6 +22,8 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from kio.schema.errors import ErrorCode
+
 from protocol.apis import ApiKey, request_header_version
 from protocol.encode import decode_response_body, encode_request, request_schema
 from protocol.errors import ProtocolError
@@ -82,7 +84,7 @@ class AlterOutcome:
 
     @property
     def ok(self) -> bool:
-        return self.error_code == 0
+        return self.error_code == ErrorCode.none
 
 
 def parse_bootstrap(bootstrap: str) -> list[tuple[str, int]]:

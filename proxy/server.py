@@ -18,8 +18,7 @@ from proxy.fleet.exchange import Exchange
 from proxy.fleet.kafka import KafkaExchange
 from proxy.fleet.local import LocalExchange, hub_path
 from proxy.fleet.member import FleetClaims, FleetCollector, FleetMember
-from proxy.flow.inflight import InFlight
-from proxy.flow.pipeline import ConnectionContext, Pipeline, ResponseOutcome, Stage, StageBase
+from proxy.flow.pipeline import ConnectionContext, Pipeline, Stage
 from proxy.ops.access_log import AccessLogStage, AccessLogWriter
 from proxy.ops.broker_listeners import BrokerListenerCollector
 from proxy.ops.connections import SAMPLE_INTERVAL_MS, BearerToken, ConnectionInventory
@@ -41,13 +40,14 @@ from proxy.ops.metrics import (
     QuotaStoreCollector,
     SluiceMetrics,
 )
-from proxy.pumps.connection import ClientConnection, ConnectionServices, connection_factory
+from proxy.pumps.connection import ConnectionServices, connection_factory
 from proxy.pumps.limits import ConnectionLimits, LimitSettings
+from proxy.pumps.services import ServedConnection
 from proxy.pumps.upstreams import BrokerRegistry, UpstreamTarget, schedule_server
 from proxy.quota_service import QuotaService
 from proxy.settings import auth_settings, listener_settings
 from proxy.settings import describe as describe_listener
-from proxy.stages.addresses import REWRITTEN_APIS, ResponseRewriter
+from proxy.stages.addresses import ResponseRewriter, RewriteStage
 from proxy.stages.callbacks import ClusterMetadataFeed, ClusterMetadataStage
 from proxy.stages.client_software import ClientSoftwareStage
 from proxy.stages.connection_stats import ConnectionStatsStage
@@ -61,18 +61,6 @@ from quotas.fleet import DEFAULT_HEADROOM, FleetFallback, FleetView
 from quotas.manager import ThrottleDecision
 
 log = logging.getLogger("sluice.server")
-
-
-class RewriteStage(StageBase):
-    """Broker addresses and ApiVersions caps in control-plane responses."""
-
-    def __init__(self, rewriter: ResponseRewriter) -> None:
-        self._rewriter = rewriter
-
-    def on_response(self, ctx: ConnectionContext, entry: InFlight, payload: bytes) -> ResponseOutcome | None:
-        if entry.api_key not in REWRITTEN_APIS:
-            return None
-        return self._rewriter.outcome(entry, payload)
 
 
 class ProxyServer:
@@ -131,7 +119,7 @@ class ProxyServer:
         self._draining = False
 
     @property
-    def connections(self) -> set[ClientConnection]:
+    def connections(self) -> set[ServedConnection]:
         return self.services.connections if self.services else set()
 
     async def start(self) -> None:
@@ -162,12 +150,11 @@ class ProxyServer:
                                                     lambda: self.quotas.wants_cluster_metadata)]
         if self.access_log is not None:
             self.access_log.start()
-            # before the quota stage, to see the broker's own throttle time
             stages.append(AccessLogStage(self.access_log, self.clock))
         stages += [QuotaAdminStage(self.quota_service, config.admins),
                    QuotaStage(self.quotas, self._decision_observer(), self.topic_names),
                    *self._extra_stages, self.metrics]
-        if config.connections_endpoint.enabled:  # after the quota stage: it reads what that decided
+        if config.connections_endpoint.enabled:
             stages.append(ConnectionStatsStage())
             self.inventory = ConnectionInventory(lambda: self.connections, self.clock, self.worker_index,
                                                  config.connections_endpoint.window_ms)
@@ -267,7 +254,7 @@ class ProxyServer:
             return self.metrics
         return DecisionObservers(self.metrics, self.fleet.claims)
 
-    def _connection_closed(self, conn: ClientConnection) -> None:
+    def _connection_closed(self, conn: ServedConnection) -> None:
         self.metrics.connection_closed(conn.ctx.listener)
         if self.fleet is not None:
             self.fleet.claims.connection_closed(conn.ctx.connection_id)

@@ -3,7 +3,15 @@
 - `kafka`: one KRaft node with a PLAINTEXT listener and a SASL_PLAINTEXT listener (PLAIN,
   SCRAM-SHA-256, SCRAM-SHA-512; users from `tests.harness.kafka.DEFAULT_USERS`).
 - `kafka_cluster3`: three KRaft nodes on loopback with a static controller quorum.
+- `tls_kafka`: one KRaft node with an SSL listener requiring client certificates, and its CA.
 - `topic` / `topic_factory`: a fresh, uniquely named topic per test on the single node.
+
+Under pytest-xdist (`make test` runs `-n 4 --dist loadgroup`) every worker is its own session, so each
+starts its own single node the first time a test asks for `kafka`. Tests are grouped so that what is
+expensive to start is started once: every test that uses the three-node cluster runs on one worker,
+every Spark test (marked `spark`) on one worker, the TLS broker's tests on one worker, and the tests
+of a module that starts its own module-scoped set-up (a broker with options of its own, say) on one
+worker. The groups and the slow tests go first.
 
 Set SLUICE_KAFKA_BOOTSTRAP to run the single-node tests against a cluster you already run.
 When a test that used a broker fails, every node's last WARN and ERROR lines are attached to the report
@@ -13,17 +21,19 @@ When a test that used a broker fails, every node's last WARN and ERROR lines are
 from __future__ import annotations
 
 import os
-import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
 
 from tests.harness.kafka import KafkaCluster
 from tests.harness.sluice import SluiceProcess
+from tests.harness.tls import TestCA
 from tests.harness.tools import KafkaTools, sasl_properties
-from tests.harness.wait import eventually
+from tests.harness.topics import create_topic, metadata_with_leaders, unique_name
+
+# tests import these three from here as well
+__all__ = ["create_topic", "metadata_with_leaders", "unique_name"]
 
 _CLUSTERS: list[KafkaCluster] = []
 
@@ -51,6 +61,21 @@ def kafka_cluster3(tmp_path_factory: pytest.TempPathFactory) -> Iterator[KafkaCl
 
 
 @pytest.fixture(scope="session")
+def tls_kafka(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[KafkaCluster, TestCA]]:
+    """One KRaft node with an SSL listener that requires client certificates signed by the CA given
+    with it (`ca.issue(...)` makes one), beside its PLAINTEXT listener."""
+    root = tmp_path_factory.mktemp("tls-kafka")
+    ca = TestCA(root / "ca")
+    cluster = KafkaCluster(root, 1, tls=ca)
+    _CLUSTERS.append(cluster)
+    cluster.start()
+    try:
+        yield cluster, ca
+    finally:
+        cluster.stop()
+
+
+@pytest.fixture(scope="session")
 def kafka_tools(kafka: KafkaCluster, tmp_path_factory: pytest.TempPathFactory) -> KafkaTools:
     return KafkaTools(kafka.bootstrap, workdir=tmp_path_factory.mktemp("tools"))
 
@@ -60,37 +85,6 @@ def kafka_admin_tools(kafka: KafkaCluster, tmp_path_factory: pytest.TempPathFact
     """Kafka's tools over the SASL listener as the `admin` user."""
     return KafkaTools(kafka.sasl_bootstrap, sasl_properties("admin", "admin-secret"),
                       workdir=tmp_path_factory.mktemp("admin-tools"))
-
-
-def unique_name(prefix: str) -> str:
-    return f"{prefix}-{uuid.uuid4().hex[:10]}"
-
-
-def create_topic(bootstrap: str, name: str, partitions: int = 1, replication: int = 1,
-                 config: dict[str, str] | None = None) -> str:
-    from confluent_kafka.admin import AdminClient, NewTopic
-
-    admin = AdminClient({"bootstrap.servers": bootstrap})
-    futures = admin.create_topics([NewTopic(name, partitions, replication, config=config or {})],
-                                  operation_timeout=30)
-    futures[name].result(timeout=60)
-    return name
-
-
-def metadata_with_leaders(bootstrap: str, name: str, partitions: int) -> Any:
-    """The topic's metadata once every partition has a leader in it. A new topic reaches each
-    broker's metadata a little after CreateTopics returns (KRaft brokers follow the controller's
-    log), so the broker that answers may not know it yet: ask again until it does."""
-    from confluent_kafka.admin import AdminClient
-
-    admin = AdminClient({"bootstrap.servers": bootstrap})
-
-    def complete(md: Any) -> bool:
-        topic = md.topics.get(name)
-        return (topic is not None and len(topic.partitions) == partitions
-                and all(p.leader >= 0 for p in topic.partitions.values()))
-
-    return eventually(lambda: admin.list_topics(name, timeout=10), complete, timeout_s=30)
 
 
 @pytest.fixture
@@ -106,6 +100,57 @@ def topic_factory(kafka: KafkaCluster, request: pytest.FixtureRequest) -> Callab
 @pytest.fixture
 def topic(topic_factory: Callable[..., str]) -> str:
     return topic_factory()
+
+
+# Fixtures whose set-up is costly (a JVM or a cluster) and shared: a test that uses one runs on the
+# worker of that fixture's group. Listed in priority order: a test that uses both joins the first.
+SHARED_GROUPS: tuple[tuple[str, str], ...] = (("spark", "spark"), ("kafka_cluster3", "cluster3"),
+                                               ("tls_kafka", "tls_kafka"))
+
+
+def xdist_group_of(item: pytest.Item) -> str | None:
+    """The xdist group an item belongs to: a shared costly fixture's, or its module's when the module
+    sets up something of its own at module (or class) scope, or None: any worker will do."""
+    if item.get_closest_marker("spark") is not None:  # a Spark test that builds its own session gets the
+        return "spark"                                  # worker's one (getOrCreate), not one more JVM
+    names = getattr(item, "fixturenames", ())
+    for fixture, group in SHARED_GROUPS:
+        if fixture in names:
+            return group
+    info = getattr(item, "_fixtureinfo", None)
+    module = item.nodeid.split("::")[0]
+    for defs in (info.name2fixturedefs.values() if info is not None else ()):
+        for fixturedef in defs:
+            if fixturedef.scope in ("module", "class", "package") and fixturedef.baseid.startswith(module):
+                return f"module:{module}"
+    return None
+
+
+def _cost_rank(item: pytest.Item, group: str | None) -> int:
+    """Longest first (xdist hands out work in this order): groups, then slow, then other integration."""
+    if group is not None and not group.startswith("module:"):
+        return 0
+    if item.get_closest_marker("slow") is not None:
+        return 1
+    if group is not None or item.get_closest_marker("integration") or item.get_closest_marker("spark"):
+        return 2
+    return 3
+
+
+@pytest.hookimpl(tryfirst=True)  # before xdist reads the marks
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    ranks: dict[str, int] = {}
+    for item in items:
+        group = None
+        if item.get_closest_marker("xdist_group") is None:
+            group = xdist_group_of(item)
+            if group is not None:
+                item.add_marker(pytest.mark.xdist_group(group))
+        key = group or item.nodeid.split("::")[0]
+        ranks[key] = min(ranks.get(key, 3), _cost_rank(item, group))
+        ranks[item.nodeid] = ranks[key]
+    # a stable sort: each module's tests stay together and in their order
+    items.sort(key=lambda it: ranks[it.nodeid])
 
 
 @pytest.hookimpl(wrapper=True)

@@ -35,7 +35,7 @@ import logging
 import sys
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any, Final, Protocol
 
 from kio.schema.errors import ErrorCode
 from kio.static.primitive import f64, i32Timedelta
@@ -45,7 +45,7 @@ from protocol.encode import decode_request_body, encode_response, response_schem
 from protocol.errors import ProtocolError
 from protocol.headers import RequestHeader
 from proxy.flow.inflight import InFlight
-from proxy.flow.pipeline import AnswerHere, AnswerLater, ConnectionContext, RequestOutcome, StageBase
+from proxy.flow.pipeline import AnswerHere, AnswerLater, Close, ConnectionContext, RequestOutcome, StageBase
 from quotas.entity import CLIENT_ID, CLIENT_ID_PREFIX, TOPIC, TOPIC_PREFIX, USER, QuotaEntity
 from quotas.errors import QuotaConfigError
 from quotas.table import QuotaChange, QuotaTable, format_value, validate_key_value
@@ -56,11 +56,11 @@ IP = "ip"
 ENTITY_TYPES = (USER, CLIENT_ID, IP, CLIENT_ID_PREFIX, TOPIC, TOPIC_PREFIX)  # the last three: Sluice's
 MATCH_EXACT, MATCH_DEFAULT, MATCH_ANY = 0, 1, 2
 
-NONE = 0
-UNKNOWN_SERVER_ERROR = -1
-CLUSTER_AUTHORIZATION_FAILED = 31
-UNSUPPORTED_VERSION = 35
-INVALID_REQUEST = 42
+# the error codes these APIs answer with, by Kafka's names (kio's values)
+INVALID_REQUEST: Final = ErrorCode.invalid_request
+UNSUPPORTED_VERSION: Final = ErrorCode.unsupported_version
+CLUSTER_AUTHORIZATION_FAILED: Final = ErrorCode.cluster_authorization_failed
+UNKNOWN_SERVER_ERROR: Final = ErrorCode.unknown_server_error
 
 _NOT_ENFORCED = {"controller_mutation_rate": "the brokers' controller mutation quota",
                  "connection_creation_rate": "the brokers' connection rate quota"}
@@ -68,7 +68,7 @@ _ZERO = i32Timedelta.parse(datetime.timedelta(0))
 
 
 class AdminError(Exception):
-    def __init__(self, code: int, message: str) -> None:
+    def __init__(self, code: ErrorCode, message: str) -> None:
         super().__init__(message)
         self.code = code
         self.message = message
@@ -145,7 +145,7 @@ class AlterResult:
     """One entity's outcome: an error, or the changes to make."""
 
     components: Components
-    error_code: int = NONE
+    error_code: ErrorCode = ErrorCode.none
     error_message: str | None = None
     entity: QuotaEntity | None = None
     changes: list[QuotaChange] = field(default_factory=list)
@@ -259,12 +259,8 @@ class QuotaAdminStage(StageBase):
             if api_key == ApiKey.DESCRIBE_CLIENT_QUOTAS:
                 return AnswerHere(self._describe(header, request))
             return self._alter(ctx, header, request)
-        except ProtocolError as exc:
-            log.warning("connection %d: cannot answer %s v%d: %s", ctx.connection_id, api_name(api_key),
-                        header.api_version, exc)
-            failed: asyncio.Future[bytes] = asyncio.get_running_loop().create_future()
-            failed.set_exception(exc)  # the connection closes, as a broker closes on a bad request
-            return AnswerLater(failed)
+        except ProtocolError as exc:  # closed, as a broker closes a connection on a bad request
+            return Close(f"cannot answer {api_name(api_key)} v{header.api_version}: {exc}")
 
     # -- describe ------------------------------------------------------------------------------
 
@@ -275,7 +271,7 @@ class QuotaAdminStage(StageBase):
             flt = parse_filter(((c.entity_type, int(c.match_type), c.match) for c in request.components),
                                bool(request.strict))
         except AdminError as exc:
-            body = cls(throttle_time=_ZERO, error_code=ErrorCode(exc.code), error_message=exc.message,
+            body = cls(throttle_time=_ZERO, error_code=exc.code, error_message=exc.message,
                        entries=None)
             return _encode(header, body)
         entries = tuple(
@@ -283,7 +279,7 @@ class QuotaAdminStage(StageBase):
                                           for t, n in entity.to_kafka()),
                              values=tuple(module.ValueData(key=k, value=f64(v)) for k, v in values.items()))
             for entity, values in describe(self._backend.table, flt))
-        body = cls(throttle_time=_ZERO, error_code=ErrorCode(NONE), error_message="", entries=entries)
+        body = cls(throttle_time=_ZERO, error_code=ErrorCode.none, error_message="", entries=entries)
         return _encode(header, body)
 
     # -- alter ---------------------------------------------------------------------------------
@@ -335,7 +331,7 @@ class QuotaAdminStage(StageBase):
     def _alter_response(header: RequestHeader, results: Sequence[AlterResult]) -> bytes:
         cls = response_schema(header.api_key, header.api_version)
         module = _module_of(cls)
-        entries = tuple(module.EntryData(error_code=ErrorCode(r.error_code), error_message=r.error_message,
+        entries = tuple(module.EntryData(error_code=r.error_code, error_message=r.error_message,
                                          entity=tuple(module.EntityData(entity_type=t, entity_name=n)
                                                       for t, n in r.components))
                         for r in results)
@@ -358,9 +354,6 @@ def _describe_change(change: QuotaChange) -> str:
 
 
 __all__ = [
-    "CLUSTER_AUTHORIZATION_FAILED",
-    "INVALID_REQUEST",
-    "UNSUPPORTED_VERSION",
     "AdminError",
     "QuotaAdminStage",
     "QuotaFilter",

@@ -40,6 +40,7 @@ from pathlib import Path
 from typing import Any, NoReturn, TypeVar
 
 import click
+from kio.schema.errors import ErrorCode
 
 from protocol.quota_client import (
     MATCH_ANY,
@@ -69,8 +70,6 @@ _ALIASES = {"user": USER, "users": USER, "client-id": CLIENT_ID, "client_id": CL
 _DEFAULTABLE = (USER, CLIENT_ID)
 #: ``rate_model=token_bucket`` on the command line is the store key sluice.token_bucket
 _RATE_MODELS = {"token_bucket": 1.0, "windowed": 0.0}
-_ERROR_NAMES = {-1: "UNKNOWN_SERVER_ERROR", 31: "CLUSTER_AUTHORIZATION_FAILED", 35: "UNSUPPORTED_VERSION",
-                42: "INVALID_REQUEST", 58: "SASL_AUTHENTICATION_FAILED"}
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -234,8 +233,16 @@ def _emit(data: Any) -> None:
     click.echo(json.dumps(data, indent=2, sort_keys=False))
 
 
+def _error_name(code: int) -> str:
+    """Kafka's name of an error code (INVALID_REQUEST), from kio's `ErrorCode`."""
+    try:
+        return ErrorCode(code).name.upper()
+    except ValueError:
+        return f"error {code}"
+
+
 def _fail(conn: Connection, message: str, code: int | None = None, exit_code: int = 1) -> NoReturn:
-    name = _ERROR_NAMES.get(code, f"error {code}") if code is not None else None
+    name = _error_name(code) if code is not None else None
     if conn.output == "json":
         _emit({"error": {"message": message, "code": code, "name": name}})
     else:

@@ -34,7 +34,7 @@ import logging
 from collections.abc import Callable
 from typing import Any, cast
 
-from protocol.apis import ApiKey, api_name
+from protocol.apis import ApiKey
 from protocol.errors import ProtocolError
 from protocol.fastpath import FrameSplitter, read_produce_acks, read_request_header
 from protocol.headers import RequestHeader
@@ -57,7 +57,7 @@ log = logging.getLogger("sluice.connection")
 
 _ids = itertools.count(1)
 
-__all__ = ["ClientConnection", "ConnectionServices", "connection_factory", "describe_api"]
+__all__ = ["ClientConnection", "ConnectionServices", "connection_factory"]
 
 
 class ClientConnection(asyncio.Protocol):
@@ -333,10 +333,6 @@ def _limit_closer(limit_log: LimitLog, ctx: ConnectionContext, close: Callable[[
         close()
 
     return expire
-
-
-def describe_api(api_key: int, api_version: int) -> str:
-    return f"{api_name(api_key)} v{api_version}"
 
 
 def connection_factory(services: ConnectionServices) -> Callable[[UpstreamTarget], Callable[[], Any]]:

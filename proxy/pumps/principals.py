@@ -28,6 +28,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Final
 
+from kio.schema.errors import ErrorCode
+
 from protocol.apis import ApiKey
 from protocol.errors import ProtocolError
 from protocol.headers import RequestHeader
@@ -150,7 +152,7 @@ class SaslInspector:
                         self._ctx.connection_id, exc)
             self._failed(exchange, "unreadable response")
             return None
-        if result.error_code != 0:
+        if result.error_code != ErrorCode.none:
             self._failed(exchange, f"broker error {result.error_code}")
         elif exchange.accepted and not exchange.failed and exchange_succeeded(
                 exchange.mechanism, round_no, result.auth_bytes):
@@ -162,8 +164,8 @@ class SaslInspector:
             error_code = read_sasl_handshake_response(payload)
         except ProtocolError as exc:
             log.warning("connection %d: unreadable SaslHandshake response: %s", self._ctx.connection_id, exc)
-            error_code = -1
-        if error_code != 0:
+            error_code = ErrorCode.unknown_server_error
+        if error_code != ErrorCode.none:
             self._failed(exchange, f"broker error {error_code} to the SaslHandshake")
             return None
         exchange.accepted = True

@@ -11,20 +11,37 @@ import asyncio
 import ssl
 from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import Any, Protocol
 
-from proxy.flow.pipeline import Pipeline
+from proxy.flow.pipeline import ConnectionContext, Pipeline
 from proxy.pumps.limits import ConnectionLimits, LimitSettings
 from proxy.pumps.listeners import ListenerSettings
+from proxy.pumps.muting import ChannelMuteState
 from proxy.pumps.principals import AuthSettings
 from proxy.pumps.throttle_timer import TimerHandle
-from proxy.pumps.upstream import UpstreamConnection
+from proxy.pumps.upstream import UpstreamClient, UpstreamConnection
 from proxy.pumps.upstreams import BrokerRegistry, UpstreamTarget
 from quotas.clock import Clock
 from quotas.connection_limits import BufferBudget, ConnectionLimiter
 
-if TYPE_CHECKING:
-    from proxy.pumps.connection import ClientConnection
+
+class ServedConnection(UpstreamClient, Protocol):
+    """A client connection (`proxy.pumps.connection.ClientConnection`) as the shared services, their
+    callbacks and the server see it: this module knows the connection only through this."""
+
+    @property
+    def services(self) -> ConnectionServices: ...
+
+    @property
+    def ctx(self) -> ConnectionContext: ...
+
+    @property
+    def in_flight(self) -> int: ...
+
+    @property
+    def mute_state(self) -> ChannelMuteState: ...
+
+    def begin_drain(self) -> None: ...
 
 
 class Upstream(Protocol):
@@ -71,7 +88,7 @@ class UpstreamLink:
             self.upstream.close()
 
 
-ConnectUpstream = Callable[["ClientConnection", UpstreamTarget], Coroutine[Any, Any, "Upstream | str"]]
+ConnectUpstream = Callable[[ServedConnection, UpstreamTarget], Coroutine[Any, Any, "Upstream | str"]]
 """Connects a client connection's upstream: the upstream, or why it could not be reached."""
 
 
@@ -79,7 +96,7 @@ def _loop_call_later(delay_s: float, callback: Callable[[], None]) -> TimerHandl
     return asyncio.get_running_loop().call_later(delay_s, callback)
 
 
-async def tcp_upstream(client: ClientConnection, target: UpstreamTarget) -> Upstream | str:
+async def tcp_upstream(client: ServedConnection, target: UpstreamTarget) -> Upstream | str:
     """The default `ConnectUpstream`: each known address of `target` in turn, TLS if configured."""
     services = client.services
     loop = asyncio.get_running_loop()
@@ -116,9 +133,9 @@ class ConnectionServices:
     upstream_ssl: ssl.SSLContext | None = None
     connect_timeout_s: float = 10.0
     max_frame_bytes: int = 100 * 1024 * 1024
-    connections: set[ClientConnection] = field(default_factory=set)
-    on_open: Callable[[ClientConnection], None] | None = None
-    on_close: Callable[[ClientConnection], None] | None = None
+    connections: set[ServedConnection] = field(default_factory=set)
+    on_open: Callable[[ServedConnection], None] | None = None
+    on_close: Callable[[ServedConnection], None] | None = None
     auth: AuthSettings = field(default_factory=AuthSettings)            # principals (proxy.pumps.principals)
     listener: ListenerSettings = field(default_factory=ListenerSettings)  # TLS, PROXY protocol
     connect_upstream: ConnectUpstream = tcp_upstream

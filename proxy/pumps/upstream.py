@@ -8,19 +8,34 @@ takes the rest straight off the socket without framing or copying.
 from __future__ import annotations
 
 import asyncio
-from typing import TYPE_CHECKING, cast
+from typing import Protocol, cast
 
 from protocol.errors import ProtocolError
 from protocol.fastpath import FrameSplitter
 from protocol.framing import size_prefix
-from proxy.pumps.fetch_stream import STREAM_HEAD_BYTES
+from proxy.pumps.fetch_stream import STREAM_HEAD_BYTES, FetchStream
 
-if TYPE_CHECKING:
-    from proxy.pumps.connection import ClientConnection
+
+class UpstreamClient(Protocol):
+    """What the broker side drives of its client connection (`proxy.pumps.connection.ClientConnection`)."""
+
+    @property
+    def fetch_stream(self) -> FetchStream: ...
+
+    @property
+    def closed(self) -> bool: ...
+
+    def on_upstream_frame(self, payload: bytes) -> None: ...
+
+    def on_upstream_lost(self, exc: Exception | None) -> None: ...
+
+    def on_upstream_backpressure(self, paused: bool) -> None: ...
+
+    def close(self, reason: str | None = None) -> None: ...
 
 
 class UpstreamConnection(asyncio.Protocol):
-    def __init__(self, client: ClientConnection, max_frame_bytes: int,
+    def __init__(self, client: UpstreamClient, max_frame_bytes: int,
                  max_buffered_bytes: int | None = None) -> None:
         self._client = client
         self._max_buffered_bytes = max_buffered_bytes  # the write buffer's high-water mark

@@ -42,7 +42,7 @@ from protocol.rewrite import (
 from protocol.share import rewrite_share_acknowledge_response, rewrite_share_fetch_response
 from protocol.versions import VERSION_CAPS, unverified_versions
 from proxy.flow.inflight import InFlight
-from proxy.flow.pipeline import ResponseOutcome
+from proxy.flow.pipeline import ConnectionContext, ResponseOutcome, StageBase
 from proxy.pumps.upstreams import BrokerRegistry
 
 log = logging.getLogger("sluice.rewrite")
@@ -165,3 +165,16 @@ class StreamedFetchTail:
         if not self._finder.found:
             return tail  # malformed: what was held (nothing) goes as it is
         return self._rewriter.fit_fetch_tail(tail)
+
+
+class RewriteStage(StageBase):
+    """The pipeline's stage for the rewrites above: broker addresses and ApiVersions caps in
+    control-plane responses; every other response passes untouched."""
+
+    def __init__(self, rewriter: ResponseRewriter) -> None:
+        self._rewriter = rewriter
+
+    def on_response(self, ctx: ConnectionContext, entry: InFlight, payload: bytes) -> ResponseOutcome | None:
+        if entry.api_key not in REWRITTEN_APIS:
+            return None
+        return self._rewriter.outcome(entry, payload)

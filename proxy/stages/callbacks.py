@@ -29,6 +29,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from kio.schema.errors import ErrorCode
+
 from protocol.apis import ApiKey
 from protocol.encode import decode_response_body
 from protocol.errors import ProtocolError
@@ -47,7 +49,6 @@ log = logging.getLogger("sluice.quotas")
 
 
 
-_UNKNOWN_TOPIC_OR_PARTITION = 3
 
 
 @dataclass(frozen=True)
@@ -146,9 +147,9 @@ class ClusterMetadataFeed:
             name = topic.name
             if name is None:
                 continue
-            if topic.error_code == _UNKNOWN_TOPIC_OR_PARTITION:
+            if topic.error_code == ErrorCode.unknown_topic_or_partition:
                 gone.append(str(name))
-            elif topic.error_code == 0:
+            elif topic.error_code == ErrorCode.none:
                 seen[str(name)] = [(int(p.partition_index), int(p.leader_id)) for p in topic.partitions]
         view = self.view.merged(seen, gone)
         if view is not self.view:

@@ -2,8 +2,8 @@
 
 In the pipeline only while `connections_endpoint.enabled` (`proxy.server`): without it a request
 pays nothing. Per request it adds a few integers and notes the client id and the quota entities the
-quota stage matched (`entry.quota`, written by `proxy.stages.quota.QuotaStage`), so it runs after
-that stage.
+quota stage matched (`entry.quota`, written by `proxy.stages.quota.QuotaStage` before any stage's
+`on_complete`, so its place in the pipeline does not matter).
 """
 
 from __future__ import annotations

@@ -47,6 +47,8 @@ from __future__ import annotations
 import logging
 import struct
 
+from kio.schema.errors import ErrorCode
+
 from protocol.apis import ApiKey, api_name, response_header_version
 from protocol.errors import ProtocolError
 from protocol.fastpath import patch_throttle_time
@@ -194,7 +196,7 @@ def _empty_fetch(entry: InFlight, payload: bytes, throttle_ms: int) -> bytes | N
         if version >= 7:
             body = response_body_offset(payload, response_header_version(ApiKey.FETCH, version))
             _throttle, error_code, session_id = struct.unpack_from(">ihi", payload, body)
-            if error_code != 0:
+            if error_code != ErrorCode.none:
                 return None  # a top-level error (e.g. a session problem) goes through as it is
         return empty_fetch_response(entry.correlation_id, version, throttle_ms, session_id)
     except (ProtocolError, struct.error) as exc:

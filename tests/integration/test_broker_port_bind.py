@@ -10,8 +10,8 @@ import pytest
 from confluent_kafka import Producer
 
 from tests.harness.kafka import KafkaCluster, free_port
+from tests.harness.metrics import Metrics
 from tests.harness.sluice import SluiceProcess
-from tests.integration.test_quota_enforcement import Metrics
 
 pytestmark = [pytest.mark.integration]
 

@@ -49,13 +49,20 @@ def start_cluster_command(directory: Path) -> tuple[subprocess.Popen[bytes], dic
     proc = subprocess.Popen([sys.executable, "-m", "tests.harness.cluster", "up", "--dir", str(directory)],
                             cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     state = directory / "cluster.json"
-    deadline = time.monotonic() + 90
-    while not state.exists():
-        assert proc.poll() is None, proc.stderr.read().decode() if proc.stderr else ""
-        assert time.monotonic() < deadline, "cluster did not come up"
-        time.sleep(0.2)
-    time.sleep(0.2)  # the file is written in one call; give it a moment to be complete
-    return proc, json.loads(state.read_text())
+    # a loaded machine starts a broker slowly (KafkaCluster.start allows 90 s an attempt, and retries):
+    # wait up to most of the test's 300 s timeout; the command's own failure shows up as its exit
+    deadline = time.monotonic() + 240
+    try:
+        while not state.exists():
+            assert proc.poll() is None, proc.stderr.read().decode() if proc.stderr else ""
+            assert time.monotonic() < deadline, "cluster did not come up"
+            time.sleep(0.2)
+        time.sleep(0.2)  # the file is written in one call; give it a moment to be complete
+        return proc, json.loads(state.read_text())
+    except BaseException:
+        proc.kill()  # its brokers die with it (parent-death signal)
+        proc.wait(timeout=30)
+        raise
 
 
 def wait_until(predicate: object, timeout_s: float) -> bool:

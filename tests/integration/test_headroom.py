@@ -26,9 +26,9 @@ import pytest
 from tests.conftest import create_topic, unique_name
 from tests.harness import load
 from tests.harness.kafka import REPO, KafkaCluster, free_port
+from tests.harness.metrics import Metrics
 from tests.harness.sluice import SluiceProcess
 from tests.harness.wait import Sampler, eventually, wait_until
-from tests.integration.test_quota_enforcement import Metrics
 
 pytestmark = [pytest.mark.integration]
 

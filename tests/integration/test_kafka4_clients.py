@@ -22,11 +22,11 @@ import pytest
 from tests.conftest import create_topic, unique_name
 from tests.harness import clients
 from tests.harness.kafka import KafkaCluster, free_port
+from tests.harness.metrics import Metrics
 from tests.harness.rawclient import RawKafkaSocket
 from tests.harness.share import ConfluentShareMember, Delivery, JavaShareMember, wait_until
 from tests.harness.sluice import SluiceProcess
 from tests.harness.tools import KafkaTools
-from tests.integration.test_quota_enforcement import Metrics
 
 pytestmark = pytest.mark.integration
 

@@ -23,10 +23,10 @@ import pytest
 from protocol.apis import ApiKey
 from tests.conftest import create_topic, unique_name
 from tests.harness.kafka import KafkaCluster, free_port
+from tests.harness.metrics import Metrics
 from tests.harness.rawclient import RawKafkaSocket, fetch_request_v12, metadata_request
 from tests.harness.sluice import SluiceProcess
 from tests.harness.wait import poll, wait_until
-from tests.integration.test_quota_enforcement import Metrics
 
 pytestmark = pytest.mark.integration
 

@@ -21,8 +21,8 @@ from tests.conftest import create_topic, unique_name
 from tests.harness import clients, load
 from tests.harness.kafka import KafkaCluster
 from tests.harness.prometheus import PrometheusProcess
+from tests.harness.quotas import KiB, start_sluice
 from tests.harness.wait import eventually, wait_until
-from tests.integration.test_quota_enforcement import KiB, start_sluice
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 

@@ -151,17 +151,6 @@ def test_sigterm_drains_in_flight_requests_then_exits(kafka: KafkaCluster, tmp_p
 
 # ----------------------------------------------------------------------------- upstream TLS
 
-@pytest.fixture(scope="module")
-def tls_kafka(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[KafkaCluster, TestCA]]:
-    root = tmp_path_factory.mktemp("tls-kafka")
-    ca = TestCA(root / "ca")
-    cluster = KafkaCluster(root, 1, tls=ca).start()
-    try:
-        yield cluster, ca
-    finally:
-        cluster.stop()
-
-
 def test_upstream_tls_with_a_client_certificate(tls_kafka: tuple[KafkaCluster, TestCA],
                                                 tmp_path: Path) -> None:
     cluster, ca = tls_kafka

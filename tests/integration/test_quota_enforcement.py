@@ -21,7 +21,6 @@ import time
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
 import yaml
@@ -29,39 +28,20 @@ import yaml
 from tests.conftest import create_topic, unique_name
 from tests.harness import clients, load
 from tests.harness.kafka import KafkaCluster, free_port
+from tests.harness.metrics import Metrics
+from tests.harness.quotas import (
+    PERIOD_S,
+    RUN_S,
+    WARMUP_S,
+    KiB,
+    MiB,
+    quota_config,
+    start_sluice,
+)
 from tests.harness.sluice import SluiceProcess
 from tests.harness.tools import KafkaTools
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
-
-KiB = 1024
-MiB = 1024 * 1024
-WINDOW = {"samples": 11, "size_ms": 500}
-PERIOD_S = 11 * 0.5     # N x W: how often the windowed rate lets an over-quota client burst
-RUN_S = 3 * PERIOD_S
-WARMUP_S = 6.0          # past the first period
-
-
-def quota_config(entries: list[dict[str, Any]], **extra: Any) -> dict[str, Any]:
-    return {"quotas": {"window": WINDOW, "entries": entries, **extra}}
-
-
-class Metrics:
-    def __init__(self, port: int) -> None:
-        self.port = port
-
-    def text(self) -> str:
-        with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/metrics", timeout=5) as r:
-            return str(r.read().decode())
-
-    def value(self, name: str, **labels: str) -> float | None:
-        for line in self.text().splitlines():
-            if not line.startswith(name + "{") and line.split(" ")[0] != name:
-                continue
-            if all(f'{k}="{v}"' in line for k, v in labels.items()):
-                return float(line.rsplit(" ", 1)[1])
-        return None
-
 
 @pytest.fixture
 def throttling_sluice(kafka: KafkaCluster, tmp_path: Path, request: pytest.FixtureRequest
@@ -74,14 +54,6 @@ def throttling_sluice(kafka: KafkaCluster, tmp_path: Path, request: pytest.Fixtu
         yield sluice, Metrics(port)
     finally:
         sluice.stop()
-
-
-def start_sluice(kafka: KafkaCluster, tmp_path: Path, entries: list[dict[str, Any]],
-                 **extra: Any) -> tuple[SluiceProcess, Metrics]:
-    port = free_port()
-    sluice = SluiceProcess(kafka.bootstrap, tmp_path / "sluice",
-                           config={"metrics": {"port": port}, **quota_config(entries, **extra)}).start()
-    return sluice, Metrics(port)
 
 
 # ----------------------------------------------------------------------------- producers

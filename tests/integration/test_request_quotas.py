@@ -21,7 +21,7 @@ import pytest
 
 from tests.harness import load
 from tests.harness.kafka import KafkaCluster
-from tests.integration.test_quota_enforcement import RUN_S, WARMUP_S, start_sluice
+from tests.harness.quotas import RUN_S, WARMUP_S, start_sluice
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 

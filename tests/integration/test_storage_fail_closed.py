@@ -18,9 +18,9 @@ from typing import Any
 import pytest
 
 from tests.harness.kafka import KafkaCluster, free_port
+from tests.harness.metrics import Metrics
 from tests.harness.sluice import SluiceProcess
 from tests.harness.wait import wait_until as wait_for
-from tests.integration.test_quota_enforcement import Metrics
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 

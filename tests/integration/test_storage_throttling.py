@@ -13,7 +13,6 @@ import shutil
 import signal
 import threading
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -22,10 +21,10 @@ import yaml
 
 from tests.harness import load
 from tests.harness.kafka import KafkaCluster, free_port
+from tests.harness.metrics import Metrics
 from tests.harness.sluice import SluiceProcess
 from tests.harness.tls import TestCA
 from tests.harness.wait import wait_until as wait_for
-from tests.integration.test_quota_enforcement import Metrics
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -84,7 +83,7 @@ def test_hard_limit_above_free_space_stops_production_and_lifting_it_resumes(
         reload_at = time.monotonic() - timeline.started
         sluice.signal(signal.SIGHUP)
         wait_for(lambda: metrics.value("sluice_storage_throttle_factor") == 1.0, 10, "factor 1")
-        time.sleep(14)
+        load.load_until(timeline, timeline.started + reload_at + 14)  # deliveries cover the span
         stop.set()
         worker.join(60)
         resumed = timeline.rate(reload_at + 6.5, reload_at + 14)  # after the last 5.5 s mute
@@ -101,17 +100,6 @@ def test_hard_limit_above_free_space_stops_production_and_lifting_it_resumes(
         assert sluice.wait_for_log("-> 1.000: every volume above the soft limit"), sluice.log()[-2000:]
     finally:
         sluice.stop()
-
-
-@pytest.fixture(scope="module")
-def tls_kafka(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[KafkaCluster, TestCA]]:
-    root = tmp_path_factory.mktemp("storage-tls-kafka")
-    ca = TestCA(root / "ca")
-    cluster = KafkaCluster(root, 1, tls=ca).start()  # requires client certificates
-    try:
-        yield cluster, ca
-    finally:
-        cluster.stop()
 
 
 def test_polls_over_the_upstream_tls_settings_and_falls_back_when_they_fail(

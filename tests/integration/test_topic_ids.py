@@ -11,11 +11,12 @@ import pytest
 
 from tests.conftest import create_topic, unique_name
 from tests.harness.kafka import KafkaCluster, free_port
+from tests.harness.metrics import Metrics
+from tests.harness.quotas import WINDOW
 from tests.harness.rawclient import RawKafkaSocket, metadata_request
 from tests.harness.sluice import SluiceProcess
 from tests.harness.wait import wait_until
 from tests.integration.test_kafka4_leader_move import fetch_v16, metadata
-from tests.integration.test_quota_enforcement import WINDOW, Metrics
 
 pytestmark = pytest.mark.integration
 

@@ -20,7 +20,7 @@ from protocol.headers import RequestHeader, read_request_header
 from proxy.admin.api import QuotaAdminStage, kafka_entity_string
 from proxy.admin.store import StoreError
 from proxy.flow.inflight import InFlight
-from proxy.flow.pipeline import AnswerHere, AnswerLater, ConnectionContext
+from proxy.flow.pipeline import AnswerHere, AnswerLater, Close, ConnectionContext
 from quotas import DEFAULT, QuotaConfigError, QuotaEntity
 from quotas.table import SHADOW_KEY, QuotaChange, QuotaTable
 
@@ -300,9 +300,8 @@ async def test_an_undecodable_request_closes_the_connection() -> None:
     entry = InFlight(header.correlation_id, header.api_key, header.api_version, header.client_id,
                      len(payload), 0)
     verdict = stage.on_request(ctx(), entry, header, payload[:-3])
-    assert isinstance(verdict, AnswerLater)
-    with pytest.raises(Exception, match="could not decode"):
-        await verdict.pending
+    assert isinstance(verdict, Close)  # a Close, with its reason logged, as a broker closes on it
+    assert verdict.reason.startswith("cannot answer AlterClientQuotas v1: could not decode")
 
 
 async def test_other_apis_pass_through() -> None:
@@ -314,3 +313,16 @@ async def test_other_apis_pass_through() -> None:
 def test_entities_print_as_java_does() -> None:
     assert kafka_entity_string([("user", "alice"), ("client-id", None)]) == (
         "ClientQuotaEntity(entries={client-id=null, user=alice})")
+
+
+
+def test_an_undecodable_describe_closes_the_connection_too() -> None:
+    header = RequestHeader(ApiKey.DESCRIBE_CLIENT_QUOTAS, 1, 42, "tester", 2, 0)
+    body = request_schema(ApiKey.DESCRIBE_CLIENT_QUOTAS, 1)(components=(), strict=False)
+    payload = encode_request(header, body)
+    header = read_request_header(payload)
+    entry = InFlight(header.correlation_id, header.api_key, header.api_version, header.client_id,
+                     len(payload) - 1, 0)
+    verdict = QuotaAdminStage(FakeBackend(), ["admin"]).on_request(ctx(), entry, header, payload[:-1])
+    assert isinstance(verdict, Close)
+    assert verdict.reason.startswith("cannot answer DescribeClientQuotas v1: ")

@@ -60,7 +60,7 @@ class NotACallback:
      "quotas.callback.config.bogus: unknown key"),
     ({"class": "quotas.callback:DefaultQuotaCallback", "config": {"bogus": 1}},
      "quotas.callback.config: quotas.callback:DefaultQuotaCallback rejects it"),
-    ({"class": "tests.unit.proxy.test_quota_plugins:NotACallback"}, "is not a QuotaCallback"),
+    ({"class": "tests.unit.proxy.test_callbacks:NotACallback"}, "is not a QuotaCallback"),
 ])
 def test_bad_callback_config_names_the_key(callback: dict[str, Any], message: str) -> None:
     with pytest.raises(ConfigError, match="invalid configuration") as info:

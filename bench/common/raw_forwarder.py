@@ -12,7 +12,7 @@ gets an extra listener whose *advertised* address is this forwarder's port (see
 `bench.bench_proxy.BenchCluster`). Every address a client learns through the forwarder points back
 at the forwarder.
 
-Run: `python -m bench.raw_forwarder --listen 127.0.0.1:PORT --upstream 127.0.0.1:PORT`. It prints
+Run: `python -m bench.common.raw_forwarder --listen 127.0.0.1:PORT --upstream 127.0.0.1:PORT`. It prints
 `raw forwarder ready: HOST:PORT` on stderr once listening, and exits on SIGTERM or SIGINT.
 """
 

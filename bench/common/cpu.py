@@ -1,0 +1,51 @@
+"""CPU seconds of a process, from /proc: the one way every benchmark measures a proxy's CPU."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+TICK_S = os.sysconf("SC_CLK_TCK")
+
+
+def process_cpu_s(pid: int | None, children: bool = True) -> float:
+    """CPU seconds a process (and, with `children`, its live child processes: Sluice's access-log
+    writer) has used so far, all threads; 0 if unknown or gone.
+
+    From the scheduler's per-thread run time (ns resolution) where the kernel has schedstats,
+    else from utime + stime in clock ticks (10 ms resolution).
+    """
+    if pid is None:
+        return 0.0
+    own = own_cpu_s(pid)
+    if not children:
+        return own
+    return own + sum(process_cpu_s(child) for child in _children(pid))
+
+
+def own_cpu_s(pid: int) -> float:
+    try:
+        return sum(int((task / "schedstat").read_text().split()[0])
+                   for task in Path(f"/proc/{pid}/task").iterdir()) / 1e9
+    except (OSError, ValueError, IndexError):
+        pass
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / TICK_S  # utime + stime
+
+
+def _children(pid: int) -> list[int]:
+    try:
+        return [int(c) for task in Path(f"/proc/{pid}/task").iterdir()
+                for c in (task / "children").read_text().split()]
+    except (OSError, ValueError):
+        return []
+
+
+def thread_times(pid: int, tid: int | None = None) -> tuple[float, float, int]:
+    """(user s, system s, minor faults) of one thread of `pid` (its first, the event loop's, by
+    default), in clock ticks."""
+    fields = Path(f"/proc/{pid}/task/{tid or pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return int(fields[11]) / TICK_S, int(fields[12]) / TICK_S, int(fields[7])
