@@ -26,8 +26,9 @@ import pytest
 from tests.conftest import create_topic, unique_name
 from tests.harness import load
 from tests.harness.kafka import REPO, KafkaCluster, free_port
+from tests.harness.metrics import Metrics
+from tests.harness.quotas import PERIOD_S, WINDOW, KiB, MiB
 from tests.harness.sluice import SluiceProcess
-from tests.integration.test_quota_enforcement import PERIOD_S, WINDOW, KiB, Metrics, MiB
 
 pytestmark = [pytest.mark.integration]
 
