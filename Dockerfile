@@ -7,10 +7,19 @@ ARG BASE_IMAGE=python:3.11-slim
 
 FROM ${BASE_IMAGE} AS build
 ENV PIP_DISABLE_PIP_VERSION_CHECK=1 PIP_NO_CACHE_DIR=1
+# a C compiler for the compiled data plane (protocol/_speedups.pyx, built by setup.py), and the
+# Python headers when the base lacks them (a Debian python3 base; the official image has its own);
+# only in this stage: the final image gets the built extension, not the compiler
+# hadolint ignore=DL3008
+RUN apt-get update \
+ && apt-get install -y --no-install-recommends gcc libc6-dev \
+ && if [ ! -f "$(python -c 'import sysconfig; print(sysconfig.get_paths()["include"])')/Python.h" ]; then \
+      apt-get install -y --no-install-recommends python3-dev; fi \
+ && rm -rf /var/lib/apt/lists/*
 RUN python -m venv /opt/sluice
 ENV PATH=/opt/sluice/bin:$PATH
 WORKDIR /src
-COPY pyproject.toml README.md ./
+COPY pyproject.toml setup.py README.md ./
 COPY proxy/ proxy/
 COPY protocol/ protocol/
 COPY quotas/ quotas/

@@ -3,11 +3,12 @@
 Pure Python on purpose: the proxy imports this one module to build and check what it writes, and
 must not pull in pyspark. `spark_analytics.schema` turns `FIELDS` into a Spark `StructType`.
 
-A record is a JSON object with exactly the keys of `FIELDS` (nullable fields present as `null`),
-one per line, in files laid out by `partition_path`:
+A record has exactly the fields of `FIELDS` (nullable fields present as null): a Parquet row (the
+proxy's default, `access_log.format: parquet`) or a JSON object on a line of its own (`format: json`),
+in files laid out by `partition_path`:
 
-    <root>/date=YYYY-MM-DD/hour=HH/<instance>-<seq>.jsonl        (UTC; `.parquet` for Parquet)
-    <root>/date=YYYY-MM-DD/hour=HH/<instance>-w<worker>-<seq>.jsonl   (one of `--workers N`)
+    <root>/date=YYYY-MM-DD/hour=HH/<instance>-<seq>.parquet            (UTC; `.jsonl` for JSON lines)
+    <root>/date=YYYY-MM-DD/hour=HH/<instance>-w<worker>-<seq>.parquet  (one of `--workers N`)
 
 Quota entities are written as strings such as `user=alice,client-id=<default>`: components in the
 order user, client-id, ip; `<default>` is the default entity (a null name on the wire); in names,
@@ -278,11 +279,12 @@ _INSTANCE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
 
 def partition_path(root: str | Path, ts_ms: int, instance: str, seq: int, *,
                    log_format: str = "json", worker: int | None = None) -> Path:
-    """Where a file opened at `ts_ms` goes: `<root>/date=YYYY-MM-DD/hour=HH/<instance>-<seq>.jsonl`.
+    """Where a file opened at `ts_ms` goes: `<root>/date=YYYY-MM-DD/hour=HH/<instance>-<seq>.<ext>`,
+    `.jsonl` for `log_format` json (this function's default) and `.parquet` for parquet (the proxy's).
 
     Date and hour are UTC. `seq` (a counter per instance, 6 digits or more) keeps files apart when
     an instance rolls more than one file in an hour. A worker of an instance (`worker` set) writes
-    `<instance>-w<worker>-<seq>.jsonl`, so that several workers never write one file.
+    `<instance>-w<worker>-<seq>.<ext>`, so that several workers never write one file.
     """
     if log_format not in LOG_FORMATS:
         raise ValueError(f"log_format must be one of {sorted(LOG_FORMATS)}, got {log_format!r}")

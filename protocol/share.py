@@ -36,6 +36,8 @@ from typing import Final
 
 from protocol._wire import (
     read_array_len,
+    read_i16,
+    read_i32,
     skip,
     skip_bytes,
     skip_string,
@@ -45,6 +47,7 @@ from protocol.apis import ApiKey
 from protocol.errors import DecodeError, UnsupportedVersion
 from protocol.fetch import cap_min_max_bytes
 from protocol.headers import RequestHeader, response_body_offset
+from protocol.records import PartitionTraffic, _read_records, count_records
 from protocol.rewrite import (  # the address walker and splicer this package shares
     _NODE_ENDPOINT,
     AddressMapper,
@@ -164,3 +167,43 @@ def cap_share_fetch_max_bytes(payload: bytes, header: RequestHeader, max_bytes: 
     pos = skip_string(payload, header.body_offset, True, "share_fetch group_id")
     pos = skip_string(payload, pos, True, "share_fetch member_id")
     return cap_min_max_bytes(payload, pos + 8, max_bytes, "share_fetch")  # after epoch, max_wait_ms
+
+
+def share_fetch_response_partitions(payload: bytes, api_version: int) -> list[PartitionTraffic]:
+    """Per-partition traffic of a ShareFetch response (v0-v2), in wire order: topic id, partition,
+    records (the batches' counts), record-set bytes, error code; what a Fetch response gives
+    (`protocol.records.fetch_response_partitions`) for the topic and record quotas.
+
+    Raises UnsupportedVersion outside v0-v2 and DecodeError if the layout does not add up.
+    """
+    _check(ApiKey.SHARE_FETCH, api_version, SHARE_FETCH_MAX_VERSION)
+    api = "share_fetch"
+    pos = skip(payload, response_body_offset(payload, 1), 6, f"{api} throttle_time_ms, error_code")
+    pos = skip_string(payload, pos, True, f"{api} error_message")
+    if api_version >= 1:
+        pos = skip(payload, pos, 4, f"{api} acquisition_lock_timeout_ms")
+    n_topics, pos = read_array_len(payload, pos, True, f"{api} responses", 18)
+    out: list[PartitionTraffic] = []
+    for _ in range(n_topics):
+        topic_id = payload[pos:pos + 16]
+        pos = skip(payload, pos, 16, f"{api} topic_id")
+        n_partitions, pos = read_array_len(payload, pos, True, f"{api} partitions", 21)
+        for _ in range(n_partitions):
+            what = f"{api} partition"
+            index = read_i32(payload, pos, what)
+            error_code = read_i16(payload, pos + 4, what)
+            pos = skip_string(payload, skip(payload, pos, 6, what), True, f"{what} error_message")
+            pos = skip(payload, pos, 2, f"{what} acknowledge_error_code")
+            pos = skip_string(payload, pos, True, f"{what} acknowledge_error_message")
+            pos = _skip_leader(payload, pos, what)
+            start, pos = _read_records(payload, pos, True, f"{what} records")
+            records = count_records(payload, start, pos) if pos > start else 0
+            record_bytes = pos - start
+            n_acquired, pos = read_array_len(payload, pos, True, f"{what} acquired_records", 19)
+            for _ in range(n_acquired):
+                pos = skip(payload, pos, 18, f"{what} acquired_records entry")
+                pos = skip_tagged_fields(payload, pos, f"{what} acquired_records tags")
+            pos = skip_tagged_fields(payload, pos, f"{what} tags")
+            out.append(PartitionTraffic(None, topic_id, index, records, record_bytes, error_code))
+        pos = skip_tagged_fields(payload, pos, f"{api} topic tags")
+    return out

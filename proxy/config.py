@@ -8,6 +8,7 @@ variables are `SLUICE_<SECTION>__<KEY>` (double underscore between levels), for 
 
 from __future__ import annotations
 
+import functools
 import importlib.util
 import os
 import ssl
@@ -26,13 +27,15 @@ from pydantic import (
     model_validator,
 )
 
+from protocol import fastpath
 from proxy.admin.store import StoreConfig, librdkafka_text
 from proxy.fleet.config import FleetConfig
 from proxy.ops.disk_guard import StorageConfig
-from proxy.stages.callbacks import PLUGIN_KEYS, QuotaPlugins
+from proxy.stages.callbacks import QuotaPlugins
 from quotas.config import QuotaConfig
-from quotas.connection_limits import canonical_ip, split_ip_entries
+from quotas.connection_limits import canonical_ip
 from quotas.errors import QuotaConfigError
+from quotas.section import QuotasSection
 
 ENV_PREFIX = "SLUICE_"
 RUNTIME_DIR_MAX_BYTES = 80
@@ -65,13 +68,18 @@ def _host_port(value: Any) -> Any:
 
 
 class UpstreamTls(BaseModel):
+    """TLS from Sluice to the brokers (independent of `listen_tls`); also used by the storage poller."""
+
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    enabled: bool = False
-    ca_file: Path | None = None
-    cert_file: Path | None = None
-    key_file: Path | None = None
-    verify_hostname: bool = True
+    enabled: bool = Field(default=False, description="connect to the brokers over TLS")
+    ca_file: Path | None = Field(default=None, description="CA bundle that signs the brokers' certificates "
+                                                           "(default: the system's)")
+    cert_file: Path | None = Field(default=None, description="Sluice's client certificate (mutual TLS); "
+                                                             "with key_file")
+    key_file: Path | None = Field(default=None, description="the private key of cert_file")
+    verify_hostname: bool = Field(default=True, description="check that a broker's certificate names the "
+                                                            "host Sluice connected to")
 
     @field_validator("ca_file", "cert_file", "key_file")
     @classmethod
@@ -97,11 +105,16 @@ class UpstreamTls(BaseModel):
 
 
 class UpstreamConfig(BaseModel):
+    """The Kafka cluster Sluice fronts."""
+
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    bootstrap: list[HostPort] = Field(min_length=1)
+    bootstrap: list[HostPort] = Field(min_length=1, description="the brokers' bootstrap addresses: a YAML "
+                                      "list ([b1:9092, b2:9092]) or one comma-separated string (the "
+                                      "--upstream flag, SLUICE_UPSTREAM__BOOTSTRAP)")
     tls: UpstreamTls = UpstreamTls()
-    connect_timeout_ms: int = Field(default=10_000, gt=0)
+    connect_timeout_ms: int = Field(default=10_000, gt=0, description="a connection to a broker must be "
+                                    "established (TLS included) within this")
 
     @field_validator("bootstrap", mode="before")
     @classmethod
@@ -112,13 +125,19 @@ class UpstreamConfig(BaseModel):
 
 
 class MetricsConfig(BaseModel):
+    """The HTTP endpoint: /metrics (Prometheus), /healthz, /quotas/usage and /connections."""
+
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    host: str = "127.0.0.1"
-    port: int | None = Field(default=None, ge=0, le=65535)
+    host: str = Field(default="127.0.0.1", description="the address the endpoint binds; it has no "
+                      "authentication (but /connections can ask for a token), so bind it where only "
+                      "operators and Prometheus reach")
+    port: int | None = Field(default=None, ge=0, le=65535,
+                             description="the endpoint's port; null (the default): no endpoint")
     max_series_per_metric: int = Field(
         default=2000, ge=1, description="per-entity series of each sluice_quota_* metric; sensors beyond it "
-                                        "are folded into user/client_id=\"__overflow__\" (README: Metrics)")
+                                        "are folded into user/client_id=\"__overflow__\" "
+                                        "(docs/operating.md, Metrics)")
 
 
 CONNECTIONS_TOKEN_ENV = "SLUICE_CONNECTIONS_TOKEN"
@@ -126,13 +145,13 @@ CONNECTIONS_TOKEN_ENV = "SLUICE_CONNECTIONS_TOKEN"
 
 
 class ConnectionsEndpointConfig(BaseModel):
-    """`GET /connections` on the metrics port (README: Connections). Off unless enabled; with
+    """`GET /connections` on the metrics port (docs/operating.md, Connections). Off unless enabled; with
     `token_env` or `token_file` a request needs ``Authorization: Bearer <token>``. The token itself
     is never part of the configuration (nor of any log line)."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    enabled: bool = False
+    enabled: bool = Field(default=False, description="serve /connections (else it answers 404)")
     token_env: str | None = Field(default=None, min_length=1,
                                   description="the environment variable holding the bearer token")
     token_file: Path | None = Field(default=None, description="a file holding the bearer token")
@@ -171,13 +190,18 @@ class ConnectionsEndpointConfig(BaseModel):
 
 
 class AccessLogConfig(BaseModel):
+    """One record per request, written by a process of its own (docs/analytics.md has the schema)."""
+
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    dir: Path | None = Field(default=None, description="write access logs under this directory")
+    dir: Path | None = Field(default=None, description="write access logs under this directory (by date "
+                             "and hour); null: no files")
     format: Literal["parquet", "json"] = Field(default="parquet",
                                                description="parquet (needs pyarrow) or json lines")
-    rotate_mb: int = Field(default=128, ge=1)
-    queue_size: int = Field(default=100_000, ge=100)
+    rotate_mb: int = Field(default=128, ge=1, description="start a new file once the current one holds "
+                           "this many MiB")
+    queue_size: int = Field(default=100_000, ge=100, description="records waiting for the writer; beyond "
+                            "it records are dropped and counted (sluice_access_log_records_dropped_total)")
     kafka_bootstrap: str | None = Field(default=None, description="also send records to this cluster")
     kafka_topic: str | None = Field(default=None, description="the topic records are sent to (with "
                                                                "kafka_bootstrap)")
@@ -214,10 +238,12 @@ class ListenTls(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    cert_file: Path
-    key_file: Path
+    cert_file: Path = Field(description="Sluice's server certificate (PEM)")
+    key_file: Path = Field(description="the private key of cert_file")
     ca_file: Path | None = Field(default=None, description="CA(s) that sign client certificates")
-    client_auth: Literal["none", "requested", "required"] = "none"
+    client_auth: Literal["none", "requested", "required"] = Field(
+        default="none", description="ask clients for a certificate (requested) or insist (required); "
+                                    "a certificate's mapped subject is the connection's principal")
     principal_mapping_rules: str = Field(default="DEFAULT", description="Kafka's ssl.principal.mapping.rules")
 
     @field_validator("cert_file", "key_file", "ca_file")
@@ -260,7 +286,7 @@ _MIB = 1024 * 1024
 
 
 class LimitsConfig(BaseModel):
-    """Bounded resources under abuse (README: Limits). Each hit is counted in
+    """Bounded resources under abuse (docs/operating.md, Limits). Each hit is counted in
     ``sluice_limit_hits_total{cause}`` (the key's name) and logged once per cause."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
@@ -307,6 +333,8 @@ class LimitsConfig(BaseModel):
 
 
 class SaslConfig(BaseModel):
+    """How Sluice reads the principal of a SASL exchange it passes through."""
+
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     oauthbearer_principal_claim: str = Field(default="sub", min_length=1,
@@ -318,8 +346,12 @@ class ProxyConfig(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    listen: HostPort = HostPort(host="127.0.0.1", port=9092)
-    advertised_host: str | None = None
+    listen: HostPort = Field(default=HostPort(host="127.0.0.1", port=9092),
+                             description="the bootstrap address clients connect to (port 0: the kernel "
+                                         "picks one)")
+    advertised_host: str | None = Field(default=None, description="the host name Sluice gives clients for "
+                                        "its per-broker listeners (default: listen's host); behind a load "
+                                        "balancer, the load balancer's name")
     broker_port_base: int | None = Field(default=None, ge=1, le=65535,
                                          description="per-broker listener port = base + node id; "
                                                      "default listen.port + 1")
@@ -330,20 +362,30 @@ class ProxyConfig(BaseModel):
     metrics: MetricsConfig = MetricsConfig()
     connections_endpoint: ConnectionsEndpointConfig = Field(
         default_factory=ConnectionsEndpointConfig,
-        description="GET /connections on the metrics port: every open client connection (README)")
+        description="GET /connections on the metrics port: every open client connection "
+                    "(docs/operating.md, Connections)")
     access_log: AccessLogConfig = AccessLogConfig()
-    max_frame_bytes: int = Field(default=100 * 1024 * 1024, ge=1024)
-    drain_timeout_ms: int = Field(default=30_000, ge=0)
+    max_frame_bytes: int = Field(default=100 * 1024 * 1024, ge=1024,
+                                 description="a request or response frame larger than this closes its "
+                                             "connection (Kafka's socket.request.max.bytes is 100 MiB)")
+    drain_timeout_ms: int = Field(default=30_000, ge=0, description="on SIGTERM, how long in-flight requests "
+                                  "may take to be answered before connections are closed")
     heap_trim_interval_ms: int = Field(default=0, ge=0, description="give the heap's free pages back to "
                                        "the kernel (glibc malloc_trim) this often; 0 (the default): never")
     instance: str = Field(default_factory=lambda: os.uname().nodename.split(".")[0],
-                          pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
-    log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
-    event_loop: Literal["uvloop", "asyncio"] = "uvloop"
-    quotas: dict[str, Any] = Field(default_factory=dict)
+                          pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$",
+                          description="this instance's name in access-log records and file names and in "
+                                      "fleet reports (default: the host name's first label)")
+    log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = Field(default="INFO",
+                                                                   description="the log's threshold")
+    event_loop: Literal["uvloop", "asyncio"] = Field(default="uvloop", description="uvloop (faster) or the "
+                                                     "standard library's asyncio loop")
+    quotas: dict[str, Any] = Field(default_factory=dict, description="the quota entries (the seed of the "
+                                   "store), their window and rate model, and the quota callback; validated "
+                                   "at start, key by key (docs/quotas.md)")
     store: StoreConfig = Field(default_factory=StoreConfig, validate_default=True,
-                               description="where quotas live; a relative sqlite path is relative to "
-                                           "the configuration file")
+                               description="where quotas live (docs/quotas.md); a relative store.path "
+                                           "is under data_dir when set, else beside the configuration file")
     admins: list[str] = Field(default_factory=list, description="principals that may alter quotas "
                                                                "through Sluice (AlterClientQuotas)")
     allow_anonymous_admins: bool = Field(
@@ -357,12 +399,13 @@ class ProxyConfig(BaseModel):
         default="off", description="a PROXY protocol header precedes every client connection")
     sasl: SaslConfig = SaslConfig()
     limits: LimitsConfig = Field(default_factory=LimitsConfig,
-                                 description="connection, time, buffer and in-flight limits (README: Limits)")
+                                 description="connection, time, buffer and in-flight limits "
+                                             "(docs/operating.md, Limits)")
     storage: StorageConfig | None = Field(
-        default=None, description="storage-driven throttling of produce quotas (README)")
+        default=None, description="storage-driven throttling of produce quotas (docs/quotas.md)")
     fleet: FleetConfig | None = Field(
         default=None, description="one budget across every Sluice process naming the same fleet id "
-                                  "(README: Running a fleet); needs store.type: kafka")
+                                  "(docs/fleet.md); needs store.type: kafka")
     workers: int = Field(default=1, ge=1, le=256,
                          description="worker processes sharing every listener (SO_REUSEPORT); auto = CPUs")
     runtime_dir: Path | None = Field(
@@ -439,25 +482,28 @@ class ProxyConfig(BaseModel):
     def _off(cls, value: Any) -> Any:
         return "off" if value is False else value  # YAML 1.1 reads a bare `off` as false
 
-    def quota_config(self) -> QuotaConfig:
-        entries = {k: v for k, v in self.quotas.items() if k not in PLUGIN_KEYS}
+    @functools.cached_property
+    def quotas_section(self) -> QuotasSection:
+        """The ``quotas:`` section, typed (`quotas.section`); parsed once per configuration, on
+        first use (`load_config` uses it, so a bad section fails at start naming the key)."""
         try:
-            _, entries = split_ip_entries(entries, path="quotas")  # the ip entity: ip_connection_rates()
-            return QuotaConfig.from_dict(entries, path="quotas")
+            return QuotasSection.parse(self.quotas, path="quotas")
         except QuotaConfigError as exc:
             raise ConfigError("invalid configuration:\n  " + str(exc).replace("\n", "\n  ")) from None
+
+    def quota_config(self) -> QuotaConfig:
+        """The client quota entries (`quotas_section.entries`)."""
+        return self.quotas_section.entries
 
     def ip_connection_rates(self) -> dict[str, float]:
         """KIP-612's per-IP ``connection_creation_rate``: ``{ip or "<default>": connections/s}``."""
-        try:
-            return split_ip_entries(self.quotas, path="quotas")[0]
-        except QuotaConfigError as exc:
-            raise ConfigError("invalid configuration:\n  " + str(exc).replace("\n", "\n  ")) from None
+        return dict(self.quotas_section.ip_connection_rates)
 
     def quota_plugins(self) -> QuotaPlugins:
-        """``quotas.scope`` and ``quotas.callback`` (`proxy.stages.callbacks`); imports the class."""
+        """``quotas.scope``, ``quotas.callback`` and ``cluster_entries``, with the callback class
+        loaded: called at start and at reload only (validation never runs the user's code)."""
         try:
-            return QuotaPlugins.from_dict(self.quotas, path="quotas")
+            return QuotaPlugins.load(self.quotas_section, path="quotas")
         except QuotaConfigError as exc:
             raise ConfigError("invalid configuration:\n  " + str(exc).replace("\n", "\n  ")) from None
 
@@ -493,7 +539,7 @@ def env_overrides(environ: Mapping[str, str]) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for name, value in environ.items():
         if not name.startswith(ENV_PREFIX) or name in {"SLUICE_KAFKA_LIBS", "SLUICE_KAFKA_BOOTSTRAP",
-                                                        CONNECTIONS_TOKEN_ENV}:
+                                                        CONNECTIONS_TOKEN_ENV, fastpath.PURE_PYTHON_ENV}:
             continue
         if name.startswith("SLUICE_WORKER_"):  # a worker's role, set by its supervisor (proxy.fleet.local)
             continue
@@ -539,7 +585,5 @@ def load_config(path: Path | None = None, overrides: Mapping[str, Any] | None = 
                            "data_dir": Path(data_dir) if isinstance(data_dir, str | Path) else None})
     except ValidationError as exc:
         raise ConfigError(_format_error(exc, source)) from None
-    config.quota_config()  # quotas are validated at start too
-    config.ip_connection_rates()
-    config.quota_plugins()
+    config.quotas_section  # noqa: B018 - the quotas section is parsed (and checked) once, here
     return config

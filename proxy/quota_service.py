@@ -1,5 +1,5 @@
 """The live side of the quota store: seeding at start, writes from admin requests, changes from
-other instances, SIGHUP, all applied to the running `QuotaManagers` (sensors and their history
+other instances, SIGHUP, all applied to the running `QuotaEngine` (sensors and their history
 stay; only bounds change, as in Kafka).
 
 The store's blocking calls run on one worker thread, one at a time, so a batch of changes is
@@ -21,8 +21,8 @@ from protocol.quota_client import QuotaAdminError, QuotaClient, Stream
 from protocol.sasl_client import SaslCredentials
 from proxy.admin.store import QuotaStore, StoreError, open_store, reconcile_seed, table_from_described
 from proxy.config import ProxyConfig
-from proxy.stages.quota import QuotaManagers
 from quotas.config import QuotaConfig
+from quotas.engine import QuotaEngine
 from quotas.errors import QuotaConfigError
 from quotas.table import QuotaChange, QuotaTable
 
@@ -33,7 +33,7 @@ T = TypeVar("T")
 
 
 class QuotaService:
-    def __init__(self, config: ProxyConfig, managers: QuotaManagers, store: QuotaStore | None = None) -> None:
+    def __init__(self, config: ProxyConfig, managers: QuotaEngine, store: QuotaStore | None = None) -> None:
         self._config = config
         self._managers = managers
         self._store = store

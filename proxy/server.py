@@ -7,10 +7,11 @@ import contextlib
 import dataclasses
 import logging
 import os
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 
 from prometheus_client import CollectorRegistry
 
+from protocol import fastpath
 from proxy.admin.api import QuotaAdminStage
 from proxy.config import ConfigError, ProxyConfig
 from proxy.fleet.exchange import Exchange
@@ -22,7 +23,14 @@ from proxy.ops.access_log import AccessLogStage, AccessLogWriter
 from proxy.ops.broker_listeners import BrokerListenerCollector
 from proxy.ops.connections import SAMPLE_INTERVAL_MS, BearerToken, ConnectionInventory
 from proxy.ops.disk_guard import StorageCollector, StoragePoller
-from proxy.ops.headroom import USAGE_PATH, HeadroomCollector, usage_json, usage_report
+from proxy.ops.headroom import (
+    EFFECTIVE_PATH,
+    USAGE_PATH,
+    HeadroomCollector,
+    effective_json,
+    usage_json,
+    usage_report,
+)
 from proxy.ops.heap import HeapTrimCollector, HeapTrimmer, glibc_malloc_trim
 from proxy.ops.http import Degraded, MetricsEndpoint
 from proxy.ops.metrics import (
@@ -43,10 +51,12 @@ from proxy.stages.addresses import ResponseRewriter, RewriteStage
 from proxy.stages.callbacks import ClusterMetadataFeed, ClusterMetadataStage
 from proxy.stages.client_software import ClientSoftwareStage
 from proxy.stages.connection_stats import ConnectionStatsStage
-from proxy.stages.quota import DecisionObserver, QuotaManagers, QuotaStage
+from proxy.stages.quota import DecisionObserver, QuotaStage
 from proxy.stages.topic_resolver import TopicIdResolver
+from proxy.stages.topic_usage import TopicNames
 from quotas.clock import Clock, SystemClock
 from quotas.connection_limits import BufferBudget, ConnectionLimiter, IpConnectionRates
+from quotas.engine import QuotaEngine
 from quotas.fleet import DEFAULT_HEADROOM, FleetFallback, FleetView
 from quotas.manager import ThrottleDecision
 
@@ -63,11 +73,12 @@ class ProxyServer:
         self._extra_stages = list(stages)
         self.registry_metrics = CollectorRegistry()
         self.metrics = SluiceMetrics(self.registry_metrics)
-        self.quotas = QuotaManagers(config.quota_config(), self.clock, config.quota_plugins())
-        # Produce v13 / Fetch v13+ name topics by id: ids no forwarded Metadata named are asked of
-        # the broker by this process itself
+        self.quotas = QuotaEngine(config.quota_config(), self.clock, config.quota_plugins())
+        # Produce v13 / Fetch v13+ name topics by id (the quota stage reads them): ids no forwarded
+        # Metadata named are asked of the broker by this process itself
+        self.topic_names = TopicNames()
         self.topic_ids = TopicIdResolver(
-            self.quotas.topic_names, [(a.host, a.port) for a in config.upstream.bootstrap],
+            self.topic_names, [(a.host, a.port) for a in config.upstream.bootstrap],
             config.upstream.tls.context(), timeout_s=config.upstream.connect_timeout_ms / 1000 + 5)
         self.topic_ids.attach()
         self.cluster_feed = ClusterMetadataFeed(self.quotas.update_cluster_metadata,
@@ -141,7 +152,8 @@ class ProxyServer:
             self.access_log.start()
             stages.append(AccessLogStage(self.access_log, self.clock))
         stages += [QuotaAdminStage(self.quota_service, config.admins),
-                   QuotaStage(self.quotas, self._decision_observer()), *self._extra_stages, self.metrics]
+                   QuotaStage(self.quotas, self._decision_observer(), self.topic_names),
+                   *self._extra_stages, self.metrics]
         if config.connections_endpoint.enabled:
             stages.append(ConnectionStatsStage())
             self.inventory = ConnectionInventory(lambda: self.connections, self.clock, self.worker_index,
@@ -165,6 +177,7 @@ class ProxyServer:
         self.bootstrap_address = (sock[0], sock[1])
         log.info("Sluice listening on %s:%d (%s) for %s", sock[0], sock[1], describe_listener(config),
                  ",".join(str(a) for a in config.upstream.bootstrap))
+        log.info("data plane: %s", fastpath.describe())
         if config.metrics.port is not None:
             inventory, token = self.inventory, BearerToken.configured(config.connections_endpoint)
             degraded: list[Degraded] = [self.quota_service.problems]
@@ -173,7 +186,7 @@ class ProxyServer:
             self.metrics_endpoint = MetricsEndpoint.for_registry(
                 self.registry_metrics, lambda: not self._draining, {USAGE_PATH: self._usage},
                 connections=None if inventory is None else _async(inventory.render), token=token,
-                degraded=degraded)
+                degraded=degraded, query_routes={EFFECTIVE_PATH: self._effective})
             if self.worker_index is None:
                 await self.metrics_endpoint.start(config.metrics.host, config.metrics.port)
             else:  # the supervisor serves metrics.port and merges every worker's registry
@@ -193,6 +206,11 @@ class ProxyServer:
     async def _usage(self) -> bytes:
         """`GET /quotas/usage`: rate, limit in force and headroom of every live sensor."""
         return usage_json(usage_report(self.quotas, self.clock))
+
+    async def _effective(self, args: Mapping[str, str]) -> bytes:
+        """`GET /quotas/effective?user=U&client_id=C[&topic=T][&broker=B]`: every limit in force for
+        the caller, from the engine (`QuotaEngine.effective`), with what it is made of."""
+        return effective_json(self.quotas, args)
 
     def reload(self, config: ProxyConfig) -> None:
         """SIGHUP: YAML quota edits go to the store and to live sensors (see `reconcile_seed`);
@@ -316,7 +334,7 @@ def fleet_member_name(config: ProxyConfig, worker_index: int | None) -> str:
     return f"{config.instance}{worker}/p{os.getpid()}"
 
 
-def make_fleet(config: ProxyConfig, quotas: QuotaManagers, clock: Clock,
+def make_fleet(config: ProxyConfig, quotas: QuotaEngine, clock: Clock,
                worker_index: int | None = None) -> FleetMember | None:
     """One budget across processes. With `fleet:` this process (each worker of each instance) is a
     member over a Kafka topic; without it, the workers of one instance (``--workers N``) are the

@@ -337,40 +337,58 @@ _RateModelName = Literal["windowed", "token_bucket"]
 
 
 class _WindowModel(BaseModel):
+    """Kafka's quota window: a rate is measured over `samples` windows of `size_ms`."""
+
     model_config = ConfigDict(extra="forbid", strict=True, frozen=True)
 
-    samples: Annotated[int, Field(ge=1)] = 11
-    size_ms: Annotated[int, Field(ge=1)] = 1000
+    samples: Annotated[int, Field(ge=1)] = Field(default=11, description="Kafka's quota.window.num")
+    size_ms: Annotated[int, Field(ge=1)] = Field(
+        default=1000, description="Kafka's quota.window.size.seconds, in milliseconds")
+
+
+def _rate(what: str) -> Any:
+    return Field(default=None, description=what)
 
 
 class _EntryModel(BaseModel):
+    """One quota entry: an entity (Kafka's user and client-id, or Sluice's prefixes and topics) and
+    its limits."""
+
     model_config = ConfigDict(extra="forbid", strict=True, frozen=True)
 
-    user: str | None = None
-    client_id: str | None = None
-    producer_byte_rate: _Number | None = None
-    consumer_byte_rate: _Number | None = None
-    request_percentage: _Number | None = None
-    request_rate: _Number | None = None
-    producer_record_rate: _Number | None = None
-    consumer_record_rate: _Number | None = None
-    client_id_prefix: str | None = None
-    each_client_id: bool = False
-    topic: str | None = None
-    topic_prefix: str | None = None
-    shadow: bool = False
-    rate_model: _RateModelName | None = None
-    burst_ms: int | None = None
+    user: str | None = Field(default=None, description="the principal, or <default>")
+    client_id: str | None = Field(default=None, description="the client id, or <default>")
+    producer_byte_rate: _Number | None = _rate("produce bytes/s (a whole number)")
+    consumer_byte_rate: _Number | None = _rate("fetch bytes/s (a whole number)")
+    request_percentage: _Number | None = _rate("percent of one broker thread: the upstream round trip of "
+                                               "non-Fetch requests")
+    request_rate: _Number | None = _rate("Sluice's: requests/s")
+    producer_record_rate: _Number | None = _rate("Sluice's: produced records/s")
+    consumer_record_rate: _Number | None = _rate("Sluice's: fetched records/s")
+    client_id_prefix: str | None = Field(default=None, description="client ids starting with it share one "
+                                                                   "rate (or each its own, each_client_id)")
+    each_client_id: bool = Field(default=False, description="with client_id_prefix: a rate per client id")
+    topic: str | None = Field(default=None, description="a topic quota: every client of the topic together")
+    topic_prefix: str | None = Field(default=None, description="topics starting with it share one rate")
+    shadow: bool = Field(default=False, description="measure and report, never throttle")
+    rate_model: _RateModelName | None = Field(default=None, description="this entry's rate model "
+                                                                        "(default: quotas.rate_model)")
+    burst_ms: int | None = Field(default=None, description="token bucket: burst = quota x burst_ms "
+                                                           "(at most samples x size_ms)")
 
 
 class _QuotasModel(BaseModel):
     model_config = ConfigDict(extra="forbid", strict=True, frozen=True)
 
-    shadow: bool = False
+    shadow: bool = Field(default=False, description="every quota measured and reported, none enforced")
     window: _WindowModel = _WindowModel()
-    rate_model: _RateModelName = "windowed"
-    burst_ms: int | None = None
-    entries: list[_EntryModel] = []
+    rate_model: _RateModelName = Field(default="windowed", description="windowed (Kafka's sampled rate) or "
+                                                                      "token_bucket, for entries that do "
+                                                                      "not say")
+    burst_ms: int | None = Field(default=None, description="token bucket: burst = quota x burst_ms "
+                                                           "(default and most: samples x size_ms)")
+    entries: list[_EntryModel] = Field(default=[], description="the quota entries: the store's seed "
+                                                               "(Kafka's 8-level precedence)")
 
 
 def _name(raw: str | None) -> Name | None:

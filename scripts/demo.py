@@ -16,9 +16,12 @@
 5. runs a fleet: two more Sluice instances sharing one 1 MiB/s budget for client-id `shared`
    (`fleet:`), one producer through each, printing their rates and each instance's share;
 6. reads the access log and asks the Spark job for quota recommendations from it (a dry run:
-   nothing is applied).
+   nothing is applied);
+7. replays the recorded traffic through that plan (`sluice tune simulate`): per entity who it
+   would throttle, how often and for how long, against the quotas in force, with a plot each.
 
-Everything stops at the end. Output: .cache/demo/ (rates.png, sluice.yaml, logs/, plan/).
+Everything stops at the end. Output: .cache/demo/ (rates.png, sluice.yaml, logs/, plan/, with
+plan/simulation.json and plan/simulation/*.png).
 """
 
 from __future__ import annotations
@@ -85,6 +88,7 @@ def main() -> int:
         run_fleet(kafka)
     summarize_access_log()
     recommend()
+    simulate()
     say(f"== done. Everything is under {OUT}")
     return 0
 
@@ -302,6 +306,23 @@ def recommend() -> None:
             for row in csv.DictReader(f):
                 say(f"   {row['entity']:18s} {row['quota_key']:19s} {float(row['current']):>11,.0f} -> "
                     f"{float(row['recommended']):>11,.0f} B/s  ({row['action']}: {row['reason']})")
+
+
+
+def simulate() -> None:
+    plan = OUT / "plan" / "plan.json"
+    if not plan.exists():
+        return
+    say("== 8. What would that plan do? The recorded traffic replayed through it (tune simulate)")
+    done = subprocess.run([sys.executable, "-m", "proxy", "tune", "simulate", "--logs", str(OUT / "logs"),
+                           "--plan", str(plan), "--master", "local[2]", "--no-progress"],
+                          cwd=REPO, capture_output=True, text=True, timeout=300, check=False)
+    if done.returncode != 0:
+        say(f"   the simulation failed:\n{done.stderr[-2000:]}")
+        return
+    say("\n".join(f"   {line}" for line in done.stdout.strip().splitlines()))
+    for png in sorted((OUT / "plan" / "simulation").glob("*.png")):
+        say(f"   plot: {png}")
 
 
 if __name__ == "__main__":

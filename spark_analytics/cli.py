@@ -39,6 +39,7 @@ def tune() -> None:
     \b
     report     usage per quota entity and client: rates, percentiles, throttling, top talkers, plots
     recommend  a plan of current and recommended quotas per entity, with the reason for each
+    simulate   replay the recorded traffic through a plan: who it throttles, how often, how long
     apply      send the plan to Sluice with AlterClientQuotas (dry run unless --apply)
     run        all three, one Spark session
     describe   print the configured quotas as JSON
@@ -62,6 +63,15 @@ def report(args: tuple[str, ...]) -> None:
 def recommend(args: tuple[str, ...]) -> None:
     """Quota plan (spark_analytics/jobs/recommend.py)."""
     from spark_analytics.jobs import recommend as job
+
+    _run(job.main, _with_master(args))
+
+
+@tune.command(context_settings=_PASS_THROUGH, add_help_option=False)
+@click.argument("args", nargs=-1, type=click.UNPROCESSED)
+def simulate(args: tuple[str, ...]) -> None:
+    """What a plan would do to the recorded traffic (spark_analytics/jobs/simulate.py)."""
+    from spark_analytics.jobs import simulate as job
 
     _run(job.main, _with_master(args))
 

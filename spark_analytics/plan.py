@@ -92,6 +92,27 @@ def read_plan(path: Path) -> Plan:
     return Plan(entries, str(doc.get("generated_at", "")), doc.get("policy", {}))
 
 
+def read_simulation(path: Path) -> dict[str, Any] | None:
+    """The simulation of the plan at `path`: the one `recommend --verify` put in the plan file, else
+    the simulation.json `simulate` wrote beside it for this plan; None when there is none."""
+    try:
+        doc = json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError) as exc:
+        raise PlanError(f"cannot read plan {path}: {exc}") from exc
+    if isinstance(doc, dict) and isinstance(doc.get("simulation"), dict):
+        return dict(doc["simulation"])
+    beside = path.parent / "simulation.json"
+    if not beside.exists():
+        return None
+    try:
+        sim = json.loads(beside.read_text())
+    except (OSError, json.JSONDecodeError) as exc:
+        raise PlanError(f"cannot read {beside}: {exc}") from exc
+    if not isinstance(sim, dict) or Path(str(sim.get("plan", ""))).resolve() != path.resolve():
+        return None
+    return sim
+
+
 # ------------------------------------------------------------------------------------ diff
 
 @dataclass(frozen=True, slots=True)

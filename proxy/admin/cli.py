@@ -14,6 +14,9 @@ AlterClientQuotas through `protocol.quota_client`:
 
 `describe` resolves the effective quota of a caller client-side, from every configured entry, with
 the precedence enforcement uses (`quotas.effective`, i.e. `DefaultQuotaCallback`).
+`describe --effective --url` asks the running proxy's engine (``GET /quotas/effective``) for every
+limit in force for the caller: the value enforced, its unit, the configured or callback value, the
+storage factor, the fleet share and its source; it equals enforcement by construction.
 `describe --usage` recomputes nothing: it reads ``GET /quotas/usage`` on the running proxy's
 metrics port (`--url`) and shows, per live sensor, the windowed rate, the limit in force (after
 the callback, cluster entries, the fleet share and the storage factor) and the headroom
@@ -29,6 +32,7 @@ import socket
 import ssl
 import sys
 import urllib.error
+import urllib.parse
 import urllib.request
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -314,12 +318,16 @@ def _sort_key(components: Sequence[Component]) -> tuple[object, ...]:
                                                         "(marked *)")
 @click.option("--usage", is_flag=True, help="live rate, limit in force and headroom per sensor, read "
                                             "from the running proxy's metrics port (--url)")
+@click.option("--effective", is_flag=True, help="every limit in force for the caller as the running proxy "
+                                                "enforces it (--url): value, unit, configured or callback "
+                                                "value, storage factor, fleet share and source")
 @click.option("--url", envvar="SLUICE_METRICS_URL", metavar="http://HOST:PORT",
-              help="with --usage: the proxy's metrics port (or SLUICE_METRICS_URL); --bootstrap-server "
+              help="with --usage or --effective: the proxy's metrics port (or SLUICE_METRICS_URL); "
+                   "--bootstrap-server "
                    "is not used then; ignored without --usage")
 @connection_options
-def describe_command(names: str | None, include_overrides: bool, usage: bool, url: str | None,
-                     **conn_args: Any) -> None:
+def describe_command(names: str | None, include_overrides: bool, usage: bool, effective: bool,
+                     url: str | None, **conn_args: Any) -> None:
     """The effective quotas of a caller: each quota's value and the entry it comes from (with its
     rate model when it is the token bucket); with topic=NAME, the topic's quotas too. With --usage:
     what the running proxy enforces, per sensor: rate, limit in force, headroom and its ratio."""
@@ -328,6 +336,12 @@ def describe_command(names: str | None, include_overrides: bool, usage: bool, ur
     if bad:
         raise Usage(f"--names: {', '.join(bad)}: a caller is a user, a client-id and a topic it writes "
                     f"or reads")
+    if effective:
+        if usage or not url:
+            raise Usage("--effective needs --url http://HOST:PORT (the proxy's metrics port), "
+                        "without --usage")
+        _describe_effective(url, who, conn_args["output"], conn_args["timeout_s"])
+        return
     if usage:
         if include_overrides:
             raise Usage("--include-overrides does not apply to --usage")
@@ -345,20 +359,20 @@ def describe_command(names: str | None, include_overrides: bool, usage: bool, ur
     except QuotaAdminError as exc:
         _fail(conn, str(exc), exc.error_code)
     config = _table(found).to_config()
-    effective = effective_quotas(config, identity) if USER in who or CLIENT_ID in who else {}
+    resolved = effective_quotas(config, identity) if USER in who or CLIENT_ID in who else {}
     topic = who.get(TOPIC)
     per_topic = effective_topic_quotas(config, topic) if topic is not None else {}
     if conn.output == "json":
         out: dict[str, Any] = {"caller": {USER: identity.principal, CLIENT_ID: identity.client_id},
                                "quotas": [_effective_json(q, include_overrides, config)
-                                          for q in effective.values()]}
+                                          for q in resolved.values()]}
         if topic is not None:
             out["topic"] = topic
             out["topic_quotas"] = [_effective_json(q, include_overrides, config) for q in per_topic.values()]
         _emit(out)
         return
     lines = []
-    for quota in effective.values():
+    for quota in resolved.values():
         lines.append(_source_line(quota.kind.value, quota.source, config))
         if include_overrides:
             lines += ["*" + _source_line(quota.kind.value, s, config) for s in quota.overridden]
@@ -373,6 +387,8 @@ def describe_command(names: str | None, include_overrides: bool, usage: bool, ur
 
 #: Where the proxy serves its usage report on the metrics port (`proxy.ops.headroom.USAGE_PATH`).
 USAGE_PATH = "/quotas/usage"
+#: Where it serves the engine's limits in force for one caller (`proxy.ops.headroom.EFFECTIVE_PATH`).
+EFFECTIVE_PATH = "/quotas/effective"
 
 
 def usage_url(url: str) -> str:
@@ -416,6 +432,37 @@ def _describe_usage(url: str, who: Mapping[str, str], output: str, timeout_s: fl
         click.echo("  ".join(cells).rstrip())
     workers = f", {report.workers} workers merged" if report.workers else ""
     click.echo(f"(rates over the last {report.window_ms} ms, scope {report.scope}{workers})")
+
+
+def _describe_effective(url: str, who: Mapping[str, str], output: str, timeout_s: float) -> None:
+    """`describe --effective`: the engine's limits in force for the caller (``/quotas/effective``)."""
+    query = urllib.parse.urlencode({"user": who.get(USER, ""), "client_id": who.get(CLIENT_ID, ""),
+                                    **({"topic": who[TOPIC]} if TOPIC in who else {})})
+    target = url.rstrip("/").removesuffix(USAGE_PATH) + EFFECTIVE_PATH + "?" + query
+    try:
+        if not url.startswith(("http://", "https://")):
+            raise ValueError(f"--url: {url!r} is not an http:// or https:// URL")
+        with urllib.request.urlopen(target, timeout=timeout_s) as response:
+            doc = json.loads(response.read().decode())
+    except (OSError, ValueError) as exc:
+        reason = exc.reason if isinstance(exc, urllib.error.URLError) else exc
+        message = f"cannot read {target}: {reason}"
+        if output == "json":
+            _emit({"error": {"message": message, "code": None, "name": None}})
+        else:
+            click.echo(f"Error: {message}", err=True)
+        sys.exit(1)
+    if output == "json":
+        _emit(doc)
+        return
+    rows = [["SCOPE", "KIND", "LIMIT", "UNIT", "CONFIGURED", "STORAGE", "SHARE", "SOURCE", "ENTITY"]]
+    rows += [[x["scope"], x["kind"], f"{x['limit']:g}", x["unit"], f"{x['configured']:g}",
+              f"{x['storage_factor']:g}", f"{x['fleet_share']:.3g}",
+              x["source"] + (" (shadow)" if x["shadow"] else ""),
+              x["entity"] or "-"] for x in doc["limits"]]
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    for row in rows:
+        click.echo("  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip())
 
 
 def _usage_order(entry: UsageEntry) -> tuple[object, ...]:

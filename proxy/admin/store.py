@@ -96,9 +96,9 @@ class StoreSasl(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    mechanism: Literal["PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512"]
-    username: str
-    password: SecretStr
+    mechanism: Literal["PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512"] = Field(description="the SASL mechanism")
+    username: str = Field(description="the SASL user name")
+    password: SecretStr = Field(description="the SASL password (never logged)")
 
 
 class StoreConfig(BaseModel):
@@ -107,22 +107,30 @@ class StoreConfig(BaseModel):
     # revalidated when given as a default, so that `path` is resolved against the config file
     model_config = ConfigDict(extra="forbid", frozen=True, revalidate_instances="always")
 
-    type: Literal["sqlite", "kafka", "memory"] = "sqlite"
+    type: Literal["sqlite", "kafka", "memory"] = Field(
+        default="sqlite", description="sqlite: one local file (one instance and its workers); kafka: a "
+                                      "compacted topic every instance shares (required by fleet); memory: "
+                                      "nothing survives a restart")
     path: Path = Field(default=Path("sluice-quotas.db"), validate_default=True,
                        description="sqlite: the database file")
     bootstrap: str | None = Field(default=None, description="kafka: the cluster holding the topic "
                                                             "(default: the upstream brokers)")
-    topic: str = Field(default="_sluice_quotas", pattern=r"^[A-Za-z0-9._-]{1,249}$")
+    topic: str = Field(default="_sluice_quotas", pattern=r"^[A-Za-z0-9._-]{1,249}$",
+                       description="kafka: the compacted topic (created if missing)")
     replication_factor: int = Field(default=-1, description="kafka: for a topic Sluice creates; "
                                                             "-1 = the brokers' default")
-    poll_interval_ms: int = Field(default=100, ge=10, le=10_000)
-    write_timeout_ms: int = Field(default=10_000, ge=100)
+    poll_interval_ms: int = Field(default=100, ge=10, le=10_000,
+                                  description="kafka: how often the topic is read for other "
+                                              "instances' changes")
+    write_timeout_ms: int = Field(default=10_000, ge=100, description="kafka: the limit for creating the "
+                                  "topic and for a change to be acknowledged and read back")
     kafka_config: dict[str, SecretStr] = Field(default_factory=dict,
                                                description="kafka: extra librdkafka settings (security); "
                                                            "never shown in logs")
     import_from_brokers: bool = Field(default=False, description="when seeding, first import the quotas "
                                                                  "set on the upstream brokers")
-    import_sasl: StoreSasl | None = None
+    import_sasl: StoreSasl | None = Field(default=None, description="SASL credentials for "
+                                          "import_from_brokers where the upstream listener requires SASL")
     reseed: bool = Field(default=False, description="replace the store with the YAML seed at start")
 
     @field_validator("path")

@@ -8,6 +8,8 @@ from pydantic import BaseModel, ConfigDict, Field, SecretStr, model_validator
 
 
 class FleetConfig(BaseModel):
+    """One budget per entity across every Sluice process naming the same fleet id."""
+
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     id: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$",
@@ -16,7 +18,8 @@ class FleetConfig(BaseModel):
                                                             "(default: upstream.bootstrap)")
     topic: str = Field(default="_sluice_fleet", pattern=r"^[A-Za-z0-9._-]{1,249}$",
                        description="created if missing: 1 partition, deleted after retention_ms")
-    report_interval_ms: int = Field(default=500, ge=50, le=10_000)
+    report_interval_ms: int = Field(default=500, ge=50, le=10_000,
+                                    description="how often each member publishes its usage report")
     member_timeout_ms: int | None = Field(default=None, ge=100, le=120_000,
                                           description="a member silent this long has left the fleet "
                                                       "(default: 3 report intervals)")

@@ -24,8 +24,8 @@ from prometheus_client.registry import Collector
 
 from proxy.fleet.exchange import Exchange
 from proxy.flow.pipeline import ConnectionContext
-from proxy.stages.quota import QuotaManagers
 from quotas.clock import Clock
+from quotas.engine import QuotaEngine
 from quotas.entity import SensorKey
 from quotas.fleet import (
     FleetReportError,
@@ -113,7 +113,7 @@ JOIN_POLL_MS = 100
 class FleetMember:
     """Runs the report loop; `tick` is one round and is what the unit tests drive."""
 
-    def __init__(self, view: FleetView, exchange: Exchange, managers: QuotaManagers, clock: Clock,
+    def __init__(self, view: FleetView, exchange: Exchange, managers: QuotaEngine, clock: Clock,
                  claims: FleetClaims, interval_ms: int) -> None:
         self.view = view
         self.exchange = exchange
@@ -216,7 +216,7 @@ class FleetMember:
         own: list[GroupUsage] = []
         limits: dict[Group, float | None] = {}
         seen: dict[Group, _Seen] = {}
-        for scope, manager in self.managers.labelled():
+        for scope, manager in self.managers.budgets():  # every budget kind: client, cluster, topic
             for usage in manager.fleet_usage():
                 group = (scope, usage.key)
                 limits[group] = usage.base_bound
@@ -257,7 +257,7 @@ class FleetMember:
         for scope, key in decision.busy:
             busy.setdefault(scope, set()).add(key)
         self.managers.fleet_busy = {scope: frozenset(keys) for scope, keys in busy.items()}
-        for scope, manager in self.managers.labelled():
+        for scope, manager in self.managers.budgets():  # every budget kind: client, cluster, topic
             shares = {key: share for (s, key), share in decision.shares.items() if s == scope}
             manager.set_shares(shares, decision.standby, self.managers.fleet_busy.get(scope, frozenset()))
 

@@ -48,6 +48,8 @@ class InFlight:
     streamed: bool = False            # its response already went out piece by piece
     response_received_ms: int = 0
     mutes_channel: bool = False       # its response being sent is a RESPONSE_SENT mute event
+    delay_from_response_ms: int = 0   # QuotaStage -> ResponseOrder: the mute lasts this long past the
+                                      # response (KIP-219: a Produce's delay starts when it is sent)
     # the broker's response as it arrived (its head when streamed), kept by the pipeline before any
     # response stage runs: the broker's throttle_time_ms is read from it, never from a patched payload
     broker_response: bytes | None = field(default=None, repr=False)

@@ -5,7 +5,7 @@ server, Strimzi's ``describeCluster``), asks each for DescribeLogDirs v4 (total 
 of every log dir) over its own connection with the upstream TLS settings (and ``storage.sasl``),
 computes the throttle factor (`quotas.storage.throttle_factor`; an incomplete view holds the last
 complete factor for `factor_validity_ms`, `quotas.storage.hold_or_fallback`) and applies it to every
-produce limit (`QuotaManagers.set_limit_scale`). With ``source: local`` it reads `shutil.disk_usage` of the
+produce limit (`QuotaEngine.set_limit_scale`). With ``source: local`` it reads `shutil.disk_usage` of the
 configured paths instead. Changes of the factor are logged, steady polls are not.
 
 Metrics (read at scrape time): ``sluice_storage_throttle_factor``,
@@ -71,22 +71,27 @@ class StorageSasl(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    mechanism: Literal["PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512"]
-    username: str = Field(min_length=1)
-    password: SecretStr
+    mechanism: Literal["PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512"] = Field(description="the SASL mechanism")
+    username: str = Field(min_length=1, description="the SASL user name")
+    password: SecretStr = Field(description="the SASL password (never logged)")
 
     def credentials(self) -> SaslCredentials:
         return SaslCredentials(self.mechanism, self.username, self.password.get_secret_value())
 
 
 class StorageConfig(BaseModel):
-    """``storage:`` — see the README, "Storage-driven throttling"."""
+    """``storage:`` — slow producers down as the brokers' disks fill (docs/quotas.md, Storage-driven
+    throttling)."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    source: Literal["describe_log_dirs", "local"] = "describe_log_dirs"
-    check_interval_ms: int = Field(default=30_000, gt=0)
-    limits: list[dict[str, Any]] = Field(default_factory=list)
+    source: Literal["describe_log_dirs", "local"] = Field(
+        default="describe_log_dirs", description="describe_log_dirs: ask the brokers for their volumes "
+                                                 "(KIP-827); local: read the filesystems under paths")
+    check_interval_ms: int = Field(default=30_000, gt=0, description="how often the volumes are read")
+    limits: list[dict[str, Any]] = Field(default_factory=list, description="per volume, "
+                                         "{type: available_bytes_below | available_ratio_below, soft: N "
+                                         "and/or hard: N}; exactly one hard limit, at most one soft")
     fallback_factor: float = Field(default=1.0, ge=0.0, le=1.0,
                                    description="the factor once an incomplete view outlives "
                                                "factor_validity_ms (Strimzi: 1.0)")
@@ -98,11 +103,13 @@ class StorageConfig(BaseModel):
                                                        "the last complete view set")
     sasl: StorageSasl | None = Field(default=None, description="SASL to the brokers (PLAIN, SCRAM)")
     paths: list[Path] = Field(default_factory=list, description="volumes to read with source: local")
-    timeout_ms: int = Field(default=10_000, gt=0, description="per poll")
+    timeout_ms: int = Field(default=10_000, gt=0, description="a describe_log_dirs poll must finish "
+                            "within this, else it counts as failed")
     applies_to: Literal["quota_clients", "all"] = Field(
         default="quota_clients", description="all: clients with no produce quota are scaled too, from "
                                              "base_producer_byte_rate")
-    base_producer_byte_rate: int | None = Field(default=None, gt=0)
+    base_producer_byte_rate: int | None = Field(default=None, gt=0, description="with applies_to: all, "
+                                                "the produce quota scaled for clients that have none")
 
     @model_validator(mode="after")
     def _valid(self) -> StorageConfig:
@@ -123,7 +130,7 @@ class StorageConfig(BaseModel):
 
 
 class LimitScaler(Protocol):
-    """What the poller drives: `proxy.stages.quota.QuotaManagers` in the proxy."""
+    """What the poller drives: `quotas.engine.QuotaEngine` in the proxy."""
 
     def set_limit_scale(self, kind: QuotaKind, factor: float, /) -> None: ...
 

@@ -11,20 +11,21 @@ limit (``(limit - rate) / limit``: 1 idle, 0 at the limit, below 0 over it).
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from proxy.ops.metrics import SeriesCap
-from proxy.stages.quota import QuotaManagers
 from quotas.clock import Clock
-from quotas.entity import SensorKey
-from quotas.headroom import KIND_LABEL, UsageEntry, UsageReport
+from quotas.engine import QuotaEngine
+from quotas.entity import ClientIdentity, SensorKey
+from quotas.headroom import KIND_LABEL, KIND_UNIT, UsageEntry, UsageReport
 from quotas.manager import QuotaManager
 
 #: The path of the JSON document on the metrics port.
 USAGE_PATH = "/quotas/usage"
+EFFECTIVE_PATH = "/quotas/effective"
 _LABELS = ["kind", "broker", "user", "client_id", "topic"]
 
 
@@ -44,7 +45,7 @@ def _entries(broker: str, manager: QuotaManager, now_ms: int, *, limited_only: b
             limit.scale, limit.shadow, None if limit.entity is None else tuple(limit.entity.to_kafka()))
 
 
-def usage_report(managers: QuotaManagers, clock: Clock, keep_client: Keep | None = None) -> UsageReport:
+def usage_report(managers: QuotaEngine, clock: Clock, keep_client: Keep | None = None) -> UsageReport:
     """Every live client sensor (limited or not; those `keep_client` keeps) and every topic sensor a
     topic entry limits (as `sluice_quota_topic_*`), per broker scope."""
     now_ms = clock.now_ms()
@@ -68,7 +69,7 @@ class HeadroomCollector(Collector):
     has no headroom series (a ratio does not add up over sensors), so client-id churn cannot grow
     this metric past `metrics.max_series_per_metric` either."""
 
-    def __init__(self, managers: QuotaManagers, clock: Clock,
+    def __init__(self, managers: QuotaEngine, clock: Clock,
                  cap: SeriesCap[tuple[str, SensorKey]] | None = None) -> None:
         self._managers = managers
         self._clock = clock
@@ -84,3 +85,22 @@ class HeadroomCollector(Collector):
                 family.add_metric([KIND_LABEL[entry.kind], entry.broker, entry.user, entry.client_id,
                                    entry.topic], ratio)
         yield family
+
+
+def effective_json(engine: QuotaEngine, args: Mapping[str, str]) -> bytes:
+    """The engine's limits in force for one caller (``user``, ``client_id``, optional ``topic``
+    and ``broker``: a broker id, or the bootstrap listener's scope when absent) as JSON: per
+    limit its scope, kind, unit, value in force, the configured (or callback) value, the storage
+    factor, the fleet share, its source and entity."""
+    identity = ClientIdentity.of(args.get("user") or None, args.get("client_id", ""))
+    broker = args.get("broker")
+    broker_id = int(broker) if broker is not None and broker.isdigit() else None
+    limits = engine.effective(broker_id, identity, args.get("topic") or None)
+    return json.dumps({"caller": {"user": identity.principal, "client_id": identity.client_id},
+                       "topic": args.get("topic") or None,
+                       "limits": [{"scope": x.scope, "kind": x.kind.value, "unit": KIND_UNIT[x.kind],
+                                   "limit": x.limit, "configured": x.configured,
+                                   "storage_factor": x.storage_factor, "fleet_share": x.fleet_share,
+                                   "source": x.source, "shadow": x.shadow,
+                                   "entity": None if x.entity is None else x.entity.describe()}
+                                  for x in limits]}).encode()

@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import urllib.parse
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 
@@ -56,6 +57,7 @@ class HealthReport:
 Health = Callable[[], Awaitable[HealthReport]]   # what /healthz answers, asked per request
 Degraded = Callable[[], Sequence[str]]            # a part's problems now (empty: it works)
 Render = Callable[[], Awaitable[bytes]]    # the body of a document
+Query = Callable[[Mapping[str, str]], Awaitable[bytes]]  # the body of a document asked with ?k=v&...
 _MAX_HEADER_LINES = 100
 
 
@@ -64,8 +66,10 @@ class MetricsEndpoint:
     registry (`for_registry`); the workers' supervisor serves its merge of theirs."""
 
     def __init__(self, scrape: Render, health: Health, json_routes: Mapping[str, Render] | None = None, *,
-                 connections: Render | None = None, token: BearerToken | None = None) -> None:
+                 connections: Render | None = None, token: BearerToken | None = None,
+                 query_routes: Mapping[str, Query] | None = None) -> None:
         self._scrape = scrape
+        self._query = dict(query_routes or {})
         self._health = health
         self._json = dict(json_routes or {})
         self._connections = connections
@@ -76,14 +80,16 @@ class MetricsEndpoint:
     @classmethod
     def for_registry(cls, registry: CollectorRegistry, healthy: Callable[[], bool],
                      json_routes: Mapping[str, Render] | None = None, *, connections: Render | None = None,
-                     token: BearerToken | None = None, degraded: Sequence[Degraded] = ()) -> MetricsEndpoint:
+                     token: BearerToken | None = None, degraded: Sequence[Degraded] = (),
+                     query_routes: Mapping[str, Query] | None = None) -> MetricsEndpoint:
         async def scrape() -> bytes:
             return generate_latest(registry)
 
         async def health() -> HealthReport:
             return HealthReport(healthy(), degraded=tuple(why for part in degraded for why in part()))
 
-        return cls(scrape, health, json_routes, connections=connections, token=token)
+        return cls(scrape, health, json_routes, connections=connections, token=token,
+                   query_routes=query_routes)
 
     async def start(self, host: str, port: int) -> None:
         self._server = await asyncio.start_server(self._handle, host, port, reuse_address=True)
@@ -107,12 +113,15 @@ class MetricsEndpoint:
                 if name.strip().lower() == "authorization":
                     authorization = value.strip()
             parts = request_line.decode("latin-1").split()
-            path = parts[1].split("?", 1)[0] if len(parts) >= 2 else ""
+            path, _q, query = (parts[1] if len(parts) >= 2 else "").partition("?")
             extra = ""
             if path == "/metrics":
                 status, ctype, body = "200 OK", CONTENT_TYPE_LATEST, await self._scrape()
             elif (route := self._json.get(path)) is not None:
                 status, ctype, body = "200 OK", "application/json", await route()
+            elif (asked := self._query.get(path)) is not None:
+                args = dict(urllib.parse.parse_qsl(query, keep_blank_values=True))
+                status, ctype, body = "200 OK", "application/json", await asked(args)
             elif path == "/healthz":
                 report = await self._health()
                 status, ctype, body = report.status, "text/plain", report.body

@@ -30,9 +30,10 @@ from proxy.pumps.limits import (
     MAX_IN_FLIGHT,
     ConnectionLimits,
 )
-from proxy.stages.quota import DecisionObserver, QuotaManagers
+from proxy.stages.quota import DecisionObserver
 from quotas.clock import Clock
 from quotas.connection_limits import CONNECTION_CREATION_RATE, MAX_CONNECTIONS, MAX_CONNECTIONS_PER_IP
+from quotas.engine import QuotaEngine
 from quotas.entity import QuotaKind, SensorKey
 from quotas.headroom import KIND_LABEL
 from quotas.manager import QuotaManager, SensorSnapshot, ThrottleDecision
@@ -108,7 +109,7 @@ class QuotaSensorCollector(Collector):
     `max_series_per_metric` are folded (`SeriesCap`).
     """
 
-    def __init__(self, managers: QuotaManagers, clock: Clock,
+    def __init__(self, managers: QuotaEngine, clock: Clock,
                  max_series_per_metric: int = DEFAULT_MAX_SERIES_PER_METRIC) -> None:
         self._managers = managers
         self._clock = clock

@@ -2,7 +2,7 @@
 
 `ClientConnection` and `UpstreamConnection` (`proxy.pumps.upstream`) are asyncio Protocols (a
 Protocol-based forwarder moves about twice the bytes of a streams-based one on this kind of
-machine). They only move frames: framing is `protocol.FrameSplitter`, order is `InFlightRequests`,
+machine). They only move frames: framing is `protocol.fastpath`'s, order is `InFlightRequests`,
 the throttle delay is `ThrottleTimer`, large Fetch responses are `FetchStream`, raw SASL tokens are
 `SaslMode`, what it writes to the client goes through `ClientOutput`, responses go back in request
 order through `ResponseOrder` (`proxy.pumps.responses`), and every decision about a request or
@@ -16,6 +16,10 @@ Reading from the broker stops while the client's write buffer is over
 (`proxy.pumps.limits.ClientBuffer`). The handshake deadline and the idle timeout are the
 `ConnectionWatchdog`'s; admission (connection counts and rates) happened before this object existed
 (`proxy.pumps.limits.AdmissionGate`).
+
+The per-frame byte work (framing, the request header, Produce acks; on the response side the
+correlation id and the throttle patch) is `protocol.fastpath`: the compiled twin of the readable
+pure-Python functions when it was built, the pure ones under SLUICE_PURE_PYTHON=1.
 
 A malformed frame or a broken upstream closes this connection, with the reason logged, and
 nothing else. The principal (`ctx.principal`) is set at the start from the TLS certificate or
@@ -32,9 +36,8 @@ from typing import Any, cast
 
 from protocol.apis import ApiKey
 from protocol.errors import ProtocolError
-from protocol.framing import FrameSplitter
-from protocol.headers import RequestHeader, read_request_header
-from protocol.produce import read_produce_acks
+from protocol.fastpath import FrameSplitter, read_produce_acks, read_request_header
+from protocol.headers import RequestHeader
 from protocol.sasl import SASL_API_KEYS
 from proxy.flow.connection_stats import ConnectionStats
 from proxy.flow.inflight import InFlight, InFlightRequests

@@ -50,7 +50,7 @@ REFRESH_INTERVAL_S = 0.1
 
 @dataclass(frozen=True, slots=True)
 class LimitSettings:
-    """The per-connection limits (`limits:` in the configuration, README: Limits)."""
+    """The per-connection limits (`limits:` in the configuration, docs/operating.md: Limits)."""
 
     handshake_timeout_ms: int = 10_000
     idle_timeout_ms: int = 600_000

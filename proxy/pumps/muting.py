@@ -79,6 +79,16 @@ class ChannelMute:
         self._pending_responses += 1
         self.deadline_ms = max(self.deadline_ms, deadline_ms)
 
+    def delay_until(self, deadline_ms: int) -> None:
+        """KIP-219 for Produce: the delay of a throttle whose response is still to be sent runs until
+        `deadline_ms` (counted from the response, not the request). If the delay counted from the
+        request had already ended, the channel is throttled again; no response is added."""
+        if self._pending_responses == 0:
+            raise IllegalMuteTransition(f"a delay with no throttled response pending in {self.state}")
+        self.deadline_ms = max(self.deadline_ms, deadline_ms)
+        if self.state is S.MUTED_AND_RESPONSE_PENDING:
+            self.state = S.MUTED_AND_THROTTLED_AND_RESPONSE_PENDING
+
     def response_sent(self) -> None:
         """The throttled response was handed to the client's transport (or there is none)."""
         if self._pending_responses == 0:

@@ -16,8 +16,8 @@ from collections.abc import Callable
 
 from protocol.apis import api_name
 from protocol.errors import ProtocolError
+from protocol.fastpath import read_response_correlation_id
 from protocol.framing import FrameSplitter
-from protocol.headers import read_response_correlation_id
 from protocol.sasl import SASL_API_KEYS
 from proxy.flow.inflight import CorrelationMismatch, InFlight, InFlightRequests
 from proxy.flow.pipeline import ConnectionContext, Pipeline, ResponseOutcome
@@ -68,6 +68,8 @@ class ResponseOrder:
         if outcome.throttle_time_ms > 0:
             self._start_throttle(now_ms, outcome.throttle_time_ms)
             entry.mutes_channel = True
+        if entry.delay_from_response_ms > 0 and entry.mutes_channel:
+            self._throttle.extend(now_ms, entry.delay_from_response_ms)
         return outcome
 
     def answer_later(self, entry: InFlight, pending: asyncio.Future[bytes]) -> None:

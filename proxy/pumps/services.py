@@ -143,7 +143,7 @@ class ConnectionServices:
     limits: ConnectionLimits = None  # type: ignore[assignment]  # set in __post_init__ when not given
 
     def __post_init__(self) -> None:
-        if self.limits is None:  # Kafka-like defaults (README: Limits)
+        if self.limits is None:  # Kafka-like defaults (docs/operating.md: Limits)
             self.limits = ConnectionLimits(LimitSettings(), ConnectionLimiter(10_000, 1_000),
                                            BufferBudget(256 * 1024 * 1024), self.clock, self.call_later)
 

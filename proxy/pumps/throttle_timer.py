@@ -48,6 +48,14 @@ class ThrottleTimer:
             self.cancel()
             self._arm(now_ms)
 
+    def extend(self, now_ms: int, throttle_time_ms: int) -> None:
+        """The running throttle's delay lasts at least until `now_ms` + `throttle_time_ms` (KIP-219:
+        a Produce's delay starts when its response goes out); no new response is pending."""
+        self.mute.delay_until(now_ms + throttle_time_ms)
+        if self.mute.deadline_ms != self._deadline_ms:
+            self.cancel()
+            self._arm(now_ms)
+
     def response_sent(self) -> None:
         """A throttled response went to the client (or, for acks=0, there is none)."""
         self.mute.response_sent()

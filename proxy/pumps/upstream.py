@@ -11,7 +11,8 @@ import asyncio
 from typing import Protocol, cast
 
 from protocol.errors import ProtocolError
-from protocol.framing import FrameSplitter, size_prefix
+from protocol.fastpath import FrameSplitter
+from protocol.framing import size_prefix
 from proxy.pumps.fetch_stream import STREAM_HEAD_BYTES, FetchStream
 
 

@@ -26,12 +26,10 @@ import importlib
 import logging
 from collections import OrderedDict
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
-from typing import Any, Literal
+from dataclasses import dataclass
+from typing import Any
 
-import pydantic
 from kio.schema.errors import ErrorCode
-from pydantic import BaseModel, ConfigDict, Field
 
 from protocol.apis import ApiKey
 from protocol.encode import decode_response_body
@@ -40,64 +38,38 @@ from proxy.flow.inflight import InFlight
 from proxy.flow.pipeline import ConnectionContext, ResponseOutcome, StageBase
 from quotas.callback import DefaultQuotaCallback, QuotaCallback
 from quotas.cluster import ClusterView
-from quotas.config import QuotaConfig, _pydantic_problems
 from quotas.errors import QuotaConfigError
+from quotas.plugins import CallbackFactory as CallbackFactory
+from quotas.plugins import Plugins
+from quotas.section import DEFAULT_CALLBACK as DEFAULT_CALLBACK
+from quotas.section import QuotasSection
 
 log = logging.getLogger("sluice.quotas")
 
-DEFAULT_CALLBACK = "quotas.callback:DefaultQuotaCallback"
-PLUGIN_KEYS = ("callback", "scope", "cluster_entries")
-
-CallbackFactory = Callable[[int | None], QuotaCallback]
 
 
 
-class _CallbackModel(BaseModel):
-    model_config = ConfigDict(extra="forbid", strict=True, frozen=True, populate_by_name=True)
-
-    class_: str = Field(default=DEFAULT_CALLBACK, alias="class", pattern=r"^[\w.]+:[\w.]+$")
-    config: dict[str, Any] = {}
-
-
-class _PluginsModel(BaseModel):
-    model_config = ConfigDict(extra="ignore", strict=True, frozen=True)
-
-    scope: Literal["broker", "cluster"] = "broker"
-    callback: _CallbackModel = _CallbackModel()
-    cluster_entries: list[Any] = []
 
 
 @dataclass(frozen=True)
-class QuotaPlugins:
-    """The ``scope`` and ``callback`` of the ``quotas`` section, validated (class imported and
-    instantiated once)."""
-
-    scope: Literal["broker", "cluster"] = "broker"
-    class_path: str = DEFAULT_CALLBACK
-    config: Mapping[str, Any] = field(default_factory=dict)
-    factory: CallbackFactory | None = None  # None: Kafka's DefaultQuotaCallback, the fast path
-    cluster_entries: QuotaConfig | None = None  # the draft's `bps`: one budget across all brokers
-
-    @property
-    def is_default(self) -> bool:
-        return self.factory is None
-
-    def same_callback(self, other: QuotaPlugins) -> bool:
-        return self.class_path == other.class_path and dict(self.config) == dict(other.config)
+class QuotaPlugins(Plugins):
+    """`quotas.plugins.Plugins` with its loader: the callback class imported and instantiated
+    once, at start and at each reload (`load`)."""
 
     @classmethod
     def from_dict(cls, quotas: Mapping[str, Any], path: str = "quotas") -> QuotaPlugins:
-        try:
-            model = _PluginsModel.model_validate(dict(quotas))
-        except pydantic.ValidationError as exc:
-            problems = [(k, r) for k, r in _pydantic_problems(exc, path)
-                        if k.startswith((f"{path}.scope", f"{path}.callback"))]
-            raise QuotaConfigError.of(problems or _pydantic_problems(exc, path)) from None
-        spec = model.callback
-        cluster_entries = _cluster_entries(quotas, path) if model.cluster_entries else None
-        if spec.class_ == DEFAULT_CALLBACK and not spec.config:
-            return cls(model.scope, spec.class_, {}, None, cluster_entries)
-        klass = load_class(spec.class_, f"{path}.callback.class")
+        """Parse the section and load its callback (`QuotasSection.parse`, then `load`)."""
+        return cls.load(QuotasSection.parse(dict(quotas), path), path)
+
+    @classmethod
+    def load(cls, section: QuotasSection, path: str = "quotas") -> QuotaPlugins:
+        """Import the section's callback class and check it by building one instance: at start and
+        at each reload, never when a configuration is only validated."""
+        spec = section.callback
+        cluster_entries = section.cluster_entries
+        if spec.is_default:
+            return cls(section.scope, spec.class_path, {}, None, cluster_entries)
+        klass = load_class(spec.class_path, f"{path}.callback.class")
         config = dict(spec.config)
 
         def factory(broker_id: int | None) -> QuotaCallback:
@@ -109,28 +81,15 @@ class QuotaPlugins:
         except QuotaConfigError:
             raise
         except TypeError as exc:
-            raise QuotaConfigError(f"{path}.callback.config", f"{spec.class_} rejects it: {exc}") from None
+            raise QuotaConfigError(f"{path}.callback.config",
+                                   f"{spec.class_path} rejects it: {exc}") from None
         if not isinstance(probe, QuotaCallback):
             raise QuotaConfigError(f"{path}.callback.class",
-                                   f"{spec.class_} is not a QuotaCallback (see quotas.callback)")
+                                   f"{spec.class_path} is not a QuotaCallback (see quotas.callback)")
         probe.close()
         if isinstance(probe, DefaultQuotaCallback):
-            return cls(model.scope, spec.class_, config, None, cluster_entries)
-        return cls(model.scope, spec.class_, config, factory, cluster_entries)
-
-
-def _cluster_entries(quotas: Mapping[str, Any], path: str) -> QuotaConfig:
-    """``cluster_entries``: entries in the draft's `bps` unit (one budget per entity across every
-    broker behind this Sluice), enforced beside ``entries`` (`broker_bps`, Kafka's per broker);
-    whichever limit is hit first throttles. Same shape as ``entries``; the same window."""
-    data: dict[str, Any] = {"entries": quotas["cluster_entries"]}
-    if "window" in quotas:
-        data["window"] = quotas["window"]
-    try:
-        return QuotaConfig.from_dict(data, path=path)
-    except QuotaConfigError as exc:
-        raise QuotaConfigError.of([(key.replace(f"{path}.entries", f"{path}.cluster_entries", 1), reason)
-                                   for key, reason in exc.problems]) from None
+            return cls(section.scope, spec.class_path, config, None, cluster_entries)
+        return cls(section.scope, spec.class_path, config, factory, cluster_entries)
 
 
 def load_class(class_path: str, where: str) -> Any:

@@ -18,9 +18,10 @@ import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from protocol import records
+from protocol import fastpath, records
 from protocol.errors import ProtocolError
 from protocol.headers import RequestHeader
+from protocol.share import share_fetch_response_partitions
 
 log = logging.getLogger("sluice.quotas")
 
@@ -120,9 +121,19 @@ def produce_usage(payload: bytes, header: RequestHeader, names: TopicNames) -> T
 def fetch_usage(payload: bytes, api_version: int, names: TopicNames) -> TopicUsage | None:
     """Per-topic usage of a whole Fetch response; None when its layout cannot be read."""
     try:
-        _error, parts = records.fetch_response_partitions(payload, api_version)
+        _error, parts = fastpath.fetch_response_partitions(payload, api_version)
     except (ProtocolError, ValueError) as exc:
         log.warning("fetch v%d: topics and records not read, not charged to topic or records quotas: %s",
                     api_version, exc)
         return None
     return _usage(parts, names)
+
+
+def share_fetch_usage(payload: bytes, api_version: int, names: TopicNames) -> TopicUsage | None:
+    """Per-topic usage of a ShareFetch response (topic ids only); None when its layout cannot be read."""
+    try:
+        return _usage(share_fetch_response_partitions(payload, api_version), names)
+    except (ProtocolError, ValueError) as exc:
+        log.warning("share fetch v%d: topics and records not read, not charged to topic or records "
+                    "quotas: %s", api_version, exc)
+        return None

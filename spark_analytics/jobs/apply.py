@@ -23,7 +23,16 @@ from typing import TextIO
 
 from spark_analytics.jobs import common
 from spark_analytics.kafka_quota_client import AlterResult, QuotaAdminError
-from spark_analytics.plan import Change, PlanError, Skipped, diff, format_changes, operations, read_plan
+from spark_analytics.plan import (
+    Change,
+    PlanError,
+    Skipped,
+    diff,
+    format_changes,
+    operations,
+    read_plan,
+    read_simulation,
+)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -34,7 +43,13 @@ def build_parser() -> argparse.ArgumentParser:
     mode.add_argument("--apply", action="store_true", help="write the changes (default: dry run)")
     mode.add_argument("--validate-only", action="store_true",
                       help="send the changes with validate_only: checked by the server, not written")
-    p.add_argument("--force", action="store_true", help="apply even where the quota changed since the plan")
+    p.add_argument("--force", action="store_true",
+                   help="apply even where the quota changed since the plan, or the simulation throttles "
+                        "more than --max-throttled-share")
+    p.add_argument("--max-throttled-share", type=float, default=0.5, metavar="SHARE",
+                   help="refuse a plan whose simulation (recommend --verify, or simulate's simulation.json "
+                        "beside the plan) throttles any entity in more than this share of its active "
+                        "seconds (default 0.5)")
     common.add_admin_args(p, required=True)
     return p
 
@@ -51,9 +66,33 @@ class ApplyOutcome:
         return [r for r in self.results if not r.ok]
 
 
+class TooThrottledError(ValueError):
+    """The plan's simulation throttles some entity too much (and --force was not given)."""
+
+
+def check_simulation(args: argparse.Namespace) -> None:
+    """Refuse a plan whose simulation throttles an entity in more than --max-throttled-share of
+    its active seconds, naming each and why; --force goes ahead."""
+    from spark_analytics.simulate import too_throttled
+
+    if not 0 <= args.max_throttled_share <= 1:
+        raise common.UsageError(f"--max-throttled-share must be in [0, 1], got {args.max_throttled_share}")
+    sim = read_simulation(args.plan)
+    if sim is None or args.force:
+        return
+    over = too_throttled(sim, args.max_throttled_share)
+    if over:
+        raise TooThrottledError(
+            "the plan's simulation throttles "
+            + ("this entity" if len(over) == 1 else f"{len(over)} entities")
+            + " too often:\n  " + "\n  ".join(over)
+            + "\nraise those quotas, pass a larger --max-throttled-share, or --force")
+
+
 def run(args: argparse.Namespace, out: TextIO | None = None) -> ApplyOutcome:
     out = out if out is not None else sys.stdout
     plan = read_plan(args.plan)
+    check_simulation(args)
     mode = "apply" if args.apply else "validate-only" if args.validate_only else "dry-run"
     with common.quota_client(args) as client:
         changes, skipped = diff(plan, client.describe(), force=args.force)
@@ -76,7 +115,7 @@ def main(argv: list[str] | None = None) -> int:
         outcome = run(args)
     except common.UsageError as exc:
         parser.error(str(exc))
-    except (PlanError, QuotaAdminError) as exc:
+    except (PlanError, QuotaAdminError, TooThrottledError) as exc:
         print(f"apply: {exc}", file=sys.stderr)
         return 1
     return 1 if outcome.failed else 0

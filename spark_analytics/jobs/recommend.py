@@ -42,7 +42,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--topics", action="store_true",
                    help="recommend per-topic quotas (entities topic=NAME, from each request's per-topic "
                         "bytes in the access log) instead of per-client ones")
+    p.add_argument("--verify", action="store_true",
+                   help="replay the logs through the plan (as `simulate` does, against the current quotas) "
+                        "and attach the simulation to plan.json; `apply` then refuses a plan that "
+                        "throttles an entity too often")
     common.add_policy_args(p)
+    from spark_analytics.jobs.simulate import add_model_args
+
+    add_model_args(p)
     common.add_admin_args(p, required=False)
     common.add_session_args(p)
     return p
@@ -90,7 +97,19 @@ def run(spark: SparkSession, args: argparse.Namespace, progress: Progress,
     path = write_plan(args.out, entries, policy=policy.to_dict(), inputs=inputs)
     if not args.no_plots and entries:
         plots.plot_plan(entries, args.out / "plan.png", percentile_label=policy.percentile_label)
+    if getattr(args, "verify", False):
+        verify(spark, args, path, progress)
     return path
+
+
+def verify(spark: SparkSession, args: argparse.Namespace, path: Path, progress: Progress) -> None:
+    """`--verify`: simulate the plan just written against its current values, attach the result."""
+    from spark_analytics.jobs import simulate
+
+    sim_args = argparse.Namespace(**vars(args))
+    sim_args.plan, sim_args.baseline, sim_args.out = path, "current", args.out
+    doc = simulate.run(spark, sim_args, progress)
+    simulate.attach(path, doc)
 
 
 def summary(path: Path) -> str:
@@ -113,6 +132,10 @@ def main(argv: list[str] | None = None) -> int:
     try:
         common.check_input_args(args)
         common.policy_from_args(args)  # fail on a bad policy before starting Spark
+        if args.verify:
+            from spark_analytics.jobs.simulate import model_of
+
+            model_of(args)
         spark = build_session("sluice-recommend", args.master, kafka=bool(args.kafka_bootstrap),
                               conf=common.spark_conf(args))
         with Progress(spark, "recommend", enabled=not args.no_progress) as progress:

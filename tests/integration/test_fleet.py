@@ -97,7 +97,7 @@ def test_a_java_consumer_group_through_three_instances_holds_one_fetch_budget(
     # both spans hold several whole periods, so one period's burst moves a rate by a few per cent
     assert min(span_s, baseline_span_s) >= 3 * PERIOD_S, (span_s, baseline_span_s)
     # three instances without a fleet would give about 3 x the baseline. Below it: shares follow each
-    # consumer's demand an exchange round or two late (README, "Running a fleet"), and on a loaded
+    # consumer's demand an exchange round or two late (docs/fleet.md), and on a loaded
     # machine three JVMs stall and resume out of step, so the group runs under the quota (0.740 x
     # once, beside a busy core); a fleet that counted each byte twice would hold it near 0.5 x
     assert 0.65 * baseline <= total <= 1.35 * baseline, f"{total / baseline:.3f} x the one-instance baseline"

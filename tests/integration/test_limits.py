@@ -1,4 +1,4 @@
-"""Bounded resources against real Kafka, through one real Sluice process (README: Limits).
+"""Bounded resources against real Kafka, through one real Sluice process (docs/operating.md, Limits).
 
 Each offender connects from its own loopback address (127.0.0.2, .3, ...: every 127/8 address is
 local on Linux), so the per-IP limits of one do not touch another, and a real client

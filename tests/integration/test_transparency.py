@@ -14,6 +14,7 @@ import time
 
 import pytest
 
+from protocol import fastpath
 from tests.conftest import create_topic, unique_name
 from tests.harness import clients
 from tests.harness.kafka import KafkaCluster
@@ -181,6 +182,8 @@ def test_kcat_produce_consume(sluice: SluiceProcess, topic: str) -> None:
     sent = clients.values(N, "kcat")
     clients.kcat_produce(sluice.bootstrap, topic, sent)
     assert clients.kcat_consume(sluice.bootstrap, topic, N) == sent
+    # ...through the data plane this run selects: the compiled one, or the pure one under SLUICE_PURE_PYTHON=1
+    assert f"data plane: {fastpath.describe()}" in sluice.log()
 
 
 def test_kafka_python_produce_consume_in_a_group(sluice: SluiceProcess, topic: str) -> None:

@@ -85,6 +85,22 @@ def test_recommend_on_a_standalone_cluster_equals_local(kafka: KafkaCluster, tmp
             _, stderr = submit.communicate(timeout=600)
             assert submit.returncode == 0, f"{name}: {stderr[-3000:]}"
 
+        # the simulation of that plan runs unchanged on the cluster too: its replay is Python in the
+        # executors (applyInArrow), which import Sluice's packages from the workers' virtualenv
+        simulate = repo_root / "spark_analytics" / "jobs" / "simulate.py"
+        sim_args = ["--logs", str(logs), "--plan", str(tmp_path / "cluster" / "plan.json"), "--no-plots",
+                    "--no-progress"]
+        submits["simulate-cluster"] = spark_submit(
+            simulate, cluster.master_url, [*sim_args, "--out", str(tmp_path / "sim-cluster")],
+            cwd=tmp_path / "submit-sim-cluster",
+            conf={"spark.executor.memory": "512m", "spark.executor.cores": "1", "spark.cores.max": "2"})
+        submits["simulate-local"] = spark_submit(simulate, "local[*]",
+                                                 [*sim_args, "--out", str(tmp_path / "sim-local")],
+                                                 cwd=tmp_path / "submit-sim-local")
+        for name in ("simulate-cluster", "simulate-local"):
+            _, stderr = submits[name].communicate(timeout=600)
+            assert submits[name].returncode == 0, f"{name}: {stderr[-3000:]}"
+
         # the job ran on the cluster: the master gave it an executor on each worker
         master_log = cluster.log("master")
         assert re.search(r"Registered app \S+ with ID app-", master_log), master_log[-3000:]
@@ -108,6 +124,12 @@ def test_recommend_on_a_standalone_cluster_equals_local(kafka: KafkaCluster, tmp
                 assert got[key] == pytest.approx(value, rel=1e-12), (key, got, want)
             else:
                 assert got[key] == value, (key, got, want)
+    # the same simulation from the cluster as from local[*], for both keys of the fleet's client
+    sim_cluster = json.loads((tmp_path / "sim-cluster" / "simulation.json").read_text())["entities"]
+    sim_local = json.loads((tmp_path / "sim-local" / "simulation.json").read_text())["entities"]
+    assert [(e["entity"], e["quota_key"]) for e in sim_cluster] == [
+        (f"client-id={CLIENT_ID}", "consumer_byte_rate"), (f"client-id={CLIENT_ID}", "producer_byte_rate")]
+    assert sim_cluster == sim_local
     # one dataset: every instance's bytes are in the fleet's total
     produce = from_cluster[1]
     assert produce["total_bytes"] == sum(per_instance.values())

@@ -192,3 +192,17 @@ def test_cap_share_fetch_equals_kio(version: int, data: st.DataObject) -> None:
     expected = dataclasses.replace(body, max_bytes=min(body.max_bytes, 1000),
                                    min_bytes=min(body.min_bytes, 1000))
     assert capped == encode_request(RequestHeader(ApiKey.SHARE_FETCH, version, 1, "c", 2, 0), expected)
+
+
+def test_share_fetch_response_partitions_give_records_and_bytes_per_partition() -> None:
+    from protocol.share import share_fetch_response_partitions
+    from tests.unit.protocol.test_records import kio_batch
+
+    batch = kio_batch(5)
+    parts = share_fetch_response_partitions(share_fetch_v1(_endpoint(2, b"b2", 9092, None), 1, batch), 1)
+    assert [(p.topic, p.topic_id, p.partition, p.records, p.bytes, p.error_code) for p in parts] == [
+        (None, TOPIC_ID, 0, 0, 0, 6), (None, TOPIC_ID, 1, 5, len(batch), 0)]
+    with pytest.raises(DecodeError):
+        share_fetch_response_partitions(share_fetch_v1(b"", 0, batch)[:-20], 1)
+    with pytest.raises(UnsupportedVersion):
+        share_fetch_response_partitions(share_fetch_v1(b"", 0, batch), 9)

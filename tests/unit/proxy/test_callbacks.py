@@ -13,9 +13,9 @@ from kio.schema.metadata.v12 import response as m12
 
 from proxy.config import ConfigError, ProxyConfig
 from proxy.stages.callbacks import DEFAULT_CALLBACK, ClusterMetadataFeed, QuotaPlugins
-from proxy.stages.quota import QuotaManagers
 from quotas import ClientIdentity, ClusterView, DefaultQuotaCallback, FakeClock, QuotaKind, SensorKey
 from quotas.builtin import GroupQuotaCallback, PartitionProportionalCallback
+from quotas.engine import QuotaEngine
 from tests.unit.protocol.kio_support import response_payload
 
 P = QuotaKind.PRODUCE
@@ -30,7 +30,7 @@ def proxy_config(quotas: dict[str, Any]) -> ProxyConfig:
 def test_default_is_kafka_precedence_per_broker_on_the_fast_path() -> None:
     plugins = proxy_config({"entries": [{"user": "alice", "producer_byte_rate": 10}]}).quota_plugins()
     assert plugins == QuotaPlugins() and plugins.is_default and plugins.class_path == DEFAULT_CALLBACK
-    managers = QuotaManagers(proxy_config({}).quota_config(), FakeClock())
+    managers = QuotaEngine(proxy_config({}).quota_config(), FakeClock())
     assert managers.for_broker(1) is not managers.for_broker(2)
     assert isinstance(managers.for_broker(1).callback, DefaultQuotaCallback)
 
@@ -39,7 +39,7 @@ def test_callback_by_class_path_with_config() -> None:
     config = proxy_config({"callback": GROUPS, "entries": [{"user": "carol", "producer_byte_rate": 10}]})
     assert len(config.quota_config()) == 1  # callback and scope are not quota entries
     plugins = config.quota_plugins()
-    managers = QuotaManagers(config.quota_config(), FakeClock(), plugins)
+    managers = QuotaEngine(config.quota_config(), FakeClock(), plugins)
     callback = managers.for_broker(1).callback
     assert isinstance(callback, GroupQuotaCallback) and callback.broker_id == 1
     assert managers.active_kinds == {P}  # the group's kinds and the entries'
@@ -75,7 +75,7 @@ def test_bad_scope_is_rejected() -> None:
 
 def test_cluster_scope_is_one_manager_for_every_broker() -> None:
     config = proxy_config({"scope": "cluster", "entries": [{"user": "alice", "producer_byte_rate": 1000}]})
-    managers = QuotaManagers(config.quota_config(), FakeClock(), config.quota_plugins())
+    managers = QuotaEngine(config.quota_config(), FakeClock(), config.quota_plugins())
     one = managers.for_broker(1)
     assert managers.for_broker(2) is one and managers.for_broker(None) is one
     alice = ClientIdentity("alice", "x")
@@ -84,12 +84,12 @@ def test_cluster_scope_is_one_manager_for_every_broker() -> None:
     managers.for_broker(1).record_and_check(P, alice, 4000)
     assert managers.for_broker(2).record_and_check(P, alice, 4000).observed == 800.0
     assert managers.for_broker(3).record_and_check(P, alice, 4000).throttle_time_ms == 2000
-    assert [b for b, _ in managers.items()] == [None]
+    assert [b for b, _ in managers.labelled()] == ["all"]
 
 
 def test_swap_on_reload_reaches_every_manager_and_scope_is_fixed() -> None:
     config = proxy_config({"entries": [{"user": "carol", "producer_byte_rate": 10}]})
-    managers = QuotaManagers(config.quota_config(), FakeClock(), config.quota_plugins())
+    managers = QuotaEngine(config.quota_config(), FakeClock(), config.quota_plugins())
     m1, m2 = managers.for_broker(1), managers.for_broker(2)
     managers.set_plugins(proxy_config({"callback": GROUPS}).quota_plugins())
     assert isinstance(m1.callback, GroupQuotaCallback) and isinstance(m2.callback, GroupQuotaCallback)
@@ -150,7 +150,7 @@ def test_managers_pass_metadata_to_callbacks_that_want_it() -> None:
     config = proxy_config({
         "entries": [{"client_id": "<default>", "producer_byte_rate": 3000}],
         "callback": {"class": "quotas.builtin:PartitionProportionalCallback"}})
-    managers = QuotaManagers(config.quota_config(), FakeClock(), config.quota_plugins())
+    managers = QuotaEngine(config.quota_config(), FakeClock(), config.quota_plugins())
     assert managers.wants_cluster_metadata
     m1 = managers.for_broker(1)
     assert isinstance(m1.callback, PartitionProportionalCallback)
@@ -162,9 +162,9 @@ def test_managers_pass_metadata_to_callbacks_that_want_it() -> None:
     assert managers.for_broker(2).record_and_check(P, who, 1).bound == 1000.0  # 3000 x 1/3
 
 
-def test_readme_example_is_a_valid_configuration() -> None:
-    readme = (Path(__file__).parents[3] / "README.md").read_text()
-    section = readme.split("## Pluggable quota logic", 1)[1]
+def test_the_docs_example_is_a_valid_configuration() -> None:
+    docs = (Path(__file__).parents[3] / "docs" / "quotas.md").read_text()
+    section = docs.split("## Pluggable quota logic", 1)[1]
     example = section.split("```yaml\n", 1)[1].split("```", 1)[0]
     config = proxy_config(yaml.safe_load(example)["quotas"])
     plugins = config.quota_plugins()
@@ -177,7 +177,7 @@ def test_cluster_entries_add_one_budget_across_brokers_beside_the_per_broker_one
         "entries": [{"user": "alice", "producer_byte_rate": 1000}],            # broker_bps
         "cluster_entries": [{"user": "alice", "producer_byte_rate": 1500}]})   # bps
     assert len(config.quota_config()) == 1
-    managers = QuotaManagers(config.quota_config(), FakeClock(), config.quota_plugins())
+    managers = QuotaEngine(config.quota_config(), FakeClock(), config.quota_plugins())
     assert managers.cluster_wide is not None and managers.active_kinds == {P}
     alice = ClientIdentity("alice", "x")
     (b1, _), (cw, _) = managers.for_request(1)

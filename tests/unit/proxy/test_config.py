@@ -28,6 +28,15 @@ def test_file_then_env_then_flags(tmp_path: Path) -> None:
     assert config.listen.port == 3000                    # flags beat env
 
 
+def test_the_data_plane_switch_is_not_a_config_key(tmp_path: Path) -> None:
+    """SLUICE_PURE_PYTHON picks the data plane (protocol.fastpath); the config must not read it as
+    an unknown key `pure_python` and refuse to start."""
+    path = tmp_path / "s.yaml"
+    path.write_text("upstream:\n  bootstrap: b:1\n")
+    config = load_config(path, environ={"SLUICE_PURE_PYTHON": "1", "SLUICE_METRICS__PORT": "2"})
+    assert config.metrics.port == 2
+
+
 @pytest.mark.parametrize(("text", "key", "why"), [
     ("upstream: {bootstrap: []}", "upstream.bootstrap", "at least 1"),
     ("upstream: {bootstrap: 'a:1'}\nmax_frame_bytes: 10", "max_frame_bytes", "greater than or equal"),

@@ -119,9 +119,9 @@ def test_a_key_that_does_not_match_the_certificate_fails_at_start(tmp_path: Path
     assert "listen_tls: cannot load the certificate, key or CA" in str(err.value)
 
 
-def test_the_readme_example_is_a_valid_configuration(tmp_path: Path, ca: TestCA, repo_root: Path) -> None:
-    readme = (repo_root / "README.md").read_text()
-    example = readme.split("## Principals", 1)[1].split("```yaml\n", 1)[1].split("```", 1)[0]
+def test_the_docs_example_is_a_valid_configuration(tmp_path: Path, ca: TestCA, repo_root: Path) -> None:
+    docs = (repo_root / "docs" / "security.md").read_text()
+    example = docs.split("## Principals", 1)[1].split("```yaml\n", 1)[1].split("```", 1)[0]
     server = ca.issue("sluice", "localhost", server=True)
     for placeholder, real in [("/etc/sluice/server.pem", server.cert), ("/etc/sluice/server.key", server.key),
                               ("/etc/sluice/clients-ca.pem", ca.cert_path),

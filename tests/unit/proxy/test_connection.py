@@ -146,6 +146,9 @@ class Scripted(StageBase):
                    payload: bytes) -> RequestOutcome | None:
         if header.client_id and header.client_id.startswith("throttle-"):
             return Forward(None, int(header.client_id.split("-")[1]))
+        if header.client_id and header.client_id.startswith("from-response-"):  # as QuotaStage for Produce
+            entry.delay_from_response_ms = int(header.client_id.split("-")[2])
+            return Forward(None, entry.delay_from_response_ms)
         if header.client_id == "later":
             future: asyncio.Future[bytes] = asyncio.get_running_loop().create_future()
             self.later[header.correlation_id] = future
@@ -245,6 +248,21 @@ async def test_throttle_mutes_until_the_response_is_sent_and_the_delay_has_passe
     r.broker(response(1))
     assert not r.transport.paused
     assert r.upstream.written[-1] == metadata_request(2)  # the buffered request went on
+
+
+async def test_a_delay_from_the_response_mutes_at_once_and_ends_that_long_after_the_response() -> None:
+    """KIP-219 for Produce: a slow response (latency 300 ms) and a 100 ms delay keep the channel
+    muted 300 + 100 ms, not max(300, 100) as a delay counted from the request would."""
+    r = await rig()
+    r.send(metadata_request(1, "from-response-100"), metadata_request(2))
+    assert r.transport.paused and len(r.upstream.written) == 1  # muted at once: 2 waits
+    r.timers.advance(300)  # the broker is slow: the delay has not started yet
+    r.broker(response(1))
+    assert r.transport.paused and len(r.upstream.written) == 1
+    r.timers.advance(99)
+    assert r.transport.paused
+    r.timers.advance(1)  # 100 ms after the response went out
+    assert not r.transport.paused and r.upstream.written[-1] == metadata_request(2)
 
 
 async def test_a_muted_channel_reads_until_the_client_sends_so_a_close_is_noticed_at_once() -> None:

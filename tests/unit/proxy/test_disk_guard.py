@@ -147,9 +147,9 @@ def test_valid_storage_config_loads(tmp_path: Path) -> None:
     assert (limits.soft.value, limits.hard.value) == (0.05, 1e9)
 
 
-def test_the_readme_example_is_a_valid_configuration(tmp_path: Path) -> None:
-    readme = (Path(__file__).parents[3] / "README.md").read_text()
-    example = readme.split("## Storage-driven throttling", 1)[1].split("```yaml\n", 1)[1].split("```", 1)[0]
+def test_the_docs_example_is_a_valid_configuration(tmp_path: Path) -> None:
+    docs = (Path(__file__).parents[3] / "docs" / "quotas.md").read_text()
+    example = docs.split("## Storage-driven throttling", 1)[1].split("```yaml\n", 1)[1].split("```", 1)[0]
     path = tmp_path / "readme.yaml"
     path.write_text(example)
     config = load_config(path, environ={})
@@ -259,11 +259,11 @@ async def test_changes_are_logged_steady_polls_are_not(
 
 
 async def test_applies_to_all_gives_clients_without_a_quota_the_scaled_base_rate(tmp_path: Path) -> None:
-    from proxy.stages.quota import QuotaManagers
     from quotas import ClientIdentity, FakeClock, QuotaConfig, QuotaEntity, QuotaEntry
+    from quotas.engine import QuotaEngine
 
     free = shutil.disk_usage(tmp_path).free
-    quotas = QuotaManagers(QuotaConfig((QuotaEntry(QuotaEntity(user="alice"), {QuotaKind.PRODUCE: 1000.0}),)),
+    quotas = QuotaEngine(QuotaConfig((QuotaEntry(QuotaEntity(user="alice"), {QuotaKind.PRODUCE: 1000.0}),)),
                            FakeClock(0))
     broker = quotas.for_broker(1)
     alice, bob = ClientIdentity("alice", "a"), ClientIdentity("bob", "b")

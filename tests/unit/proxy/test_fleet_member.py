@@ -9,9 +9,9 @@ import pytest
 
 from proxy.fleet.member import FleetClaims, FleetCollector, FleetMember
 from proxy.flow.pipeline import ConnectionContext
-from proxy.stages.quota import QuotaManagers
 from quotas.clock import FakeClock, SystemClock
 from quotas.config import QuotaConfig
+from quotas.engine import QuotaEngine
 from quotas.entity import ClientIdentity, QuotaKind, SensorKey
 from quotas.fleet import FleetView, GroupUsage, ShareDecision, UsageReport, decode_report, encode_report
 from quotas.manager import ThrottleDecision
@@ -44,9 +44,9 @@ class FakeExchange:
     def close(self) -> None: ...
 
 
-def member(clock: FakeClock) -> tuple[FleetMember, FakeExchange, QuotaManagers]:
+def member(clock: FakeClock) -> tuple[FleetMember, FakeExchange, QuotaEngine]:
     config = QuotaConfig.from_dict({"entries": [{"client_id": "app", "producer_byte_rate": Q}]})
-    managers = QuotaManagers(config, clock)
+    managers = QuotaEngine(config, clock)
     exchange = FakeExchange()
     view = FleetView("f", "a", 1500, warmup_ms=0)
     claims = FleetClaims(clock, ("all", "cluster"), hold_ms=1000)
@@ -150,7 +150,7 @@ def test_scope_cluster_and_cluster_entries_are_shared_groups_too() -> None:
     quotas = {"scope": "cluster", "entries": [{"client_id": "app", "producer_byte_rate": Q}],
               "cluster_entries": [{"client_id": "app", "producer_byte_rate": 2 * Q}]}
     config = QuotaConfig.from_dict({"entries": quotas["entries"]})
-    managers = QuotaManagers(config, clock, QuotaPlugins.from_dict(quotas))
+    managers = QuotaEngine(config, clock, QuotaPlugins.from_dict(quotas))
     exchange = FakeExchange()
     m = FleetMember(FleetView("f", "a", 1500), exchange, managers, clock,
                     FleetClaims(clock, ("all", "cluster"), hold_ms=1000), 500)
@@ -231,7 +231,7 @@ def test_start_joins_before_serving_and_holds_its_due_meanwhile() -> None:
 def test_start_gives_up_joining_after_the_join_timeout_and_keeps_the_joining_share() -> None:
     clock = SystemClock()
     config = QuotaConfig.from_dict({"entries": [{"client_id": "app", "producer_byte_rate": Q}]})
-    managers = QuotaManagers(config, clock)
+    managers = QuotaEngine(config, clock)
     exchange = FakeExchange()
     exchange.publish = lambda payload: None  # type: ignore[method-assign]  # nothing comes back
     view = FleetView("f", "a", 150)

@@ -24,11 +24,11 @@ from proxy.config import ProxyConfig, load_config
 from proxy.ops.headroom import USAGE_PATH, HeadroomCollector, usage_json, usage_report
 from proxy.ops.http import MetricsEndpoint
 from proxy.ops.metrics import QuotaSensorCollector
-from proxy.stages.quota import QuotaManagers
 from proxy.workers.status import WorkerStatus
 from proxy.workers.supervisor import Supervisor
 from quotas import ClientIdentity, FakeClock, QuotaKind, SensorKey
 from quotas.callback import topic_identity
+from quotas.engine import QuotaEngine
 from quotas.headroom import UsageReport
 
 P = QuotaKind.PRODUCE
@@ -40,9 +40,9 @@ def proxy_config(quotas: dict[str, Any]) -> ProxyConfig:
     return ProxyConfig.model_validate({"upstream": {"bootstrap": "k:9092"}, "quotas": quotas})
 
 
-def managers_for(quotas: dict[str, Any], clock: FakeClock) -> QuotaManagers:
+def managers_for(quotas: dict[str, Any], clock: FakeClock) -> QuotaEngine:
     config = proxy_config(quotas)
-    return QuotaManagers(config.quota_config(), clock, config.quota_plugins())
+    return QuotaEngine(config.quota_config(), clock, config.quota_plugins())
 
 
 def samples(registry: CollectorRegistry, name: str) -> dict[tuple[tuple[str, str], ...], float]:
@@ -147,7 +147,7 @@ def test_metrics_port_serves_the_usage_document_and_the_supervisor_merges_worker
             manager.record_and_check(P, ALICE, recorded)
             manager.set_shares({SensorKey(P, "alice", ""): 0.5}, standby=0.5)
 
-            async def route(managers: QuotaManagers = managers) -> bytes:
+            async def route(managers: QuotaEngine = managers) -> bytes:
                 return usage_json(usage_report(managers, clock))
 
             endpoint = MetricsEndpoint.for_registry(CollectorRegistry(), lambda: True, {USAGE_PATH: route})

@@ -26,9 +26,10 @@ from proxy.flow.inflight import InFlight
 from proxy.flow.pipeline import ConnectionContext, Forward
 from proxy.pumps.upstreams import BrokerRegistry
 from proxy.stages.addresses import ResponseRewriter
-from proxy.stages.quota import QuotaManagers, QuotaStage
+from proxy.stages.quota import QuotaStage
 from quotas.clock import FakeClock
 from quotas.config import QuotaConfig
+from quotas.engine import QuotaEngine
 from quotas.entity import ClientIdentity, QuotaKind
 from tests.unit.protocol.kio_support import kio_api_keys, kio_versions
 from tests.unit.protocol.test_share import share_fetch_request
@@ -65,7 +66,7 @@ def share_fetch_response(correlation_id: int, record_bytes: int, leader_host: st
 def test_throttled_share_fetch_is_delivered_recorded_and_throttled() -> None:
     clock = FakeClock(0)
     config = QuotaConfig.from_dict({"entries": [{"client_id": "<default>", "consumer_byte_rate": 1000}]})
-    managers = QuotaManagers(config, clock)
+    managers = QuotaEngine(config, clock)
     stage = QuotaStage(managers)
     request = share_fetch_request(1, 52428800, 1)
     header = read_request_header(request)
@@ -93,7 +94,7 @@ def test_share_fetch_under_quota_passes_unchanged_and_is_not_request_percentage(
     clock = FakeClock(0)
     config = QuotaConfig.from_dict({"entries": [{"client_id": "<default>", "consumer_byte_rate": 10**9,
                                                  "request_percentage": 1}]})
-    stage = QuotaStage(QuotaManagers(config, clock))
+    stage = QuotaStage(QuotaEngine(config, clock))
     request = share_fetch_request(2, 1000, 1)
     entry = InFlight(9, ApiKey.SHARE_FETCH, 2, "c", len(request), 0)
     assert stage.on_request(CTX, entry, read_request_header(request), request) is None  # not capped
@@ -245,9 +246,9 @@ def test_no_throttle_field_matches_kafkas_schemas() -> None:
     assert without == NO_THROTTLE_FIELD - removed_in_4
 
 
-def test_readme_compatibility_table_says_what_the_policy_does() -> None:
-    readme = (Path(__file__).resolve().parents[3] / "README.md").read_text()
-    section = readme.split("## Kafka 4.x clients: API compatibility", 1)[1].split("\n## ", 1)[0]
+def test_the_docs_compatibility_table_says_what_the_policy_does() -> None:
+    docs = (Path(__file__).resolve().parents[3] / "docs" / "operating.md").read_text()
+    section = docs.split("## Kafka 4.x clients: API compatibility", 1)[1].split("\n## ", 1)[0]
     rows = [line.split("|")[1:-1] for line in section.splitlines()
             if line.startswith("| ") and "---" not in line]
     names = {api_name(k): p.treatment for k, p in API_POLICIES.items()}
@@ -261,3 +262,41 @@ def test_readme_compatibility_table_says_what_the_policy_does() -> None:
     removed_in_4 = {"LeaderAndIsr", "StopReplica", "UpdateMetadata", "ControlledShutdown"}
     assert listed[Treatment.PASS] == {n for n, t in names.items() if t is Treatment.PASS} - removed_in_4
     assert all(names[n] is Treatment.THROTTLE for n in listed[Treatment.THROTTLE])
+
+
+def test_share_fetch_is_charged_to_topic_quotas_and_consumer_record_rate_as_fetch_is() -> None:
+    """Old main charged a ShareFetch to consumer_byte_rate only: share consumers escaped topic
+    quotas and consumer_record_rate (issue 26)."""
+    from tests.unit.protocol.test_records import kio_batch
+
+    topic = TOPIC.bytes.hex()  # a topic id Sluice has not named yet is charged under its hex
+    config = QuotaConfig.from_dict({"entries": [
+        {"client_id": "<default>", "consumer_record_rate": 1},
+        {"topic": topic, "consumer_record_rate": 1, "consumer_byte_rate": 10**6, "request_rate": 100}]})
+    engine = QuotaEngine(config, FakeClock(0))
+    stage = QuotaStage(engine)
+    request = share_fetch_request(1, 52428800, 1)
+    entry = InFlight(9, ApiKey.SHARE_FETCH, 1, "c", len(request), 0)
+    stage.on_request(CTX, entry, read_request_header(request), request)
+    assert entry.whole_response  # records and topics are read from the response
+    batch = kio_batch(20)
+    partition = sf.PartitionData(
+        partition_index=0, error_code=ErrorCode.none, acknowledge_error_code=0,
+        current_leader=sf.LeaderIdAndEpoch(leader_id=1, leader_epoch=0), records=batch,
+        acquired_records=(sf.AcquiredRecords(first_offset=0, last_offset=19, delivery_count=1),))
+    response = encode_response(1, 9, sf.ShareFetchResponse(
+        throttle_time=dt.timedelta(0), error_code=ErrorCode.none,
+        acquisition_lock_timeout=dt.timedelta(seconds=30),
+        responses=(sf.ShareFetchableTopicResponse(topic_id=TOPIC, partitions=(partition,)),),
+        node_endpoints=()))
+    entry.upstream_response_bytes = len(response)
+    outcome = stage.on_response(CTX, entry, response)
+    # 20 records / 10 s = 2/s against 1/s, for the client and for the topic:
+    # (2 - 1) / 1 x 10 000 ms = 10 000 ms; delivered all the same (the broker acquired them)
+    assert outcome is not None and not outcome.replaced and outcome.throttle_time_ms == 10_000
+    assert entry.quota is not None
+    charged = {(d.kind, d.key.topic): d.observed for d in entry.quota.decisions}
+    assert charged[(QuotaKind.CONSUMER_RECORD_RATE, "")] == 2.0
+    assert charged[(QuotaKind.CONSUMER_RECORD_RATE, topic)] == 2.0
+    assert charged[(QuotaKind.FETCH, topic)] == len(batch) / 10   # the record set's bytes
+    assert charged[(QuotaKind.REQUEST_RATE, topic)] == 0.1        # one request / 10 s

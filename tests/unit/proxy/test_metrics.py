@@ -11,8 +11,8 @@ from protocol.apis import ApiKey
 from proxy.flow.inflight import InFlight
 from proxy.flow.pipeline import ConnectionContext
 from proxy.ops.metrics import OVERFLOW, QuotaSensorCollector, SeriesCap, SluiceMetrics
-from proxy.stages.quota import QuotaManagers
 from quotas import DEFAULT, ClientIdentity, FakeClock, QuotaConfig, QuotaEntity, QuotaEntry
+from quotas.engine import QuotaEngine
 from quotas.entity import QuotaKind, SensorKey
 from quotas.manager import ThrottleDecision
 
@@ -54,10 +54,10 @@ def test_requests_and_bytes_by_api_connections_and_violations() -> None:
 P = QuotaKind.PRODUCE
 
 
-def quota_collector(max_series: int = 2000) -> tuple[CollectorRegistry, QuotaManagers, FakeClock]:
+def quota_collector(max_series: int = 2000) -> tuple[CollectorRegistry, QuotaEngine, FakeClock]:
     clock = FakeClock()
     config = QuotaConfig((QuotaEntry(QuotaEntity(client_id=DEFAULT), {P: 100}),))
-    managers = QuotaManagers(config, clock)
+    managers = QuotaEngine(config, clock)
     registry = CollectorRegistry()
     registry.register(QuotaSensorCollector(managers, clock, max_series))
     return registry, managers, clock

@@ -12,9 +12,9 @@ import pytest
 from proxy.admin.store import MemoryStore
 from proxy.config import ProxyConfig
 from proxy.quota_service import QuotaService
-from proxy.stages.quota import QuotaManagers
 from quotas import DEFAULT, ClientIdentity, QuotaEntity, QuotaKind
 from quotas.clock import FakeClock
+from quotas.engine import QuotaEngine
 from quotas.table import SHADOW_KEY, QuotaChange
 
 ALICE = QuotaEntity(user="alice")
@@ -28,14 +28,14 @@ def config(entries: list[dict[str, Any]], shadow: bool = False, **extra: Any) ->
                                        "quotas": quotas, **extra})
 
 
-def bound(managers: QuotaManagers, kind: QuotaKind = QuotaKind.PRODUCE) -> float | None:
+def bound(managers: QuotaEngine, kind: QuotaKind = QuotaKind.PRODUCE) -> float | None:
     return managers.for_broker(1).check(kind, CALLER).bound
 
 
 async def started(entries: list[dict[str, Any]], store: MemoryStore | None = None,
-                  **extra: Any) -> tuple[QuotaService, QuotaManagers, MemoryStore]:
+                  **extra: Any) -> tuple[QuotaService, QuotaEngine, MemoryStore]:
     cfg = config(entries, **extra)
-    managers = QuotaManagers(cfg.quota_config(), FakeClock(0))
+    managers = QuotaEngine(cfg.quota_config(), FakeClock(0))
     store = store or MemoryStore()
     service = QuotaService(cfg, managers, store)
     await service.start()
@@ -96,7 +96,7 @@ async def test_a_store_that_cannot_open_stops_the_start_with_a_clear_error(
     blocker = tmp_path / "file"
     blocker.write_text("")
     cfg = config([], store={"path": str(blocker / "q.db")})
-    service = QuotaService(cfg, QuotaManagers(cfg.quota_config(), FakeClock(0)))
+    service = QuotaService(cfg, QuotaEngine(cfg.quota_config(), FakeClock(0)))
     with pytest.raises(SystemExit) as exit_info:
         await service.start()
     assert exit_info.value.code == 2

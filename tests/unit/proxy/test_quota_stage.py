@@ -14,17 +14,18 @@ from protocol.headers import RequestHeader
 from protocol.throttle import read_throttle_time_ms
 from proxy.flow.inflight import InFlight
 from proxy.flow.pipeline import FORWARD, ConnectionContext, Forward, RequestOutcome, ResponseOutcome
-from proxy.stages.quota import QuotaManagers, QuotaStage
+from proxy.stages.quota import QuotaStage
 from quotas.clock import FakeClock
 from quotas.config import QuotaConfig
+from quotas.engine import QuotaEngine
 from quotas.entity import ClientIdentity, QuotaKind
 
 CTX = ConnectionContext(1, "127.0.0.1:5000", "broker 1", 1)
 
 
-def stage_with(clock: FakeClock, **entry: object) -> tuple[QuotaStage, QuotaManagers]:
+def stage_with(clock: FakeClock, **entry: object) -> tuple[QuotaStage, QuotaEngine]:
     config = QuotaConfig.from_dict({"entries": [{"client_id": "<default>", **entry}]})
-    managers = QuotaManagers(config, clock)
+    managers = QuotaEngine(config, clock)
     return QuotaStage(managers), managers
 
 
@@ -58,7 +59,10 @@ def fetch_response_v12(correlation_id: int, record_bytes: int, session_id: int =
     return encode_response(1, correlation_id, body)
 
 
-def test_produce_over_quota_is_throttled_at_request_time_and_patched_into_the_response() -> None:
+def test_produce_over_quota_mutes_at_once_with_the_delay_from_its_response() -> None:
+    """KIP-219: the broker records a produce in its response callback and its delay starts when the
+    response is sent, so a slow acks=all produce waits its latency + the delay. Old main counted
+    the delay from the request's arrival (the client waited max(latency, delay))."""
     clock = FakeClock(0)
     stage, _ = stage_with(clock, producer_byte_rate=500)
     # 400 B at t = 0..9 s: 4000 B over a padded 10 s window = 400 B/s < 500 B/s, no throttle
@@ -71,12 +75,26 @@ def test_produce_over_quota_is_throttled_at_request_time_and_patched_into_the_re
     clock.set(10_500)
     header, payload = produce_request(2300)
     verdict, entry = on_request(stage, header, payload, 10_500)
-    assert verdict.throttle_time_ms == 2100
+    assert verdict.throttle_time_ms == 2100           # muted at once: no pipelined request is read
+    assert entry.delay_from_response_ms == 2100       # and the delay runs from the response
     entry.response_received_ms = 10_510
     outcome = stage.on_response(CTX, entry, produce_response_v8(7, broker_throttle_ms=30))
     assert outcome is not None
     assert read_throttle_time_ms(outcome.payload, ApiKey.PRODUCE, 8) == 2100  # max(broker 30, ours)
     assert outcome.throttle_time_ms == 0                                      # the mute already started
+
+
+def test_acks_0_produce_over_quota_mutes_at_once() -> None:
+    """acks=0 gets no response: the mute at the request's arrival is the only throttle there is."""
+    clock = FakeClock(0)
+    stage, _ = stage_with(clock, producer_byte_rate=500)
+    header, payload = produce_request(6000)
+    entry = InFlight(header.correlation_id, header.api_key, header.api_version, header.client_id,
+                     len(payload), 0, expects_response=False)
+    # 6 000 B / 10 s = 600 B/s: (600 - 500) / 500 x 10 000 ms = 2 000 ms
+    outcome = stage.on_request(CTX, entry, header, payload)
+    assert outcome is not None and outcome.throttle_time_ms == 2000
+    assert entry.delay_from_response_ms == 0
 
 
 def test_broker_throttle_larger_than_ours_is_kept() -> None:

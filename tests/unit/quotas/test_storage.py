@@ -164,11 +164,11 @@ def test_scaled_throttle_is_kafkas_formula_below_the_cap() -> None:
 
 
 def test_quota_managers_apply_the_scale_to_brokers_seen_later() -> None:
-    from proxy.stages.quota import QuotaManagers
+    from quotas.engine import QuotaEngine
 
     clock = FakeClock(0)
     cfg = QuotaConfig((QuotaEntry(QuotaEntity(user="alice"), {QuotaKind.PRODUCE: 1000.0}),))
-    managers = QuotaManagers(cfg, clock)
+    managers = QuotaEngine(cfg, clock)
     early = managers.for_broker(1)
     managers.set_limit_scale(QuotaKind.PRODUCE, 0.25)
     assert early.check(QuotaKind.PRODUCE, ALICE).bound == 250.0

@@ -1,0 +1,475 @@
+# cython: language_level=3, boundscheck=False, wraparound=False, cdivision=True, initializedcheck=False
+"""Compiled twins of the per-request byte path (Cython). The readable reference is the pure Python
+beside each one: `protocol.framing`, `protocol.headers`, `protocol.produce`, `protocol.throttle`.
+
+The rule that keeps the two identical: the compiled code handles the common, well-formed case in C
+(fixed offsets, one-byte varints, empty tag sections) and hands anything else (a truncated or
+malformed frame, a rare layout, an unverified version) to the pure-Python function, which then
+decides, raises or answers exactly as it always did. `protocol.fastpath` picks the implementation;
+tests/unit/differential feeds the same bytes to both.
+
+No I/O, no asyncio: this is part of the sans-IO `protocol` package.
+"""
+
+from cpython.bytearray cimport PyByteArray_AS_STRING, PyByteArray_GET_SIZE
+from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_FromStringAndSize, PyBytes_GET_SIZE
+from libc.stdint cimport int16_t, int32_t, uint8_t, uint16_t, uint32_t
+
+from protocol import framing as _framing
+from protocol import headers as _headers
+from protocol import produce as _produce
+from protocol import throttle as _throttle
+from protocol.apis import FLEXIBLE_SINCE
+from protocol.errors import DecodeError, FrameTooLarge
+
+cdef object _RequestHeader = _headers.RequestHeader
+cdef object _pure_read_request_header = _headers.read_request_header
+cdef object _pure_read_response_correlation_id = _headers.read_response_correlation_id
+cdef object _pure_read_produce_acks = _produce.read_produce_acks
+cdef object _pure_throttle_time_offset = _throttle.throttle_time_offset
+cdef object _pure_plan_throttle_patch = _throttle.plan_throttle_patch
+cdef object _pure_patch_throttle_time = _throttle.patch_throttle_time
+
+cdef int32_t INT32_MAX = 0x7FFFFFFF
+DEFAULT_MAX_FRAME_BYTES = _framing.DEFAULT_MAX_FRAME_BYTES
+
+# --- tables, built once from the pure modules' own tables ---------------------------------------
+# FLEXIBLE_SINCE per api key (-1: never flexible or unknown); the throttle field's "first body
+# field since" version (-1: not a first-field API); the highest verified response version.
+DEF N_KEYS = 128
+cdef int _flexible_since[N_KEYS]
+cdef int _first_field_since[N_KEYS]
+cdef int _max_response_version[N_KEYS]
+
+cdef void _init_tables():
+    cdef int k
+    for k in range(N_KEYS):
+        _flexible_since[k] = -1
+        _first_field_since[k] = -1
+        _max_response_version[k] = -1
+    for key, since in FLEXIBLE_SINCE.items():
+        if 0 <= key < N_KEYS and since is not None:
+            _flexible_since[key] = since
+    for key, since in _throttle._FIRST_FIELD_SINCE.items():
+        if 0 <= key < N_KEYS:
+            _first_field_since[key] = since
+    for key, version in _throttle.MAX_KNOWN_RESPONSE_VERSION.items():
+        if 0 <= key < N_KEYS:
+            _max_response_version[key] = version
+
+_init_tables()
+
+DEF PRODUCE = 0
+DEF FETCH = 1
+DEF CONTROLLED_SHUTDOWN = 7
+DEF API_VERSIONS = 18
+
+
+cdef inline int32_t _i32(const uint8_t* p) noexcept nogil:
+    return <int32_t>((<uint32_t>p[0] << 24) | (<uint32_t>p[1] << 16) | (<uint32_t>p[2] << 8) | <uint32_t>p[3])
+
+
+cdef inline int16_t _i16(const uint8_t* p) noexcept nogil:
+    return <int16_t>((<uint16_t>p[0] << 8) | <uint16_t>p[1])
+
+
+cdef inline bint _flexible(int api_key, int api_version) noexcept nogil:
+    if api_key < 0 or api_key >= N_KEYS:
+        return False
+    cdef int since = _flexible_since[api_key]
+    return since >= 0 and api_version >= since
+
+
+# --- framing ------------------------------------------------------------------------------------
+
+
+cdef class FrameSplitter:
+    """`protocol.framing.FrameSplitter` in C: one reusable bytearray, an offset, C integer reads.
+
+    Same contract and errors as the pure class (see there); a frame leaves as one `bytes` copy.
+    """
+
+    cdef bytearray _buf
+    cdef Py_ssize_t _pos
+    cdef Py_ssize_t _max_frame_bytes
+
+    def __init__(self, max_frame_bytes=DEFAULT_MAX_FRAME_BYTES):
+        if not 0 <= max_frame_bytes <= INT32_MAX:
+            raise ValueError(f"max_frame_bytes must be in [0, {INT32_MAX}], not {max_frame_bytes}")
+        self._max_frame_bytes = max_frame_bytes
+        self._buf = bytearray()
+        self._pos = 0
+
+    @property
+    def buffered_bytes(self):
+        return PyByteArray_GET_SIZE(self._buf) - self._pos
+
+    def feed(self, data):
+        cdef bytearray buf = self._buf
+        if self._pos and self._pos * 2 >= PyByteArray_GET_SIZE(buf):
+            del buf[: self._pos]
+            self._pos = 0
+        buf += data
+
+    def next_frame(self):
+        cdef Py_ssize_t size = self._front_size()
+        cdef Py_ssize_t start = self._pos + 4
+        if size < 0 or PyByteArray_GET_SIZE(self._buf) < start + size:
+            return None
+        return self._consume(start, start + size)
+
+    def pending_frame(self, Py_ssize_t head_bytes):
+        cdef Py_ssize_t size = self._front_size()
+        cdef Py_ssize_t start = self._pos + 4
+        cdef Py_ssize_t head = size if size < head_bytes else head_bytes
+        if size < 0 or PyByteArray_GET_SIZE(self._buf) < start + head:
+            return None
+        return size, PyBytes_FromStringAndSize(PyByteArray_AS_STRING(self._buf) + start, head)
+
+    def take_partial(self):
+        cdef Py_ssize_t size = self._front_size()
+        assert size >= 0, "take_partial before the size prefix arrived"
+        cdef Py_ssize_t start = self._pos + 4
+        cdef Py_ssize_t n = PyByteArray_GET_SIZE(self._buf)
+        cdef bytes part = self._consume(start, start + size if start + size < n else n)
+        return part, size - PyBytes_GET_SIZE(part)
+
+    def unread(self, payloads):
+        cdef bytes head = b"".join([(<int32_t>len(p)).to_bytes(4, "big") + p for p in payloads])
+        cdef Py_ssize_t k = PyBytes_GET_SIZE(head)
+        if not k:
+            return
+        cdef Py_ssize_t pos = self._pos
+        if pos >= k:
+            self._buf[pos - k : pos] = head
+            self._pos = pos - k
+        else:
+            self._buf = bytearray(head) + self._buf[pos:]
+            self._pos = 0
+
+    cdef Py_ssize_t _front_size(self) except -2:
+        """The front frame's size once its prefix has arrived (checked), else -1."""
+        cdef Py_ssize_t pos = self._pos
+        if PyByteArray_GET_SIZE(self._buf) - pos < 4:
+            return -1
+        cdef int32_t size = _i32(<const uint8_t*>PyByteArray_AS_STRING(self._buf) + pos)
+        if size < 0:
+            raise DecodeError(f"negative frame size {size}", pos)
+        if size > self._max_frame_bytes:
+            raise FrameTooLarge(size, self._max_frame_bytes)
+        return size
+
+    cdef bytes _consume(self, Py_ssize_t start, Py_ssize_t end):
+        cdef bytearray buf = self._buf
+        cdef bytes out = PyBytes_FromStringAndSize(PyByteArray_AS_STRING(buf) + start, end - start)
+        if end == PyByteArray_GET_SIZE(buf):
+            del buf[:]
+            self._pos = 0
+        else:
+            self._pos = end
+        return out
+
+
+# --- headers ------------------------------------------------------------------------------------
+
+
+def read_request_header(payload):
+    """`protocol.headers.read_request_header`: the usual header in C, anything else by the original."""
+    if type(payload) is not bytes:
+        return _pure_read_request_header(payload)
+    cdef Py_ssize_t n = PyBytes_GET_SIZE(payload)
+    cdef const uint8_t* p = <const uint8_t*>PyBytes_AS_STRING(payload)
+    if n < 10:
+        return _pure_read_request_header(payload)
+    cdef int api_key = _i16(p)
+    cdef int api_version = _i16(p + 2)
+    cdef int32_t correlation_id = _i32(p + 4)
+    cdef int client_id_len = _i16(p + 8)
+    if api_version < 0 or client_id_len < -1 or (api_key == CONTROLLED_SHUTDOWN and api_version == 0):
+        return _pure_read_request_header(payload)
+    cdef Py_ssize_t pos = 10
+    cdef object client_id = None
+    if client_id_len >= 0:
+        pos += client_id_len
+        if pos > n:
+            return _pure_read_request_header(payload)
+        client_id = payload[10:pos].decode("utf-8", "replace")
+    cdef int header_version = 1
+    if _flexible(api_key, api_version):
+        header_version = 2
+        if pos >= n or p[pos] != 0:  # a tag section with fields: the original walks it
+            return _pure_read_request_header(payload)
+        pos += 1
+    return _RequestHeader(api_key, api_version, correlation_id, client_id, header_version, pos)
+
+
+def read_response_correlation_id(payload):
+    if type(payload) is not bytes or PyBytes_GET_SIZE(payload) < 4:
+        return _pure_read_response_correlation_id(payload)
+    return _i32(<const uint8_t*>PyBytes_AS_STRING(payload))
+
+
+def read_produce_acks(payload, header):
+    """`protocol.produce.read_produce_acks`: v9+ one-byte transactional_id lengths in C."""
+    if type(payload) is not bytes or header.api_key != PRODUCE:
+        return _pure_read_produce_acks(payload, header)
+    cdef int version = header.api_version
+    cdef Py_ssize_t pos = header.body_offset
+    cdef Py_ssize_t n = PyBytes_GET_SIZE(payload)
+    cdef const uint8_t* p = <const uint8_t*>PyBytes_AS_STRING(payload)
+    cdef int length
+    if version < 9 or version > 13 or pos >= n or p[pos] >= 0x80:
+        return _pure_read_produce_acks(payload, header)
+    length = p[pos]  # compact nullable string: length + 1, 0 = null
+    pos += 1 + (length - 1 if length > 0 else 0)
+    if pos + 2 > n:
+        return _pure_read_produce_acks(payload, header)
+    return _i16(p + pos)
+
+
+cdef inline bint _small(object v):
+    """A plain int that fits the int16 of an api key or version (anything else: the pure code)."""
+    return type(v) is int and -0x8000 <= v <= 0x7FFF
+
+
+# --- throttle_time_ms ---------------------------------------------------------------------------
+
+
+cdef Py_ssize_t _produce_flexible_offset(const uint8_t* p, Py_ssize_t n, Py_ssize_t body,
+                                         int api_version) noexcept nogil:
+    """The v9+ Produce walk for the common case (see `throttle._produce_walk_flexible`), or -1 when
+    anything is not the common case (then the pure walk decides)."""
+    cdef Py_ssize_t pos = body
+    cdef int n_topics, n_parts, t, i, byte
+    if pos >= n or p[pos] >= 0x80:
+        return -1
+    n_topics = p[pos] - 1
+    pos += 1
+    for t in range(n_topics):
+        if api_version >= 13:
+            pos += 16
+        else:
+            if pos >= n or p[pos] >= 0x80:
+                return -1
+            byte = p[pos]
+            pos += byte if byte > 1 else 1
+        if pos >= n or p[pos] >= 0x80:
+            return -1
+        n_parts = p[pos] - 1
+        pos += 1
+        for i in range(n_parts):
+            pos += 30
+            # record_errors empty, error_message null, partition tags empty
+            if pos + 3 > n or p[pos] != 1 or p[pos + 1] != 0 or p[pos + 2] != 0:
+                return -1
+            pos += 3
+        if pos >= n or p[pos] != 0:  # topic tags
+            return -1
+        pos += 1
+    # throttle_time_ms, then the response's tag section (empty) ending the payload exactly
+    if pos + 5 != n or p[pos + 4] != 0:
+        return -1
+    return pos
+
+
+cdef Py_ssize_t _offset(const uint8_t* p, Py_ssize_t n, int api_key, int api_version) noexcept nogil:
+    """throttle_time_ms's offset; -1: no field in this version; -2: ask the pure code."""
+    if api_key < 0 or api_key >= N_KEYS or api_key == API_VERSIONS:
+        return -2
+    cdef int max_version = _max_response_version[api_key]
+    if max_version < 0 or api_version < 0 or api_version > max_version or n < 4:
+        return -2
+    cdef Py_ssize_t body = 4
+    cdef bint flexible = _flexible(api_key, api_version)
+    if flexible:
+        if n < 5 or p[4] != 0:
+            return -2
+        body = 5
+    cdef int since = _first_field_since[api_key]
+    cdef Py_ssize_t offset
+    if since >= 0:
+        if api_version < since:
+            return -1
+        offset = body
+    elif api_key == PRODUCE:
+        if api_version == 0:
+            return -1
+        if api_version <= 8:
+            offset = n - 4
+            if offset < body + 4:
+                return -2
+            return offset
+        offset = _produce_flexible_offset(p, n, body, api_version)
+        if offset < 0:
+            return -2
+    else:
+        return -2
+    if offset + 4 > n:
+        return -2
+    return offset
+
+
+def throttle_time_offset(payload, api_key, api_version):
+    if type(payload) is not bytes or not (_small(api_key) and _small(api_version)):
+        return _pure_throttle_time_offset(payload, api_key, api_version)
+    cdef Py_ssize_t offset = _offset(<const uint8_t*>PyBytes_AS_STRING(payload), PyBytes_GET_SIZE(payload),
+                                     api_key, api_version)
+    if offset == -2:
+        return _pure_throttle_time_offset(payload, api_key, api_version)
+    return None if offset == -1 else offset
+
+
+def plan_throttle_patch(payload, api_key, api_version, throttle_time_ms):
+    if type(payload) is not bytes or not (_small(api_key) and _small(api_version)):
+        return _pure_plan_throttle_patch(payload, api_key, api_version, throttle_time_ms)
+    cdef const uint8_t* p = <const uint8_t*>PyBytes_AS_STRING(payload)
+    cdef Py_ssize_t offset = _offset(p, PyBytes_GET_SIZE(payload), api_key, api_version)
+    if offset == -2:
+        return _pure_plan_throttle_patch(payload, api_key, api_version, throttle_time_ms)
+    if offset == -1:
+        return None
+    cdef int32_t current = _i32(p + offset)
+    wanted = throttle_time_ms if throttle_time_ms < INT32_MAX else INT32_MAX
+    if wanted <= current:
+        return None
+    return offset, (<int32_t>wanted).to_bytes(4, "big", signed=True)
+
+
+def patch_throttle_time(payload, api_key, api_version, throttle_time_ms):
+    """`protocol.throttle.patch_throttle_time`: one copy, the 4 bytes written in place."""
+    if type(payload) is not bytes:
+        return _pure_patch_throttle_time(payload, api_key, api_version, throttle_time_ms)
+    patch = plan_throttle_patch(payload, api_key, api_version, throttle_time_ms)
+    if patch is None:
+        return payload
+    cdef Py_ssize_t offset = patch[0]
+    cdef bytes new_bytes = patch[1]
+    cdef Py_ssize_t n = PyBytes_GET_SIZE(payload)
+    cdef bytes out = PyBytes_FromStringAndSize(PyBytes_AS_STRING(payload), n)
+    cdef char* q = PyBytes_AS_STRING(out)  # fresh and unshared: writing it before anyone sees it is safe
+    cdef const char* src = PyBytes_AS_STRING(new_bytes)
+    q[offset] = src[0]
+    q[offset + 1] = src[1]
+    q[offset + 2] = src[2]
+    q[offset + 3] = src[3]
+    return out
+
+
+# --- the Fetch walk: per-partition bytes, records and error codes (protocol.records) -------------
+
+from protocol import records as _records
+
+cdef object _pure_fetch_response_partitions = _records.fetch_response_partitions
+cdef object _traffic = _records._traffic
+
+DEF BATCH_HEADER_BYTES = 61
+DEF LOG_OVERHEAD = 12
+DEF MAGIC_OFFSET = 16
+DEF MAGIC_V2 = 2
+
+
+cdef object _count_records(const uint8_t* buf, Py_ssize_t start, Py_ssize_t end):
+    """`records.count_records` in C (same answers: a total, or None for a legacy or impossible batch)."""
+    cdef long long total = 0
+    cdef Py_ssize_t pos = start
+    cdef int32_t batch_length, count
+    while pos < end:
+        if end - pos < BATCH_HEADER_BYTES:
+            if end - pos > MAGIC_OFFSET and buf[pos + MAGIC_OFFSET] != MAGIC_V2:
+                return None
+            return total
+        batch_length = _i32(buf + pos + 8)
+        count = _i32(buf + pos + 57)
+        if buf[pos + MAGIC_OFFSET] != MAGIC_V2 or batch_length < BATCH_HEADER_BYTES - LOG_OVERHEAD or count < 0:
+            return None
+        pos += LOG_OVERHEAD + batch_length
+        if pos > end:
+            return total
+        total += count
+    return total
+
+
+def count_records(buf, Py_ssize_t start, Py_ssize_t end):
+    if type(buf) is not bytes or start < 0 or end > PyBytes_GET_SIZE(buf):
+        return _records.count_records(buf, start, end)
+    return _count_records(<const uint8_t*>PyBytes_AS_STRING(buf), start, end)
+
+
+def fetch_response_partitions(payload, api_version):
+    """`records.fetch_response_partitions` for the flexible versions (v12-v18) in their usual shape
+    (one-byte array and name lengths, no aborted transactions, record sets under 2 MiB, empty tag
+    sections); anything else, and any doubt, is the reference's."""
+    if type(payload) is not bytes or not _small(api_version) or not 12 <= api_version <= 18:
+        return _pure_fetch_response_partitions(payload, api_version)
+    cdef const uint8_t* p = <const uint8_t*>PyBytes_AS_STRING(payload)
+    cdef Py_ssize_t n = PyBytes_GET_SIZE(payload)
+    cdef bint by_id = api_version >= 13
+    cdef Py_ssize_t pos = 5, start, end
+    cdef int n_topics, n_parts, t, i, length_plus_one
+    cdef int min_topic = (16 if by_id else 1) + 2
+    cdef int min_partition = 30 + 4 + 3
+    if n < 16 or p[4] != 0:
+        return _pure_fetch_response_partitions(payload, api_version)
+    cdef int top_error = _i16(p + 9)  # after the header tags and throttle_time_ms
+    pos = 15  # error_code, session_id
+    if p[pos] >= 0x80:
+        return _pure_fetch_response_partitions(payload, api_version)
+    n_topics = p[pos] - 1
+    pos += 1
+    if n_topics > 0 and n_topics * min_topic > n - pos:
+        return _pure_fetch_response_partitions(payload, api_version)
+    out = []
+    for t in range(n_topics):
+        if by_id:
+            if pos + 16 > n:
+                return _pure_fetch_response_partitions(payload, api_version)
+            topic = None
+            topic_id = payload[pos : pos + 16]
+            pos += 16
+        else:
+            if pos >= n or p[pos] >= 0x80 or p[pos] == 0:  # a null name: the reference says what it means
+                return _pure_fetch_response_partitions(payload, api_version)
+            end = pos + p[pos]
+            if end > n:
+                return _pure_fetch_response_partitions(payload, api_version)
+            topic = payload[pos + 1 : end].decode("utf-8", "replace")
+            topic_id = None
+            pos = end
+        if pos >= n or p[pos] >= 0x80:
+            return _pure_fetch_response_partitions(payload, api_version)
+        n_parts = p[pos] - 1
+        pos += 1
+        if n_parts > 0 and n_parts * min_partition > n - pos:
+            return _pure_fetch_response_partitions(payload, api_version)
+        for i in range(n_parts):
+            # index, error_code, high_watermark, last_stable_offset, log_start_offset; aborted (null
+            # or empty); preferred_read_replica; a records length of at most 3 varint bytes
+            if pos + 30 + 1 + 4 + 3 > n or p[pos + 30] > 1:
+                return _pure_fetch_response_partitions(payload, api_version)
+            index = _i32(p + pos)
+            error_code = _i16(p + pos + 4)
+            pos += 35
+            if p[pos] < 0x80:
+                length_plus_one = p[pos]
+                pos += 1
+            elif p[pos + 1] < 0x80:
+                length_plus_one = (p[pos] & 0x7F) | (p[pos + 1] << 7)
+                pos += 2
+            elif p[pos + 2] < 0x80:
+                length_plus_one = (p[pos] & 0x7F) | ((p[pos + 1] & 0x7F) << 7) | (p[pos + 2] << 14)
+                pos += 3
+            else:
+                return _pure_fetch_response_partitions(payload, api_version)
+            start = pos
+            end = pos + (length_plus_one - 1 if length_plus_one else 0)
+            if end >= n or p[end] != 0:  # past the payload, or partition tags that are not empty
+                return _pure_fetch_response_partitions(payload, api_version)
+            records = _count_records(p, start, end) if end > start else 0
+            out.append(_traffic(topic, topic_id, index, records, end - start, error_code))
+            pos = end + 1
+        if pos >= n or p[pos] != 0:  # topic tags
+            return _pure_fetch_response_partitions(payload, api_version)
+        pos += 1
+    if pos + 1 != n or p[pos] != 0:  # the response's tags, then exactly the end
+        return _pure_fetch_response_partitions(payload, api_version)
+    return top_error, out

@@ -1,0 +1,91 @@
+"""The one place that picks the data plane's implementation: compiled or pure Python.
+
+The per-request byte path (framing, the request header, Produce acks, the response's correlation
+id, the throttle_time_ms patch, and the Fetch response walk with its record counts) has two
+implementations with one contract:
+
+* the pure-Python reference: `protocol.framing`, `protocol.headers`, `protocol.produce`,
+  `protocol.throttle`, `protocol.records` (what a reader reads first, and the fallback);
+* its compiled twin, `protocol._speedups` (Cython), which handles the common, well-formed case in C
+  and hands everything else to the reference, so both answer and raise alike (tests/unit/differential).
+
+The compiled one is used when it was built (`pip install` builds it when a C compiler is present)
+and `SLUICE_PURE_PYTHON` is not set to a true value (1, true, yes). Callers import the names from
+here; `IMPLEMENTATION` says which one is in use ("compiled" or "pure").
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+from collections.abc import Callable
+from types import ModuleType
+from typing import Final, cast
+
+from protocol import framing, headers, produce, records, throttle
+from protocol.headers import RequestHeader
+
+PURE_PYTHON_ENV: Final = "SLUICE_PURE_PYTHON"
+"""Set to 1 (true, yes) to run the pure-Python data plane even when the compiled one is built."""
+
+
+def _pure_requested() -> bool:
+    return os.environ.get(PURE_PYTHON_ENV, "").strip().lower() in ("1", "true", "yes")
+
+
+_TWINS: Final = ("FrameSplitter", "read_request_header", "read_response_correlation_id", "read_produce_acks",
+                  "throttle_time_offset", "plan_throttle_patch", "patch_throttle_time",
+                  "fetch_response_partitions", "count_records")
+
+
+def _load_compiled() -> ModuleType | None:
+    """protocol._speedups, or None if it is not built or was built from an older .pyx (a stale
+    build lacks a twin: the pure path runs until `pip install -e .` rebuilds it)."""
+    try:
+        module = importlib.import_module("protocol._speedups")
+    except ImportError:
+        return None
+    return module if all(hasattr(module, name) for name in _TWINS) else None
+
+
+COMPILED_MODULE: Final = _load_compiled()
+"""protocol._speedups if it was built (whatever SLUICE_PURE_PYTHON says: the tests use both), else None."""
+
+IMPLEMENTATION: Final = "compiled" if COMPILED_MODULE is not None and not _pure_requested() else "pure"
+
+_impl = COMPILED_MODULE if IMPLEMENTATION == "compiled" else None
+
+# The compiled callables have the reference's signatures and behaviour (tests/unit/differential).
+FrameSplitter: Final = cast(type[framing.FrameSplitter],
+                            framing.FrameSplitter if _impl is None else _impl.FrameSplitter)
+read_request_header: Final = cast(Callable[[bytes], RequestHeader],
+                                  headers.read_request_header if _impl is None else _impl.read_request_header)
+read_response_correlation_id: Final = cast(
+    Callable[[bytes], int],
+    headers.read_response_correlation_id if _impl is None else _impl.read_response_correlation_id)
+read_produce_acks: Final = cast(Callable[[bytes, RequestHeader], int],
+                                produce.read_produce_acks if _impl is None else _impl.read_produce_acks)
+throttle_time_offset: Final = cast(
+    Callable[[bytes, int, int], int | None],
+    throttle.throttle_time_offset if _impl is None else _impl.throttle_time_offset)
+plan_throttle_patch: Final = cast(
+    Callable[[bytes, int, int, int], tuple[int, bytes] | None],
+    throttle.plan_throttle_patch if _impl is None else _impl.plan_throttle_patch)
+patch_throttle_time: Final = cast(
+    Callable[[bytes, int, int, int], bytes],
+    throttle.patch_throttle_time if _impl is None else _impl.patch_throttle_time)
+fetch_response_partitions: Final = cast(
+    Callable[[bytes, int], tuple[int, list[records.PartitionTraffic]]],
+    records.fetch_response_partitions if _impl is None else _impl.fetch_response_partitions)
+count_records: Final = cast(Callable[[bytes, int, int], int | None],
+                            records.count_records if _impl is None else _impl.count_records)
+
+
+def describe() -> str:
+    """One line for the start-up log: which data plane runs, and why when it is the pure one."""
+    if IMPLEMENTATION == "compiled":
+        return "compiled (protocol._speedups)"
+    if COMPILED_MODULE is not None:
+        return "pure Python (SLUICE_PURE_PYTHON is set)"
+    return ("pure Python (protocol._speedups is not built, or is older than protocol/_speedups.pyx: "
+            "run `pip install -e .` with a C compiler present to use the compiled one)")

@@ -1,0 +1,537 @@
+"""The quota engine: every budget Sluice enforces, and the verbs the proxy calls.
+
+One `QuotaEngine` per process owns every budget: the client budgets of each broker scope (Kafka's
+eight entity levels, client-id prefixes, each through the configured callback), the
+``cluster_entries`` budgets (the quota-native draft's ``bps``: one budget across every broker),
+and the topic and topic-prefix budgets. Each budget is a sensor of a `QuotaManager` with its own
+rate model (windowed or token bucket) and one chain for the limit in force: the configured value
+(or the callback's) x the storage factor x the fleet share (`QuotaManager.sensor_limit`).
+
+The proxy calls one verb per event and gets a typed, frozen verdict; it never walks managers:
+
+- `produce`: a Produce request (its bytes, its records, its topics), when it arrives (Kafka
+  records a produce quota in the response callback; the throttle is the same, KIP-219).
+- `fetch_request`: a Fetch or ShareFetch request: ``request_rate``, and the cap on its max_bytes
+  (KAFKA-9677: no fetch may ask for more than the quota allows in one window).
+- `fetch_response`: its response: bytes, records, topics; Kafka's rule that a throttled fetch is
+  answered empty (and un-recorded), or under a token bucket delivered with its debt.
+- `share_fetch_response`: a ShareFetch response, never emptied (the broker acquired the records).
+- `request` / `response`: any other request (``request_rate``) and its response
+  (``request_percentage``, the upstream round trip).
+
+`budgets` lists every manager with its scope label: the fleet reports and shares all of them,
+and metrics, headroom and ``describe`` read the same managers, so they show what is enforced.
+The engine does no I/O and never reads a clock of its own.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Protocol
+
+from quotas.callback import DefaultQuotaCallback, TopicQuotaCallback, topic_identity
+from quotas.clock import Clock
+from quotas.cluster import ClusterView
+from quotas.config import QuotaConfig
+from quotas.entity import ClientIdentity, QuotaEntity, QuotaKind, SensorKey
+from quotas.manager import QuotaManager, ThrottleDecision
+from quotas.plugins import Plugins
+from quotas.storage import with_base_rate
+
+_MAX_TRACKED_CALLERS = 10_000
+_TOPIC_FETCH_KINDS = frozenset({QuotaKind.FETCH, QuotaKind.CONSUMER_RECORD_RATE, QuotaKind.REQUEST_RATE})
+
+
+class TopicTally(Protocol):
+    """What a request or response carried, per topic (the proxy reads it from the wire)."""
+
+    @property
+    def bytes_by_topic(self) -> Mapping[str, int]: ...
+
+    @property
+    def records_by_topic(self) -> Mapping[str, int]: ...
+
+    @property
+    def records(self) -> int: ...
+
+
+@dataclass(frozen=True, slots=True)
+class RequestVerdict:
+    """What to do with a request: mute the channel for `throttle_ms` now (0: not throttled), and
+    for a fetch cap its max_bytes at `fetch_cap_bytes` (None: no cap). `read_whole_response`: the
+    response must be read whole (records or topics are charged from it)."""
+
+    decisions: tuple[ThrottleDecision, ...]
+    throttle_ms: int
+    fetch_cap_bytes: int | None = None
+    read_whole_response: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class ResponseVerdict:
+    """What to do with a response. `throttle_ms`: the throttle this response adds (the channel is
+    muted for it after the response is written). `empty`: a Fetch throttled by its bytes, records
+    or requests is answered empty with ``max(throttle_ms, the request's)`` (Kafka's rule; what it
+    carried was un-recorded); if it cannot be emptied the data goes on, with `debt_ms` too.
+    `debt_ms`: under a token bucket, the debt a delivered fetch ran up (it delays what follows)."""
+
+    decisions: tuple[ThrottleDecision, ...]
+    throttle_ms: int
+    empty: bool = False
+    debt_ms: int = 0
+
+    @property
+    def delivered_throttle_ms(self) -> int:
+        """The throttle of a response that is delivered (not emptied)."""
+        return max(self.throttle_ms, self.debt_ms)
+
+
+@dataclass(frozen=True, slots=True)
+class LimitInForce:
+    """One limit that applies to a caller, as enforcement applies it, and where it came from:
+    ``limit = configured x storage_factor x fleet_share``. `configured` is the entry's value or
+    the callback's (`source`: ``entry``, ``callback``, ``cluster_entries`` or ``topic``), `entity`
+    the configured entity that matched when known. The one answer `describe --effective`,
+    ``/quotas/effective`` and the enforcement itself share."""
+
+    scope: str
+    kind: QuotaKind
+    key: SensorKey
+    limit: float
+    configured: float
+    storage_factor: float
+    fleet_share: float
+    source: str
+    entity: QuotaEntity | None
+    shadow: bool
+
+
+NOT_LIMITED_REQUEST = RequestVerdict((), 0)
+NOT_LIMITED_RESPONSE = ResponseVerdict((), 0)
+
+
+def enforced_ms(decisions: tuple[ThrottleDecision, ...] | list[ThrottleDecision]) -> int:
+    """The throttle a set of decisions enforces: the largest (shadow decisions enforce none)."""
+    out = 0
+    for d in decisions:
+        out = max(out, d.throttle_time_ms)
+    return out
+
+
+class QuotaEngine:
+    """Every budget of this process (see the module docstring). Kafka's quotas are per broker:
+    one client manager per broker behind Sluice, or one for all of them (``scope: cluster``)."""
+
+    def __init__(self, config: QuotaConfig, clock: Clock, plugins: Plugins | None = None) -> None:
+        self._config = config
+        self._clock = clock
+        self._managers: dict[int | None, QuotaManager] = {}
+        # the fleet's standby share and the groups other members use, by scope label
+        # (`FleetMember`): a manager created between two report rounds (a client's first request
+        # to a broker) starts with them, not with the whole quota and a fresh sensor's credit
+        self.fleet_standby_share = 1.0
+        self.fleet_busy: Mapping[str, frozenset[SensorKey]] = {}
+        self.plugins = Plugins() if plugins is None else plugins
+        self.cluster = ClusterView()
+        self._scales: dict[QuotaKind, float] = {}  # storage throttle factors, for new managers too
+        self._base_rate: float | None = None  # storage applies_to: all
+        # ``cluster_entries`` (the draft's `bps`): one more manager, for every broker at once
+        self.cluster_wide: QuotaManager | None = None
+        self._cluster_wide_kinds: frozenset[QuotaKind] = frozenset()
+        self._set_cluster_entries(self.plugins.cluster_entries)
+        # topic and topic-prefix entries: one more manager per broker (or one for all with
+        # scope: cluster), asked per topic of a request, beside the client's own
+        self._topic_managers: dict[int | None, QuotaManager] = {}
+        self.topic_kinds: frozenset[QuotaKind] = frozenset()
+        self._wants_metadata = False
+        self._callback_kinds = self._probe_callback()
+        self.active_kinds = self._kinds()  # nothing is recorded for a kind with no quota
+        # consumer_record_rate: the bytes per record of each caller's last fetch, to cap a fetch's
+        # max_bytes at the records the quota allows (as KAFKA-9677 caps bytes); bounded
+        self._bytes_per_record: dict[ClientIdentity, float] = {}
+
+    # ------------------------------------------------------------------ verbs
+
+    def produce(self, broker_id: int | None, identity: ClientIdentity, size_bytes: int,
+                usage: TopicTally | None) -> RequestVerdict:
+        """A Produce request of `size_bytes` (header + body, Kafka's ``request.sizeInBytes``):
+        ``request_rate`` 1, ``producer_byte_rate`` its size, ``producer_record_rate`` its records,
+        and each topic's bytes, records and the request on the topic budgets."""
+        decisions: list[ThrottleDecision] = []
+        for manager, kinds in self.for_request(broker_id):
+            if QuotaKind.REQUEST_RATE in kinds:
+                decisions.append(manager.record_and_check(QuotaKind.REQUEST_RATE, identity, 1.0))
+            if QuotaKind.PRODUCE in kinds:
+                decisions.append(manager.record_and_check(QuotaKind.PRODUCE, identity, size_bytes))
+            if usage is not None and QuotaKind.PRODUCER_RECORD_RATE in kinds:
+                decisions.append(manager.record_and_check(QuotaKind.PRODUCER_RECORD_RATE, identity,
+                                                          usage.records))
+        if usage is not None and (topics := self.for_topics(broker_id)) is not None:
+            self._charge_topics(topics, usage, QuotaKind.PRODUCE, QuotaKind.PRODUCER_RECORD_RATE,
+                                decisions)
+        return RequestVerdict(tuple(decisions), enforced_ms(decisions))
+
+    def fetch_request(self, broker_id: int | None, identity: ClientIdentity, *,
+                      share: bool = False) -> RequestVerdict:
+        """A Fetch (or with `share` a ShareFetch) request: ``request_rate`` 1, and its max_bytes
+        capped at what the tightest budget allows in one window (`cap_bytes`)."""
+        decisions: list[ThrottleDecision] = []
+        cap = math.inf
+        for manager, kinds in self.for_request(broker_id):
+            if QuotaKind.REQUEST_RATE in kinds:
+                decisions.append(manager.record_and_check(QuotaKind.REQUEST_RATE, identity, 1.0))
+            if QuotaKind.FETCH in kinds:
+                cap = min(cap, manager.max_value_in_quota_window(QuotaKind.FETCH, identity))
+            if (not share and QuotaKind.CONSUMER_RECORD_RATE in kinds
+                    and (per_record := self._bytes_per_record.get(identity)) is not None):
+                # without it a fetch larger than the window allows would be emptied again and again
+                cap = min(cap, self._record_cap(manager, identity) * per_record)
+        return RequestVerdict(tuple(decisions), enforced_ms(decisions),
+                              None if math.isinf(cap) else int(cap),
+                              read_whole_response=self.needs_fetch_usage)
+
+    def request(self, broker_id: int | None, identity: ClientIdentity, *,
+                rated: bool = True) -> RequestVerdict:
+        """Any other request: ``request_rate`` 1 unless it is not `rated` (ApiVersions, SASL)."""
+        if not rated or QuotaKind.REQUEST_RATE not in self.active_kinds:
+            return NOT_LIMITED_REQUEST
+        decisions = [manager.record_and_check(QuotaKind.REQUEST_RATE, identity, 1.0)
+                     for manager, kinds in self.for_request(broker_id)
+                     if QuotaKind.REQUEST_RATE in kinds]
+        return RequestVerdict(tuple(decisions), enforced_ms(decisions))
+
+    def fetch_response(self, broker_id: int | None, identity: ClientIdentity, size_bytes: int,
+                       usage: TopicTally | None, request_throttle_ms: int) -> ResponseVerdict:
+        """A Fetch response of `size_bytes` (with `usage` when it was read whole).
+
+        Windowed rate (Kafka's rule): the bytes are recorded and checked; if the response, its
+        records, its topics or the request (`request_throttle_ms`) are throttled, it is answered
+        empty and what it carried is un-recorded (the client fetches the same offsets again after
+        the delay). Token bucket: a fetch is delivered while the credits are not negative, and its
+        debt throttles what follows (`ResponseVerdict.debt_ms`)."""
+        decisions: list[ThrottleDecision] = []
+        new_ms = 0
+        debt_ms = 0
+        recorded: list[QuotaManager] = []
+        managers = self.for_request(broker_id)
+        for manager, kinds in managers:
+            if QuotaKind.FETCH in kinds:
+                admission = manager.admit_fetch(identity, size_bytes)
+                decisions.append(admission.decision)
+                if admission.recorded:
+                    recorded.append(manager)
+                if admission.throttle_is_debt:
+                    debt_ms = max(debt_ms, admission.decision.throttle_time_ms)
+                else:
+                    new_ms = max(new_ms, admission.decision.throttle_time_ms)
+            if usage is not None and QuotaKind.CONSUMER_RECORD_RATE in kinds:
+                by_records = manager.record_and_check(QuotaKind.CONSUMER_RECORD_RATE, identity,
+                                                      usage.records)
+                decisions.append(by_records)
+                new_ms = max(new_ms, by_records.throttle_time_ms)
+        if (usage is not None and usage.records > 0
+                and QuotaKind.CONSUMER_RECORD_RATE in self.active_kinds):
+            if len(self._bytes_per_record) >= _MAX_TRACKED_CALLERS:
+                self._bytes_per_record.clear()
+            self._bytes_per_record[identity] = sum(usage.bytes_by_topic.values()) / usage.records
+        topics = self.for_topics(broker_id) if usage is not None else None
+        if topics is not None and usage is not None:
+            charged: list[ThrottleDecision] = []
+            self._charge_topics(topics, usage, QuotaKind.FETCH, QuotaKind.CONSUMER_RECORD_RATE, charged)
+            decisions.extend(charged)
+            new_ms = max(new_ms, enforced_ms(charged))
+        if max(new_ms, request_throttle_ms) == 0:
+            return ResponseVerdict(tuple(decisions), new_ms, debt_ms=debt_ms)
+        # throttled by bytes, records or requests: Kafka empties it; nothing was delivered
+        for manager in recorded:
+            manager.unrecord(QuotaKind.FETCH, identity, size_bytes)
+        if usage is not None:
+            for manager, kinds in managers:
+                if QuotaKind.CONSUMER_RECORD_RATE in kinds:
+                    manager.unrecord(QuotaKind.CONSUMER_RECORD_RATE, identity, usage.records)
+            if topics is not None:
+                for topic, topic_bytes in usage.bytes_by_topic.items():
+                    topics.unrecord(QuotaKind.FETCH, topic_identity(topic), topic_bytes)
+                    topics.unrecord(QuotaKind.CONSUMER_RECORD_RATE, topic_identity(topic),
+                                    usage.records_by_topic.get(topic, 0))
+        return ResponseVerdict(tuple(decisions), new_ms, empty=True, debt_ms=debt_ms)
+
+    def share_fetch_response(self, broker_id: int | None, identity: ClientIdentity, size_bytes: int,
+                             usage: TopicTally | None = None) -> ResponseVerdict:
+        """A ShareFetch response (KIP-932), charged as the broker charges it: its size to
+        ``consumer_byte_rate``, and with `usage` its records to ``consumer_record_rate`` and its
+        topics to the topic budgets. Never emptied: the broker acquired these records for this
+        consumer, so they are delivered and the client is throttled for what follows."""
+        decisions: list[ThrottleDecision] = []
+        for manager, kinds in self.for_request(broker_id):
+            if QuotaKind.FETCH in kinds:
+                decisions.append(manager.record_and_check(QuotaKind.FETCH, identity, size_bytes))
+            if usage is not None and QuotaKind.CONSUMER_RECORD_RATE in kinds:
+                decisions.append(manager.record_and_check(QuotaKind.CONSUMER_RECORD_RATE, identity,
+                                                          usage.records))
+        if usage is not None and (topics := self.for_topics(broker_id)) is not None:
+            self._charge_topics(topics, usage, QuotaKind.FETCH, QuotaKind.CONSUMER_RECORD_RATE,
+                                decisions)
+        return ResponseVerdict(tuple(decisions), enforced_ms(decisions))
+
+    def response(self, broker_id: int | None, identity: ClientIdentity,
+                 elapsed_ms: int) -> ResponseVerdict:
+        """The response of any other forwarded request: ``request_percentage`` is its upstream
+        round trip as percent of one thread (``elapsed_ms / 10`` per second of window)."""
+        if QuotaKind.REQUEST_PERCENTAGE not in self.active_kinds:
+            return NOT_LIMITED_RESPONSE
+        decisions = [manager.record_and_check(QuotaKind.REQUEST_PERCENTAGE, identity, elapsed_ms / 10.0)
+                     for manager, kinds in self.for_request(broker_id)
+                     if QuotaKind.REQUEST_PERCENTAGE in kinds]
+        return ResponseVerdict(tuple(decisions), enforced_ms(decisions))
+
+    # ------------------------------------------------------------------ the one answer
+
+    def effective(self, broker_id: int | None, identity: ClientIdentity,
+                  topic: str | None = None) -> tuple[LimitInForce, ...]:
+        """Every limit in force for `identity` through `broker_id` (and for `topic`'s budgets):
+        read from the sensors enforcement uses, so it equals what is enforced under callbacks,
+        cluster entries, the storage factor and fleet shares. Reading creates a sensor as Kafka's
+        lookups do (it records nothing; an idle sensor is swept)."""
+        out: list[LimitInForce] = []
+        custom = self.plugins.factory is not None
+        sources: list[tuple[str, QuotaManager, ClientIdentity, str]] = [
+            (self._label(broker_id), self.for_broker(broker_id), identity, "callback" if custom else "entry")]
+        if self.cluster_wide is not None:
+            sources.append(("cluster", self.cluster_wide, identity, "cluster_entries"))
+        if topic is not None and (topics := self.for_topics(broker_id)) is not None:
+            sources.append((self._label(broker_id), topics, topic_identity(topic), "topic"))
+        for scope, manager, who, source in sources:
+            for kind in QuotaKind:
+                decision = manager.check(kind, who)
+                limit = manager.sensor_limit(decision.key) if decision.bound is not None else None
+                if limit is None or limit.bound is None or limit.base_bound is None:
+                    continue
+                configured = limit.base_bound / limit.scale
+                out.append(LimitInForce(scope, kind, decision.key, limit.bound, configured, limit.scale,
+                                        limit.share, source, limit.entity, limit.shadow))
+        return tuple(out)
+
+    # ------------------------------------------------------------------ what needs reading
+
+    @property
+    def needs_produce_usage(self) -> bool:
+        """A Produce request must be read per topic: records/s or topic quotas are configured."""
+        return QuotaKind.PRODUCER_RECORD_RATE in self.active_kinds or bool(self.topic_kinds)
+
+    @property
+    def needs_fetch_usage(self) -> bool:
+        """A Fetch response must be read whole, per topic: records/s or topic quotas are configured."""
+        return (QuotaKind.CONSUMER_RECORD_RATE in self.active_kinds
+                or bool(self.topic_kinds & _TOPIC_FETCH_KINDS))
+
+    # ------------------------------------------------------------------ budgets
+
+    def for_broker(self, broker_id: int | None) -> QuotaManager:
+        if self.plugins.scope == "cluster":
+            broker_id = None
+        manager = self._managers.get(broker_id)
+        if manager is None:
+            factory = self.plugins.factory
+            manager = QuotaManager(self._effective(), self._clock, sticky_quotas_enabled=False,
+                                   callback=None if factory is None else factory(broker_id))
+            manager.update_cluster_metadata(self.cluster)
+            self._prepare(manager, broker_id)
+            self._managers[broker_id] = manager
+        return manager
+
+    def for_topics(self, broker_id: int | None) -> QuotaManager | None:
+        """The topic budgets' manager for `broker_id`, or None when no topic entry is configured."""
+        if not self.topic_kinds:
+            return None
+        if self.plugins.scope == "cluster":
+            broker_id = None
+        manager = self._topic_managers.get(broker_id)
+        if manager is None:
+            manager = QuotaManager(self._config, self._clock,
+                                   callback=TopicQuotaCallback(broker_id=broker_id))
+            self._prepare(manager, broker_id)
+            self._topic_managers[broker_id] = manager
+        return manager
+
+    def _prepare(self, manager: QuotaManager, broker_id: int | None) -> None:
+        """A new manager joins the chain as it stands: the storage factors and the fleet share."""
+        for kind, factor in self._scales.items():
+            manager.set_limit_scale(kind, factor)
+        if self.fleet_standby_share != 1.0 or self.fleet_busy:
+            manager.set_shares({}, self.fleet_standby_share,
+                               self.fleet_busy.get(self._label(broker_id), frozenset()))
+
+    def for_request(self, broker_id: int | None,
+                    ) -> tuple[tuple[QuotaManager, frozenset[QuotaKind]], ...]:
+        """The client managers a request through `broker_id` is counted in, each with the kinds
+        to record: the broker's (or the one of ``scope: cluster``), and ``cluster_entries``'."""
+        manager = self.for_broker(broker_id)
+        if self.cluster_wide is None:
+            return ((manager, self.active_kinds),)
+        return ((manager, self.active_kinds), (self.cluster_wide, self._cluster_wide_kinds))
+
+    def labelled(self) -> list[tuple[str, QuotaManager]]:
+        """Every client manager with its `broker` label: a broker id, ``bootstrap``, ``all``
+        (``scope: cluster``) or ``cluster`` (``cluster_entries``)."""
+        out = [(self._label(b), m) for b, m in self._managers.items()]
+        if self.cluster_wide is not None:
+            out.append(("cluster", self.cluster_wide))
+        return out
+
+    def topic_labelled(self) -> list[tuple[str, QuotaManager]]:
+        """The topic managers with their `broker` label (as `labelled`)."""
+        return [(self._label(b), m) for b, m in self._topic_managers.items()]
+
+    def budgets(self) -> list[tuple[str, QuotaManager]]:
+        """Every manager of every budget kind, client and topic, with its scope label: what the
+        fleet reports and shares. A topic budget's sensor key names its topic (or topic prefix),
+        so it never meets a client budget in the same scope."""
+        return [*self.labelled(), *self.topic_labelled()]
+
+    def _label(self, broker_id: int | None) -> str:
+        if broker_id is not None:
+            return str(broker_id)
+        return "all" if self.plugins.scope == "cluster" else "bootstrap"
+
+    @property
+    def scope(self) -> str:
+        return self.plugins.scope
+
+    # ------------------------------------------------------------------ the limit chain
+
+    def _set_cluster_entries(self, entries: QuotaConfig | None) -> None:
+        if entries is None or not len(entries):
+            self.cluster_wide = None
+            self._cluster_wide_kinds = frozenset()
+            return
+        if self.cluster_wide is None:
+            self.cluster_wide = QuotaManager(entries, self._clock, sticky_quotas_enabled=False)
+            for kind, factor in self._scales.items():
+                self.cluster_wide.set_limit_scale(kind, factor)
+        else:
+            self.cluster_wide.update_config(entries)
+        self._cluster_wide_kinds = entries.kinds()
+
+    def set_limit_scale(self, kind: QuotaKind, factor: float) -> None:
+        """The storage factor: scale every limit of `kind` in every budget."""
+        before = self._effective()
+        self._scales[kind] = factor
+        for manager in (*self._managers.values(), *self._topic_managers.values()):
+            manager.set_limit_scale(kind, factor)
+        if self.cluster_wide is not None:
+            self.cluster_wide.set_limit_scale(kind, factor)
+        if self._effective() != before:
+            self._push()
+
+    def set_storage_base_rate(self, rate: float | None) -> None:
+        """Storage ``applies_to: all``: while the produce factor is below 1, clients with no
+        produce quota get `rate` x factor (`quotas.storage.with_base_rate`); None: only clients
+        with a quota are scaled."""
+        before = self._effective()
+        self._base_rate = rate
+        if self._effective() != before:
+            self._push()
+
+    def _effective(self, config: QuotaConfig | None = None) -> QuotaConfig:
+        """The configured quotas, plus the storage base rate while it applies."""
+        config = self._config if config is None else config
+        if self._base_rate is None or self._scales.get(QuotaKind.PRODUCE, 1.0) >= 1.0:
+            return config
+        return with_base_rate(config, self._base_rate)
+
+    def _push(self) -> None:
+        effective = self._effective()
+        for manager in self._managers.values():
+            manager.update_config(effective)
+        self.active_kinds = self._kinds()
+
+    @property
+    def config(self) -> QuotaConfig:
+        return self._config
+
+    def update_config(self, config: QuotaConfig) -> None:
+        """Apply new quotas to live sensors, keeping their history (Kafka's quota update)."""
+        effective = self._effective(config)
+        for manager in self._managers.values():
+            manager.update_config(effective)
+        for manager in self._topic_managers.values():
+            manager.update_config(config)
+        self._config = config
+        self.active_kinds = self._kinds()
+
+    @property
+    def wants_cluster_metadata(self) -> bool:
+        return self._wants_metadata
+
+    def update_cluster_metadata(self, cluster: ClusterView) -> None:
+        """Sluice saw the cluster change (`proxy.stages.callbacks.ClusterMetadataFeed`)."""
+        self.cluster = cluster
+        for manager in self._managers.values():
+            manager.update_cluster_metadata(cluster)
+
+    def set_plugins(self, plugins: Plugins) -> None:
+        """Reload: a new callback class or config replaces the callback of every manager
+        (`QuotaManager.set_callback` says what history survives). The scope is fixed at start."""
+        if plugins.scope != self.plugins.scope:
+            raise ValueError(f"quotas.scope cannot change at runtime ({self.plugins.scope} -> "
+                             f"{plugins.scope}); restart to apply")
+        self._set_cluster_entries(plugins.cluster_entries)
+        if plugins.same_callback(self.plugins):
+            self.active_kinds = self._kinds()
+            return
+        self.plugins = plugins
+        for broker_id, manager in self._managers.items():
+            factory = plugins.factory
+            manager.set_callback(DefaultQuotaCallback(sticky_levels=False) if factory is None
+                                 else factory(broker_id))
+            manager.update_cluster_metadata(self.cluster)
+        self._callback_kinds = self._probe_callback()
+        self.active_kinds = self._kinds()
+
+    def _probe_callback(self) -> frozenset[QuotaKind]:
+        """Once per callback (at start and when it changes, never per config update): whether it
+        wants cluster metadata and which kinds it may limit (all, if it does not say)."""
+        if self.plugins.factory is None:
+            self._wants_metadata = False
+            return frozenset()
+        probe = self.plugins.factory(None)
+        try:
+            self._wants_metadata = bool(getattr(probe, "wants_cluster_metadata", False))
+            extra = getattr(probe, "quota_kinds", None)
+        finally:
+            probe.close()
+        return frozenset(QuotaKind) if extra is None else frozenset(extra)
+
+    def _kinds(self) -> frozenset[QuotaKind]:
+        self.topic_kinds = frozenset(k for e in self._config if e.entity.is_topic for k in e.values)
+        return self._effective().kinds() | self._cluster_wide_kinds | self._callback_kinds
+
+    def _charge_topics(self, topics: QuotaManager, usage: TopicTally, bytes_kind: QuotaKind,
+                       records_kind: QuotaKind, decisions: list[ThrottleDecision]) -> None:
+        """Record a request's bytes, records and the request itself on each of its topics, for the
+        kinds some topic entry limits; the largest delay any of them needs wins."""
+        kinds = self.topic_kinds
+        for topic, size in usage.bytes_by_topic.items():
+            who = topic_identity(topic)
+            if bytes_kind in kinds:
+                decisions.append(topics.record_and_check(bytes_kind, who, size))
+            if records_kind in kinds:
+                records = usage.records_by_topic.get(topic, 0)
+                decisions.append(topics.record_and_check(records_kind, who, records))
+            if QuotaKind.REQUEST_RATE in kinds:
+                decisions.append(topics.record_and_check(QuotaKind.REQUEST_RATE, who, 1.0))
+
+    @staticmethod
+    def _record_cap(manager: QuotaManager, identity: ClientIdentity) -> float:
+        """``consumer_record_rate``'s cap in records: the window's worth, and at most one sample
+        window of the bound (a fetch as large as the whole window is admitted only once the window
+        is empty, which holds a consumer well under its quota; measured: 0.6 x)."""
+        kind = QuotaKind.CONSUMER_RECORD_RATE
+        cap = manager.max_value_in_quota_window(kind, identity)
+        bound = manager.check(kind, identity).bound
+        if bound is not None:
+            cap = min(cap, bound * manager.rate_config.window_ms / 1000.0)
+        return cap

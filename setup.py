@@ -1,0 +1,59 @@
+"""Builds the compiled data plane (protocol/_speedups.pyx, Cython) when it can.
+
+Everything else is in pyproject.toml. The extension is optional: without a C compiler (or without
+Cython) `pip install` still succeeds, says so clearly, and Sluice runs its pure-Python data plane,
+the readable reference the compiled one is tested against. At run time SLUICE_PURE_PYTHON=1 selects
+the pure path even when the extension is built (`protocol.fastpath`).
+"""
+
+from __future__ import annotations
+
+import sys
+
+from setuptools import Extension, setup
+from setuptools.command.build_ext import build_ext
+
+_NO_EXTENSION = """
+********************************************************************************
+Sluice: the compiled data plane (protocol._speedups) was NOT built: {reason}
+Sluice still works: it runs the pure-Python data plane, which uses more CPU per
+request. To build it, install a C compiler and the Python headers (Debian/Ubuntu:
+`apt-get install gcc python3-dev`) and run `pip install -e .` again.
+********************************************************************************
+"""
+
+
+def _say_no_extension(reason: str) -> None:
+    print(_NO_EXTENSION.format(reason=reason), file=sys.stderr)
+
+
+class OptionalBuildExt(build_ext):
+    """build_ext that turns a missing compiler into a message instead of a failed install."""
+
+    def run(self) -> None:
+        try:
+            super().run()
+        except Exception as exc:  # DistutilsPlatformError and friends: no compiler at all
+            _say_no_extension(f"{type(exc).__name__}: {exc}")
+
+    def build_extension(self, ext: Extension) -> None:
+        try:
+            super().build_extension(ext)
+        except Exception as exc:  # CompileError, LinkError, a compiler that is not there
+            _say_no_extension(f"{type(exc).__name__}: {exc}")
+
+
+def _extensions() -> list[Extension]:
+    try:
+        from Cython.Build import cythonize
+    except ImportError:
+        _say_no_extension("Cython is not installed (it is a build requirement in pyproject.toml)")
+        return []
+    return cythonize(
+        [Extension("protocol._speedups", ["protocol/_speedups.pyx"])],
+        compiler_directives={"language_level": "3"},
+        quiet=True,
+    )
+
+
+setup(ext_modules=_extensions(), cmdclass={"build_ext": OptionalBuildExt})

@@ -1,0 +1,72 @@
+"""`sluice quotas describe --effective` tells what enforcement applies, against a real broker
+through a real Sluice process (issue 26).
+
+One client id, `app`, is limited twice: by a callback (`GroupQuotaCallback`, a group of 2 MiB/s
+that `app` belongs to) and by a ``cluster_entries`` entry (the draft's `bps`, 1 MiB/s across every
+broker). Plain `describe` used to resolve with `DefaultQuotaCallback` from the entries alone, so it
+showed neither (it knows no callback and no cluster entry). The engine's answer
+(``GET /quotas/effective``, printed by ``describe --effective``) must list both limits with their
+sources, equal `sluice_quota_limit` for the same sensors, and the producer must be held at the
+smaller one.
+
+Token bucket, burst 250 ms; the rate is judged over 11 s after the first 5.5 s: the burst can
+land in the span at most once (0.25 / 11 = 2.3 %) and one 64 KiB request past its check adds
+64 KiB / 11 MiB = 0.6 %, so 0.95-1.05 of 1 MiB/s holds it and the callback's 2 MiB/s fails it.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import create_topic, unique_name
+from tests.harness import load
+from tests.harness.kafka import REPO, KafkaCluster, free_port
+from tests.harness.metrics import Metrics
+from tests.harness.quotas import PERIOD_S, WINDOW, KiB, MiB
+from tests.harness.sluice import SluiceProcess
+
+pytestmark = [pytest.mark.integration]
+
+MEASURED_S = 2 * PERIOD_S
+
+
+def test_describe_effective_equals_the_metric_and_the_observed_rate(kafka: KafkaCluster,
+                                                                    tmp_path: Path) -> None:
+    port = free_port()
+    sluice = SluiceProcess(kafka.bootstrap, tmp_path / "sluice", config={
+        "metrics": {"port": port},
+        "quotas": {"window": WINDOW, "rate_model": "token_bucket", "burst_ms": 250,
+                   "callback": {"class": "quotas.builtin:GroupQuotaCallback",
+                                "config": {"groups": [{"name": "pay", "client_ids": ["app"],
+                                                       "producer_byte_rate": 2 * MiB}]}},
+                   "cluster_entries": [{"client_id": "app", "producer_byte_rate": MiB}]}}).start()
+    metrics = Metrics(port)
+    try:
+        topic = create_topic(kafka.bootstrap, unique_name("effective"))
+        timeline = load.confluent_flood(sluice.bootstrap, topic, PERIOD_S + MEASURED_S, client_id="app",
+                                        record_size=1000, batch_bytes=64 * KiB)
+        observed = timeline.rate(PERIOD_S, PERIOD_S + MEASURED_S)
+        described = subprocess.run(
+            [sys.executable, "-m", "proxy", "quotas", "describe", "--effective", "--url",
+             f"http://127.0.0.1:{port}", "--names", "client-id=app", "--output", "json"],
+            cwd=REPO, capture_output=True, text=True, timeout=30, check=True)
+        limits = {(x["source"], x["kind"]): x for x in json.loads(described.stdout)["limits"]}
+        callback = limits[("callback", "producer_byte_rate")]
+        cluster = limits[("cluster_entries", "producer_byte_rate")]
+        assert (callback["limit"], callback["unit"]) == (2 * MiB, "bytes/s")
+        assert (cluster["limit"], cluster["scope"], cluster["entity"]) == (MiB, "cluster", "client-id 'app'")
+        # the metric shows the same limits on the sensors enforcement used
+        assert metrics.value("sluice_quota_limit", broker="cluster", client_id="app", kind="produce") == MiB
+        assert metrics.value("sluice_quota_limit", user="<group:pay>", kind="produce",
+                             broker=str(kafka.nodes[0].node_id)) == 2 * MiB
+        ratio = observed / min(callback["limit"], cluster["limit"])
+        print(f"describe --effective: callback {callback['limit']:.0f}, cluster {cluster['limit']:.0f}; "
+              f"observed {observed:.0f} B/s = {ratio:.3f} x the smaller")
+        assert 0.95 <= ratio <= 1.05, f"{ratio:.3f}"
+    finally:
+        sluice.stop()

@@ -1,0 +1,222 @@
+"""`tune simulate`: the Spark steps DataFrame -> DataFrame on tiny explicit inputs, the job's files,
+`recommend --verify` and `apply`'s refusal of a plan whose simulation throttles too much."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import pytest
+
+from quotas import QuotaConfig, QuotaEntity, QuotaEntry, QuotaKind, RateConfig, RateModel
+from quotas.entity import ClientIdentity
+from quotas.replay import Arrival, replay, summarize
+from spark_analytics.simulate import (
+    SimulationSetup,
+    arrivals,
+    entity_text,
+    group_rows,
+    identities,
+    quota_config,
+    simulate,
+    too_throttled,
+    with_groups,
+)
+from tests.spark.logs import T0, fetch, frame, other, produce, write_logs
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
+
+pytestmark = pytest.mark.spark
+
+WINDOW = RateConfig()
+
+
+def _config(values: dict[tuple[str, str], float]) -> QuotaConfig:
+    return quota_config(values, window=WINDOW, rate_model=RateModel.WINDOWED, burst_ms=None)
+
+
+def test_arrivals_take_what_each_key_counts(spark: SparkSession) -> None:
+    logs = frame(spark, [
+        produce(T0, 1093, topics=[{"topic": "a", "partition": 0, "records": 10, "bytes": 600},
+                                  {"topic": "b", "partition": 0, "records": 5, "bytes": 400}]),
+        fetch(T0 + 5, 900, throttle_time_ms=20),
+        other(T0 + 7),
+    ])
+    keys = ["producer_byte_rate", "consumer_byte_rate", "producer_record_rate", "request_rate"]
+    rows = sorted((r["quota_key"], r["ts_ms"] - T0, r["value"], r["records"], r["recorded_throttled"])
+                   for r in logs.transform(arrivals(keys, topics=False)).collect())
+    assert rows == [
+        ("consumer_byte_rate", 5, 900.0, 3, True),     # Fetch: response bytes
+        ("producer_byte_rate", 0, 1093.0, 15, False),  # Produce: request bytes (what Kafka counts)
+        ("producer_record_rate", 0, 15.0, 15, False),  # the batch headers' records
+        ("request_rate", 0, 1.0, 15, False),           # every API, 1 each
+        ("request_rate", 5, 1.0, 3, True),
+        ("request_rate", 7, 1.0, 0, False),
+    ]
+    per_topic = sorted((r["topic"], r["value"]) for r in
+                       logs.transform(arrivals(["producer_byte_rate"], topics=True)).collect())
+    assert per_topic == [("a", 600.0), ("b", 400.0)]  # one row per topic, with that topic's bytes
+
+
+def test_groups_follow_the_engine_precedence() -> None:
+    plan = _config({("client-id-prefix=batch-", "producer_byte_rate"): 1000,
+                    ("user=alice", "producer_byte_rate"): 2000,
+                    ("user=alice,client-id=batch-x", "producer_byte_rate"): 3000})
+    found = [("u", "batch-a", None, "producer_byte_rate"), ("v", "batch-b", None, "producer_byte_rate"),
+             ("alice", "batch-x", None, "producer_byte_rate"), ("alice", "web", None, "producer_byte_rate"),
+             ("bob", "web", None, "producer_byte_rate")]
+    got = {(p, c): e for p, c, _, _, e in group_rows(plan, found, topics=False)}
+    # the most specific entity wins (user+client-id over user over prefix); bob is unlimited: left out
+    assert got == {("u", "batch-a"): "client-id-prefix=batch-", ("v", "batch-b"): "client-id-prefix=batch-",
+                   ("alice", "batch-x"): "user=alice,client-id=batch-x", ("alice", "web"): "user=alice"}
+
+
+def _steady(principal: str, client_id: str, value: int, every_ms: int, until_ms: int,
+            start_ms: int = 0) -> list[dict[str, object]]:
+    return [produce(T0 + t, value, principal=principal, client_id=client_id)
+            for t in range(start_ms, until_ms, every_ms)]
+
+
+def _simulated(spark: SparkSession, records: list[dict[str, object]], plan: QuotaConfig,
+               base: QuotaConfig, scope: str = "broker") -> dict[str, dict[str, Any]]:
+    logs = frame(spark, records)
+    arr = logs.transform(arrivals(["producer_byte_rate"], topics=False))
+    groups = group_rows(plan, identities(arr), topics=False)
+    setup = SimulationSetup.of(plan, base, ["producer_byte_rate"], scope)
+    out = arr.transform(with_groups(spark, groups, scope)).transform(simulate(setup, topics=False))
+    return {f"{r['entity']}@{r['broker_id']}": r.asDict() for r in out.collect()}
+
+
+def test_simulate_replays_each_sharing_group_through_the_engine(spark: SparkSession) -> None:
+    # alice: 300 B every 100 ms for 20 s under user=alice 1000 B/s (plan) and 5000 B/s (baseline);
+    # batch-a and batch-b 600 B/s each, 500 ms apart, under one client-id-prefix=batch- 1000 B/s budget.
+    records = (_steady("alice", "app", 300, 100, 20_000) + _steady("u", "batch-a", 600, 1000, 20_000)
+               + _steady("u", "batch-b", 600, 1000, 20_000, start_ms=500))
+    plan = _config({("user=alice", "producer_byte_rate"): 1000,
+                    ("client-id-prefix=batch-", "producer_byte_rate"): 1000})
+    base = _config({("user=alice", "producer_byte_rate"): 5000})
+    rows = _simulated(spark, records, plan, base)
+    assert sorted(rows) == ["client-id-prefix=batch-@1", "user=alice@1"]
+
+    # The Spark result is the engine's replay of the same arrivals, group by group.
+    alice = [Arrival(T0 + t, ClientIdentity("alice", "app"), 300) for t in range(0, 20_000, 100)]
+    want = summarize(alice, replay(alice, plan, QuotaKind.PRODUCE))
+    got = rows["user=alice@1"]
+    assert got["plan_throttled_seconds"] == want.throttled_seconds > 0
+    assert got["plan_throttle_total_ms"] == want.throttle_total_ms
+    assert got["plan_admitted_per_s"] == pytest.approx(want.admitted_per_s)
+    assert got["plan_deferred"] == want.deferred
+    # first throttle at 3400 ms (tests/unit/quotas/test_replay.py): seconds 3.. are throttled
+    assert json.loads(got["timeline"])[3][4] > 0 and all(p[4] == 0 for p in json.loads(got["timeline"])[:3])
+    # baseline 5000 B/s > 3000 B/s sent: nothing throttled, everything admitted
+    assert got["base_throttled_seconds"] == 0 and got["base_deferred"] == 0
+    assert got["base_admitted_per_s"] == pytest.approx(got["plan_demand_per_s"])
+    assert got["requests"] == 200 and got["recorded_throttled_seconds"] == 0
+
+    # The prefix group: both clients in one budget (first throttle at 8000 ms, 200 ms: test_replay.py)
+    batch = rows["client-id-prefix=batch-@1"]
+    assert batch["requests"] == 40
+    assert batch["plan_throttles"] > 0 and batch["base_throttles"] == 0  # no baseline quota: unlimited
+    timeline = json.loads(batch["timeline"])
+    assert next(p[0] - T0 // 1000 for p in timeline if p[4] > 0) == 8
+    assert timeline[8][4] >= 200  # the 200 ms one, and any later in that second
+
+
+def test_broker_scope_keeps_brokers_apart_and_cluster_scope_sums_them(spark: SparkSession) -> None:
+    # 600 B/s to each of two brokers under 1000 B/s: per broker nobody is throttled; for the cluster
+    # 1200 B/s is (the arithmetic of the prefix group: first throttle at 8000 ms).
+    records = (_steady("alice", "app", 600, 1000, 20_000)
+               + [r | {"broker_id": 2} for r in _steady("alice", "app", 600, 1000, 20_000, start_ms=500)])
+    plan = _config({("user=alice", "producer_byte_rate"): 1000})
+    base = _config({})
+    per_broker = _simulated(spark, records, plan, base, "broker")
+    assert sorted(per_broker) == ["user=alice@1", "user=alice@2"]
+    assert all(r["plan_throttles"] == 0 for r in per_broker.values())
+    cluster = _simulated(spark, records, plan, base, "cluster")
+    assert list(cluster) == ["user=alice@None"]
+    assert cluster["user=alice@None"]["plan_throttles"] > 0
+
+
+def test_entity_names_of_sharing_groups() -> None:
+    from quotas.entity import SensorKey
+
+    assert entity_text(SensorKey(QuotaKind.PRODUCE, "alice", "")) == "user=alice"
+    assert entity_text(SensorKey(QuotaKind.PRODUCE, "alice", "a,b")) == "user=alice,client-id=a%2Cb"
+    assert entity_text(SensorKey(QuotaKind.FETCH, "", "", topic="orders")) == "topic=orders"
+    assert QuotaConfig((QuotaEntry(QuotaEntity(user="alice"), {QuotaKind.PRODUCE: 5.0}),)) == _config(
+        {("user=alice", "producer_byte_rate"): 5})
+
+
+# ------------------------------------------------------------------------------ the jobs
+
+def _plan_file(path: Path, entries: list[dict[str, Any]]) -> Path:
+    path.mkdir(parents=True, exist_ok=True)
+    doc = {"format": "sluice.quota-plan/1", "generated_at": "2026-01-01T00:00:00+00:00", "policy": {},
+           "input": {}, "entries": entries}
+    (path / "plan.json").write_text(json.dumps(doc))
+    return path / "plan.json"
+
+
+def _entry(entity: str, current: float | None, recommended: int) -> dict[str, Any]:
+    return {"entity": entity, "quota_key": "producer_byte_rate", "matched_entity": None, "current": current,
+            "recommended": recommended, "action": "decrease", "reason": "test"}
+
+
+def test_simulate_job_writes_json_table_and_plots(spark: SparkSession, tmp_path: Path,
+                                                  capsys: pytest.CaptureFixture[str]) -> None:
+    from spark_analytics.jobs import simulate as job
+
+    records = (_steady("alice", "app", 300, 100, 20_000)
+               + [r | {"throttle_time_ms": 50} for r in _steady("bob", "app", 100, 1000, 5000)])
+    write_logs(tmp_path / "logs", records)
+    plan = _plan_file(tmp_path / "plan",
+                      [_entry("user=alice", 5000.0, 1000), _entry("user=bob", 500.0, 1000)])
+    code = job.main(["--logs", str(tmp_path / "logs"), "--plan", str(plan), "--master", "local[2]",
+                     "--no-progress"])
+    assert code == 0
+    doc = json.loads((tmp_path / "plan" / "simulation.json").read_text())
+    by_entity = {e["entity"]: e for e in doc["entities"]}
+    assert sorted(by_entity) == ["user=alice", "user=bob"]
+    alice = by_entity["user=alice"]
+    assert alice["plan"]["throttled_seconds"] > 0 and alice["baseline"]["throttled_seconds"] == 0
+    assert alice["difference"]["throttled_seconds"] == alice["plan"]["throttled_seconds"]
+    assert not alice["censored"]
+    # bob was throttled in the recording: censored, said so
+    assert by_entity["user=bob"]["censored"] and "lower bound" in by_entity["user=bob"]["censored_note"]
+    pngs = sorted(p.name for p in (tmp_path / "plan" / "simulation").glob("*.png"))
+    assert pngs == ["user=alice_producer_byte_rate_broker_1.png", "user=bob_producer_byte_rate_broker_1.png"]
+    table = capsys.readouterr().out
+    assert "user=alice producer_byte_rate @1" in table and "censored:" in table
+    # the refusal apply uses: alice is throttled in most of her active seconds under the plan
+    assert [r.split(":")[0] for r in too_throttled(doc, 0.1)] == ["user=alice producer_byte_rate on broker 1"]
+    assert too_throttled(doc, 1.0) == []
+
+
+def test_recommend_verify_attaches_the_simulation_and_apply_refuses_it(
+        spark: SparkSession, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from spark_analytics.jobs import apply, recommend
+
+    # alice sends 3000 B/s steadily, under a logged 5000 B/s quota; a plan with a ceiling of 1000 B/s
+    # and no step limit throttles her most of the time.
+    records = [r | {"quota_entity": "user=alice", "quota_kind": "producer_byte_rate", "quota_limit": 5000.0}
+               for r in _steady("alice", "app", 300, 100, 20_000)]
+    write_logs(tmp_path / "logs", records)
+    out = tmp_path / "plan"
+    code = recommend.main(["--logs", str(tmp_path / "logs"), "--out", str(out), "--ceiling", "1000",
+                           "--no-max-change", "--no-plots", "--no-progress", "--master", "local[2]",
+                           "--verify"])
+    assert code == 0
+    plan_doc = json.loads((out / "plan.json").read_text())
+    sim = plan_doc["simulation"]
+    assert [e["entity"] for e in sim["entities"]] == ["user=alice"]
+    assert sim["entities"][0]["plan"]["throttled_share"] > 0.5
+    capsys.readouterr()
+
+    # apply refuses before it connects anywhere (no server at this address), naming the entity and why
+    refused = apply.main(["--plan", str(out / "plan.json"), "--bootstrap-server", "127.0.0.1:9",
+                          "--max-throttled-share", "0.2"])
+    err = capsys.readouterr().err
+    assert refused == 1
+    assert "user=alice producer_byte_rate" in err and "of its active seconds" in err and "--force" in err

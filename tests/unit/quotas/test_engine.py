@@ -1,0 +1,207 @@
+"""The quota engine's verbs, with Kafka's arithmetic (fake clock, no I/O).
+
+Kafka's windowed rate with the default window (11 samples of 1 s): a first record at t=0 is
+measured over the padded span of (11 - 1) x 1 s = 10 s, so ``rate = recorded / 10 s``. A
+violation is ``rate > bound``; the throttle is ``(rate - bound) / bound x 10 000 ms`` for byte
+and record rates (uncapped), capped at one window (1 000 ms) for request_rate and
+request_percentage (`ClientRequestQuotaManager`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from quotas.clock import FakeClock
+from quotas.config import QuotaConfig
+from quotas.engine import QuotaEngine
+from quotas.entity import ClientIdentity, QuotaKind, SensorKey
+from quotas.plugins import Plugins
+
+APP = ClientIdentity("alice", "app")
+
+
+@dataclass(frozen=True)
+class Tally:
+    bytes_by_topic: dict[str, int] = field(default_factory=dict)
+    records_by_topic: dict[str, int] = field(default_factory=dict)
+    records: int = 0
+
+
+def engine(entries: list[dict[str, object]], *, cluster: list[dict[str, object]] | None = None,
+           clock: FakeClock | None = None) -> QuotaEngine:
+    plugins = Plugins(cluster_entries=QuotaConfig.from_dict({"entries": cluster}) if cluster else None)
+    return QuotaEngine(QuotaConfig.from_dict({"entries": entries}), clock or FakeClock(), plugins)
+
+
+def test_produce_charges_bytes_records_and_each_topic() -> None:
+    e = engine([{"client_id": "app", "producer_byte_rate": 1000, "producer_record_rate": 100},
+                {"topic": "t", "producer_byte_rate": 500}])
+    assert e.needs_produce_usage  # records and a topic quota: the request is read per topic
+    # 12 000 B / 10 s = 1 200 B/s > 1 000: (1200 - 1000) / 1000 x 10 000 ms = 2 000 ms
+    # 500 records / 10 s = 50/s <= 100: not throttled
+    # topic t: 6 000 B / 10 s = 600 B/s > 500: (600 - 500) / 500 x 10 000 ms = 2 000 ms
+    v = e.produce(1, APP, 12_000, Tally({"t": 6_000, "u": 6_000}, {"t": 250, "u": 250}, 500))
+    by_kind = {(d.kind, d.key.topic): d.would_throttle_ms for d in v.decisions}
+    assert by_kind == {(QuotaKind.PRODUCE, ""): 2000, (QuotaKind.PRODUCER_RECORD_RATE, ""): 0,
+                       (QuotaKind.PRODUCE, "t"): 2000, (QuotaKind.PRODUCE, "u"): 0}
+    assert v.throttle_ms == 2000
+
+
+def test_produce_topic_budget_alone_throttles_an_unlimited_client() -> None:
+    e = engine([{"topic_prefix": "logs-", "producer_byte_rate": 1000}])
+    # two topics of one prefix share one budget: (7 000 + 7 000) / 10 s = 1 400 B/s
+    # (1400 - 1000) / 1000 x 10 000 ms = 4 000 ms
+    v = e.produce(None, APP, 14_100, Tally({"logs-a": 7_000, "logs-b": 7_000}, {}, 0))
+    assert v.throttle_ms == 4000
+    assert {d.key.topic_prefix for d in v.decisions if d.bound is not None} == {"logs-"}
+
+
+def test_fetch_request_caps_max_bytes_at_one_window_of_the_tightest_budget() -> None:
+    # KAFKA-9677: max_value_in_quota_window = bound x (samples - 1) x 1 s
+    e = engine([{"client_id": "app", "consumer_byte_rate": 1000}],
+               cluster=[{"client_id": "app", "consumer_byte_rate": 400}])
+    v = e.fetch_request(1, APP)
+    assert v.fetch_cap_bytes == 4000 and v.throttle_ms == 0  # 400 x 10 s beats 1 000 x 10 s
+    assert e.fetch_request(1, APP, share=True).fetch_cap_bytes == 4000
+    assert engine([]).fetch_request(1, APP).fetch_cap_bytes is None  # no quota: no cap
+
+
+def test_request_rate_is_capped_at_one_window() -> None:
+    e = engine([{"client_id": "app", "request_rate": 2}])
+    verdicts = [e.request(1, APP) for _ in range(21)]
+    # 21 requests / 10 s = 2.1/s > 2: (2.1 - 2) / 2 x 10 000 ms = 500 ms
+    assert verdicts[-1].throttle_ms == 500
+    assert e.request(1, APP, rated=False).decisions == ()  # ApiVersions and SASL are not counted
+    for _ in range(30):
+        last = e.fetch_request(1, APP)  # a fetch is a request too
+    # 51 / 10 s = 5.1/s: (5.1 - 2) / 2 x 10 000 = 15 500 ms, capped at one window
+    assert last.throttle_ms == 1000
+
+
+def test_fetch_response_throttled_is_emptied_and_unrecorded() -> None:
+    clock = FakeClock()
+    e = engine([{"client_id": "app", "consumer_byte_rate": 1000}], clock=clock)
+    # 12 000 B / 10 s = 1 200 B/s: 2 000 ms, answered empty, and the bytes taken back
+    v = e.fetch_response(1, APP, 12_000, None, 0)
+    assert v.empty and v.throttle_ms == 2000
+    # un-recorded: 5 000 B more measure 500 B/s, not 1 700
+    again = e.fetch_response(1, APP, 5_000, None, 0)
+    assert not again.empty and again.throttle_ms == 0
+    assert again.decisions[0].observed == 500.0
+
+
+def test_fetch_response_is_emptied_when_the_request_was_throttled() -> None:
+    e = engine([{"client_id": "app", "consumer_byte_rate": 1000, "consumer_record_rate": 1000},
+                {"topic": "t", "consumer_byte_rate": 100_000}])
+    v = e.fetch_response(1, APP, 100, Tally({"t": 90}, {"t": 9}, 9), request_throttle_ms=300)
+    assert v.empty and v.throttle_ms == 0
+    # everything it carried was taken back: bytes, records, the topic's bytes
+    fresh = e.fetch_response(1, APP, 100, Tally({"t": 90}, {"t": 9}, 9), 0)
+    observed = {(d.kind, d.key.topic): d.observed for d in fresh.decisions}
+    assert observed[(QuotaKind.FETCH, "")] == 10.0  # 100 B / 10 s
+    assert observed[(QuotaKind.CONSUMER_RECORD_RATE, "")] == 0.9
+    assert observed[(QuotaKind.FETCH, "t")] == 9.0
+
+
+def test_fetch_response_under_a_token_bucket_is_delivered_with_its_debt() -> None:
+    e = engine([{"client_id": "app", "consumer_byte_rate": 1000, "rate_model": "token_bucket",
+                 "burst_ms": 1000}])
+    # burst 1 000 B; a 3 000 B fetch arrives with credit and is delivered, leaving -2 000 B:
+    # the debt takes 2 000 / 1 000 B/s = 2 s to repay and throttles what follows, not this one
+    v = e.fetch_response(1, APP, 3_000, None, 0)
+    assert not v.empty and v.throttle_ms == 0 and v.debt_ms == 2000
+    assert v.delivered_throttle_ms == 2000
+
+
+def test_share_fetch_response_is_never_emptied_and_charges_records_and_topics() -> None:
+    e = engine([{"client_id": "app", "consumer_byte_rate": 1000, "consumer_record_rate": 10},
+                {"topic": "t", "consumer_record_rate": 5}])
+    # bytes: 12 000 / 10 s = 1 200 B/s: 2 000 ms; records: 110 / 10 s = 11/s > 10:
+    # (11 - 10) / 10 x 10 000 = 1 000 ms; topic t: 60 / 10 s = 6/s > 5: (6 - 5) / 5 x 10 000 = 2 000 ms
+    v = e.share_fetch_response(1, APP, 12_000, Tally({"t": 6_000, "u": 6_000}, {"t": 60, "u": 50}, 110))
+    assert not v.empty and v.throttle_ms == 2000
+    by_kind = {(d.kind, d.key.topic): d.would_throttle_ms for d in v.decisions}
+    assert by_kind[(QuotaKind.CONSUMER_RECORD_RATE, "")] == 1000
+    assert by_kind[(QuotaKind.CONSUMER_RECORD_RATE, "t")] == 2000
+
+
+def test_response_charges_request_percentage_capped_at_one_window() -> None:
+    e = engine([{"user": "alice", "request_percentage": 50}])
+    # a 6 000 ms round trip is 600 (percent x s); 600 / 10 s = 60 % > 50 %:
+    # (60 - 50) / 50 x 10 000 = 2 000 ms, capped at one window: 1 000 ms
+    assert e.response(1, APP, 6_000).throttle_ms == 1000
+    assert engine([]).response(1, APP, 6_000).decisions == ()
+
+
+def test_every_budget_kind_is_reported_and_takes_a_fleet_share() -> None:
+    e = engine([{"client_id_prefix": "etl-", "producer_byte_rate": 1000},
+                {"topic": "t", "producer_byte_rate": 1000}],
+               cluster=[{"client_id": "app", "producer_byte_rate": 1000}])
+    e.produce(1, ClientIdentity("bob", "etl-1"), 100, Tally({"t": 100}, {"t": 1}, 1))
+    e.produce(1, APP, 100, Tally({"t": 100}, {"t": 1}, 1))
+    budgets = {(scope, u.key) for scope, m in e.budgets() for u in m.fleet_usage() if u.base_bound}
+    prefix = SensorKey(QuotaKind.PRODUCE, "", "", client_id_prefix="etl-")
+    topic = SensorKey(QuotaKind.PRODUCE, "", "", topic="t")
+    assert ("1", prefix) in budgets and ("1", topic) in budgets
+    assert ("cluster", SensorKey(QuotaKind.PRODUCE, "", "app")) in budgets
+    # a share of 0.5 on the topic budget halves it: 2 x 100 + 5 800 = 6 000 B / 10 s = 600 B/s
+    # > 500: (600 - 500) / 500 x 10 000 ms = 2 000 ms
+    for scope, manager in e.budgets():
+        manager.set_shares({topic: 0.5} if scope == "1" else {}, 1.0)
+    v = e.produce(1, ClientIdentity("carol", "x"), 5_800, Tally({"t": 5_800}, {"t": 1}, 1))
+    assert v.throttle_ms == 2000
+
+
+def test_the_storage_factor_scales_client_cluster_and_topic_budgets() -> None:
+    e = engine([{"client_id": "app", "producer_byte_rate": 2000}, {"topic": "t", "producer_byte_rate": 2000}],
+               cluster=[{"client_id": "app", "producer_byte_rate": 2000}])
+    e.set_limit_scale(QuotaKind.PRODUCE, 0.5)
+    # every bound is 2 000 x 0.5 = 1 000 B/s; 12 000 B / 10 s = 1 200 B/s: 2 000 ms on each
+    v = e.produce(1, APP, 12_000, Tally({"t": 12_000}, {"t": 1}, 1))
+    assert sorted(d.would_throttle_ms for d in v.decisions if d.kind is QuotaKind.PRODUCE) == [2000] * 3
+
+
+def test_a_callback_is_probed_once_not_on_every_config_update() -> None:
+    built: list[int | None] = []
+
+    from quotas.callback import DefaultQuotaCallback
+
+    class Counting(DefaultQuotaCallback):
+        def __init__(self, broker_id: int | None = None) -> None:
+            super().__init__(sticky_levels=False)
+            built.append(broker_id)
+
+    e = QuotaEngine(QuotaConfig(), FakeClock(), Plugins(class_path="x:Counting", factory=Counting))
+    e.for_broker(1)
+    for i in range(5):
+        e.update_config(QuotaConfig.from_dict({"entries": [{"user": "a", "producer_byte_rate": 100 + i}]}))
+    assert built == [None, 1]  # the probe at start, then broker 1's manager
+
+
+def test_effective_is_what_enforcement_applies_under_callback_cluster_storage_and_share() -> None:
+    from quotas.builtin import GroupQuotaCallback
+
+    def groups(broker_id: int | None) -> GroupQuotaCallback:
+        return GroupQuotaCallback(broker_id=broker_id, groups=[{"name": "pay", "users": ["alice"],
+                                                                "producer_byte_rate": 4000}])
+
+    plugins = Plugins(class_path="quotas.builtin:GroupQuotaCallback", factory=groups,
+                      cluster_entries=QuotaConfig.from_dict({"entries": [{"user": "alice",
+                                                                           "producer_byte_rate": 3000}]}))
+    e = QuotaEngine(QuotaConfig.from_dict({"entries": [{"topic": "t", "producer_byte_rate": 5000}]}),
+                    FakeClock(), plugins)
+    e.set_limit_scale(QuotaKind.PRODUCE, 0.5)                  # storage factor 0.5 on every budget
+    group = SensorKey(QuotaKind.PRODUCE, "<group:pay>", "")
+    e.for_broker(1).set_shares({group: 0.5}, 1.0)              # fleet share 0.5 on the group
+    limits = {(x.scope, x.source): x for x in e.effective(1, APP, topic="t")}
+    # callback 4 000 x storage 0.5 x share 0.5 = 1 000; cluster entry 3 000 x 0.5 = 1 500;
+    # topic 5 000 x 0.5 = 2 500
+    assert {k: (x.configured, x.storage_factor, x.fleet_share, x.limit) for k, x in limits.items()} == {
+        ("1", "callback"): (4000, 0.5, 0.5, 1000), ("cluster", "cluster_entries"): (3000, 0.5, 1.0, 1500),
+        ("1", "topic"): (5000, 0.5, 1.0, 2500)}
+    # enforcement applies the same limits: 12 000 B / 10 s = 1 200 B/s against each
+    v = e.produce(1, APP, 12_000, Tally({"t": 12_000}, {"t": 1}, 1))
+    bounds = sorted(d.bound for d in v.decisions if d.kind is QuotaKind.PRODUCE and d.bound is not None)
+    assert bounds == sorted(x.limit for x in limits.values())
+    # (1200 - 1000) / 1000 x 10 000 ms = 2 000 ms: the smallest limit in force throttles
+    assert v.throttle_ms == 2000

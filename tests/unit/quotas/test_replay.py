@@ -1,0 +1,188 @@
+"""Known answers of the replay (quotas/replay.py): recorded arrivals through the quota engine.
+
+Windowed arithmetic (kafka-quota-semantics.md §1.2, §2.3) with Kafka's defaults, 11 samples of
+1 s: a fresh sensor's window is padded to 10 s, so at t ms after its first record (t < 10 s) it
+divides by ``10 000 + t % 1000`` ms, and the throttle of a total ``S`` over a window ``W`` s at a
+bound ``B`` is ``(S / W - B) / B x W x 1000 = (S - B x W) / B x 1000`` ms.
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from quotas import QuotaConfig, QuotaEntry, RateModel
+from quotas.entity import ClientIdentity, QuotaEntity, QuotaKind
+from quotas.replay import Arrival, replay, replay_summary, summarize
+
+ALICE = ClientIdentity("alice", "app")
+
+
+def config(entity: QuotaEntity, bound: float, kind: QuotaKind = QuotaKind.PRODUCE,
+           **kw: object) -> QuotaConfig:
+    return QuotaConfig((QuotaEntry(entity, {kind: bound}),), **kw)  # type: ignore[arg-type]
+
+
+def steady(who: ClientIdentity, value: float, every_ms: int, until_ms: int,
+           start_ms: int = 0) -> list[Arrival]:
+    return [Arrival(t, who, value) for t in range(start_ms, until_ms, every_ms)]
+
+
+def test_steady_client_under_a_windowed_quota_is_never_throttled() -> None:
+    # 100 B every 100 ms = 1000 B/s against 2000 B/s: the fresh window's rate is at most
+    # 100 B x 100 requests / 10 s = 1000 B/s and later 1000 B/s; never above 2000.
+    arrivals = steady(ALICE, 100, 100, 20_000)
+    s = replay_summary(arrivals, config(QuotaEntity(user="alice"), 2000), QuotaKind.PRODUCE)
+    assert s.throttles == 0 and s.throttled_seconds == 0
+    assert s.admitted == s.demand == 20_000
+    assert s.deferred == 0 and s.max_wait_ms == 0
+    assert s.active_seconds == 20
+    assert math.isnan(s.throttle_mean_ms)
+
+
+def test_steady_client_over_a_windowed_quota() -> None:
+    # 300 B every 100 ms = 3000 B/s against 1000 B/s, 60 s.
+    # First throttle: after n requests (the last at t = 100 (n-1)) the rate is 300 n / (10 + t%1000/1000).
+    # t = 3300: 34 x 300 = 10 200 B / 10.3 s = 990 B/s (<= 1000, not throttled);
+    # t = 3400: 35 x 300 = 10 500 B / 10.4 s = 1009.6 B/s -> (10 500 - 1000 x 10.4) / 1000 x 1000 = 100 ms.
+    arrivals = steady(ALICE, 300, 100, 60_000)
+    cfg = config(QuotaEntity(user="alice"), 1000)
+    result = replay(arrivals, cfg, QuotaKind.PRODUCE)
+    first = result.throttles[0]
+    assert (first.at_ms, first.throttle_ms, first.arrival) == (3400, 100, 34)
+    # The 36th request (t = 3500) waited for the mute to end (3400 + 100) and no longer.
+    assert result.admissions[35].admitted_ms == 3500
+    s = summarize(arrivals, result)
+    # Long run: the window holds the last ~10-11 s, and every decision keeps its total at most
+    # B x W plus the one request that crossed; so everything admitted by the end is at most the
+    # bound times (span + the 10 s a fresh window lends) plus one request:
+    # 1000 x (60 + 10) + 300 = 70 300 B, i.e. <= 1171.7 B/s over the 60 s span. It is at least the
+    # bound over the span less one window of lag (the mute ends when the rate is back at the
+    # bound): 1000 x (60 - 11) = 49 000 B.
+    assert 49_000 <= s.admitted <= 70_300
+    assert s.demand == 180_000
+    assert s.deferred == pytest.approx(s.demand - s.admitted)
+    # Backlogged from 3400 on, the client is muted from then to the end but for the instants of its
+    # decisions: seconds 3 to 59 are throttled (57), and the mutes add up to the time from 3400 to
+    # the end (59 901, 1 ms after the last arrival) give or take the last mute's overhang.
+    assert s.throttled_seconds == 57
+    assert s.throttled_share == pytest.approx(57 / 60)
+    assert result.end_ms - 3400 <= s.throttle_total_ms <= result.end_ms - 3400 + s.throttle_max_ms
+    # What is deferred at the end was backlog then: the peak is at least that.
+    assert s.max_backlog >= s.deferred > 0
+
+
+def test_a_burst_under_the_token_bucket() -> None:
+    # Bound 1000 B/s, burst 2000 ms = 2000 B of credits, full at the start. Five 1000 B requests at t = 0:
+    # #0 credits 2000 -> 1000 (>= 0, no throttle); #1 1000 -> 0 (no throttle: violated only below 0);
+    # #2 0 -> -1000: throttle = 1000 / 1000 x 1000 = 1000 ms, the client is muted until 1000;
+    # #3 waits, at 1000 the credits refilled to 0 -> -1000: throttle 1000 ms; #4 likewise at 2000.
+    arrivals = [Arrival(0, ALICE, 1000) for _ in range(5)]
+    cfg = config(QuotaEntity(user="alice"), 1000, rate_model=RateModel.TOKEN_BUCKET, burst_ms=2000)
+    result = replay(arrivals, cfg, QuotaKind.PRODUCE, end_ms=10_000)
+    assert [a.admitted_ms for a in result.admissions] == [0, 0, 0, 1000, 2000]
+    assert [(t.at_ms, t.throttle_ms) for t in result.throttles] == [(0, 1000), (1000, 1000), (2000, 1000)]
+    s = summarize(arrivals, result)
+    assert s.max_backlog == 2000  # #3 and #4 wait from 0 until 1000
+    assert s.max_wait_ms == 2000 and s.deferred == 0
+    # The same burst under the windowed model: 5000 B / 10 s = 500 B/s <= 1000: nobody waits.
+    windowed = replay(arrivals, config(QuotaEntity(user="alice"), 1000), QuotaKind.PRODUCE, end_ms=10_000)
+    assert windowed.throttles == () and {a.admitted_ms for a in windowed.admissions} == {0}
+
+
+def _two_clients(first: ClientIdentity, second: ClientIdentity) -> list[Arrival]:
+    # 600 B per second each: the first at 0, 1000, 2000, ..., the second at 500, 1500, ...
+    return sorted(steady(first, 600, 1000, 20_000) + steady(second, 600, 1000, 20_000, start_ms=500),
+                  key=lambda a: a.ts_ms)
+
+
+def test_a_prefix_group_shares_one_budget() -> None:
+    # batch-a and batch-b share client-id-prefix=batch- at 1000 B/s; together they send 1200 B/s.
+    # t = 7500: 16 x 600 = 9600 B / 10.5 s = 914 B/s; t = 8000 (batch-a): 17 x 600 = 10 200 B / 10.0 s
+    # = 1020 B/s -> (10 200 - 10 000) / 1000 x 1000 = 200 ms.
+    a, b = ClientIdentity("u", "batch-a"), ClientIdentity("u", "batch-b")
+    arrivals = _two_clients(a, b)
+    shared = replay(arrivals, config(QuotaEntity(client_id_prefix="batch-"), 1000), QuotaKind.PRODUCE)
+    first = shared.throttles[0]
+    assert (first.at_ms, first.throttle_ms, arrivals[first.arrival].client) == (8000, 200, a)
+    # Both clients get throttled: the budget is the group's.
+    assert {arrivals[t.arrival].client for t in shared.throttles} == {a, b}
+    # Each alone at 600 B/s under its own 1000 B/s (client-id=<default>) is never throttled.
+    from quotas.entity import DEFAULT
+
+    alone = replay(arrivals, config(QuotaEntity(client_id=DEFAULT), 1000), QuotaKind.PRODUCE)
+    assert alone.throttles == ()
+
+
+def test_a_topic_budget_limits_every_client_of_the_topic_together() -> None:
+    # Two clients produce 600 B/s each to topic orders with a 1000 B/s topic budget: the same
+    # arithmetic as the prefix group (first throttle at 8000 ms, 200 ms), the sensor is the topic's.
+    a, b = ClientIdentity("u", "p1"), ClientIdentity("v", "p2")
+    arrivals = [Arrival(x.ts_ms, x.client, x.value, "orders") for x in _two_clients(a, b)]
+    result = replay(arrivals, config(QuotaEntity(topic="orders"), 1000), QuotaKind.PRODUCE, topics=True)
+    first = result.throttles[0]
+    assert (first.at_ms, first.throttle_ms) == (8000, 200)
+    # Another topic is not limited by it.
+    other = [Arrival(x.ts_ms, x.client, x.value, "payments") for x in arrivals]
+    orders = config(QuotaEntity(topic="orders"), 1000)
+    assert replay(other, orders, QuotaKind.PRODUCE, topics=True).throttles == ()
+
+
+def test_a_muted_clients_backlog_waits_and_carries_over() -> None:
+    # Bound 1000 B/s. 20 000 B at t = 0: 20 000 / 10 s = 2000 B/s -> (20 000 - 10 000) / 1000 x 1000 =
+    # 10 000 ms; the client is muted until 10 000. Nine 100 B requests at 100, 200, ..., 900 wait.
+    # At 10 000 the first of them is read: the window is 10 s unpadded (elapsed 10 000, 10 full windows),
+    # 20 100 B / 10 s = 2010 B/s -> 10 100 ms, muted until 20 100. At 20 100 the 0 ms sample is purged
+    # (20 100 - 0 >= 11 x 1000): 200 B / 10.1 s, then up to 900 B / 10.1 s: the other eight go at once.
+    arrivals = [Arrival(0, ALICE, 20_000)] + [Arrival(t, ALICE, 100) for t in range(100, 1000, 100)]
+    cfg = config(QuotaEntity(user="alice"), 1000)
+    result = replay(arrivals, cfg, QuotaKind.PRODUCE, end_ms=30_000)
+    assert [a.admitted_ms for a in result.admissions] == [0, 10_000] + [20_100] * 8
+    assert [(t.at_ms, t.throttle_ms) for t in result.throttles] == [(0, 10_000), (10_000, 10_100)]
+    s = summarize(arrivals, result)
+    assert s.max_backlog == 900  # all nine followers, from t = 900 to 10 000
+    assert s.deferred == 0
+    assert s.max_wait_ms == 20_100 - 200
+    # Stopped where the recording ends (1 ms after the last arrival), all nine are deferred.
+    assert summarize(arrivals, replay(arrivals, cfg, QuotaKind.PRODUCE)).deferred == 900
+
+
+def test_a_throttled_windowed_fetch_is_emptied_and_asked_for_again() -> None:
+    # consumer_byte_rate 1000 B/s; fetches of 6000 B at t = 0 and t = 100: the first, 6000 / 10 s = 600,
+    # is delivered; the second makes 12 000 / 10.1 s = 1188 B/s -> (12 000 - 10 100) / 1000 x 1000 = 1900 ms:
+    # Kafka answers it empty and un-records it. Asked again at 2000: 12 000 / 10 s -> 2000 ms throttle,
+    # emptied again (the window did not move: the un-record left 6000 in it); at 4000:
+    # 12 000 / 10 s = 1200 -> 2000 ms ... until the 0 ms sample is purged at 11 000: 6000 / 10 s, delivered.
+    arrivals = [Arrival(0, ALICE, 6000), Arrival(100, ALICE, 6000)]
+    result = replay(arrivals, config(QuotaEntity(user="alice"), 1000, QuotaKind.FETCH), QuotaKind.FETCH,
+                    end_ms=20_000)
+    assert result.admissions[0].admitted_ms == 0
+    assert [(t.at_ms, t.throttle_ms) for t in result.throttles][:2] == [(100, 1900), (2000, 2000)]
+    assert result.admissions[1].admitted_ms is not None and result.admissions[1].admitted_ms >= 11_000
+    assert summarize(arrivals, result).deferred == 0
+
+
+def test_a_fetch_larger_than_the_window_allows_is_delivered_in_pieces() -> None:
+    # KAFKA-9677: one fetch carries at most bound x (samples - 1) x window = 100 x 10 = 1000 B. A recorded
+    # 2500 B response is delivered as 1000 + 1000 + 500 B: the first piece fills the fresh window to the
+    # bound (1000 / 10 s = 100, not above), so the second throttles and is asked for again later.
+    arrivals = [Arrival(0, ALICE, 2500)]
+    result = replay(arrivals, config(QuotaEntity(user="alice"), 100, QuotaKind.FETCH), QuotaKind.FETCH,
+                    end_ms=100_000)
+    admission = result.admissions[0]
+    assert admission.admitted_value == 2500 and admission.admitted_ms is not None
+    assert admission.admitted_ms > 10_000  # the pieces are more than one full window apart
+
+
+def test_a_fetch_after_a_mute_carries_everything_the_consumer_waited_for() -> None:
+    # consumer_byte_rate 1000 B/s. 10 000 B at t = 0: 10 000 / 10 s = 1000, not above: delivered.
+    # 200 B at t = 100: 10 200 / 10.1 s -> (10 200 - 10 100) / 1000 x 1000 = 100 ms: emptied, un-recorded,
+    # muted until 200. 200 B more arrive at 150. At 200 the fetch returns what is there, both: 400 B,
+    # 10 400 / 10.2 s -> (10 400 - 10 200) / 1000 x 1000 = 200 ms: emptied again, muted until 400.
+    # At 400: 10 400 / 10.4 s = 1000, not above: both delivered by that one fetch.
+    arrivals = [Arrival(0, ALICE, 10_000), Arrival(100, ALICE, 200), Arrival(150, ALICE, 200)]
+    result = replay(arrivals, config(QuotaEntity(user="alice"), 1000, QuotaKind.FETCH), QuotaKind.FETCH,
+                    end_ms=5000)
+    assert [a.admitted_ms for a in result.admissions] == [0, 400, 400]
+    assert [(t.at_ms, t.throttle_ms) for t in result.throttles] == [(100, 100), (200, 200)]
