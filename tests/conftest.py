@@ -26,6 +26,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
+from _pytest.nodeid import coerce_node_id
 
 from tests.harness.kafka import KafkaCluster
 from tests.harness.sluice import SluiceProcess
@@ -140,17 +141,14 @@ def _cost_rank(item: pytest.Item, group: str | None) -> int:
 
 def pytest_itemcollected(item: pytest.Item) -> None:
     """Marks each item's xdist group as it is collected, before any pytest_collection_modifyitems
-    (where xdist reads the marks).
-
-    NOTE: with pytest 9.2 and pytest-xdist 3.8.0 the groups do not take effect: xdist applies a group
-    by setting `item._nodeid`, and pytest 9 derives `nodeid` from `item._id`, so every test is its own
-    unit of work and a group's costly fixture may start on several workers."""
+    (where xdist reads the marks)."""
     if item.get_closest_marker("xdist_group") is None:
         group = xdist_group_of(item)
         if group is not None:
             item.add_marker(pytest.mark.xdist_group(group))
 
 
+@pytest.hookimpl(trylast=True)  # after xdist's own hook, whose suffix pytest 9 does not read
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     ranks: dict[str, int] = {}
     for item in items:
@@ -161,6 +159,22 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         ranks[item.nodeid] = ranks[key]
     # a stable sort: each module's tests stay together and in their order
     items.sort(key=lambda it: ranks[it.nodeid])
+    if config.getoption("loadgroup", default=False):
+        _suffix_groups(items)
+
+
+def _suffix_groups(items: list[pytest.Item]) -> None:
+    """What `--dist loadgroup` needs, done where pytest 9 reads it: xdist's scheduler groups the node
+    ids that end in ``@<group>``. xdist 3.8 appends the suffix to `item._nodeid`, but pytest 9 derives
+    `nodeid` from `item._id`, so without this every test would be a unit of its own and a group's
+    costly fixture (the three-node cluster, Spark, the TLS broker) would start on several workers."""
+    for item in items:
+        marker = item.get_closest_marker("xdist_group")
+        if marker is None or not marker.args:
+            continue
+        nodeid = item.nodeid
+        if "@" not in nodeid.rsplit("]", 1)[-1]:
+            item._id = coerce_node_id(f"{nodeid}@{marker.args[0]}")
 
 
 @pytest.hookimpl(wrapper=True)
