@@ -28,7 +28,7 @@ from pathlib import Path
 import pytest
 from _pytest.nodeid import coerce_node_id
 
-from tests.harness.kafka import KafkaCluster
+from tests.harness.kafka import KafkaCluster, RunningCluster
 from tests.harness.sluice import SluiceProcess
 from tests.harness.tls import TestCA
 from tests.harness.tools import KafkaTools, sasl_properties
@@ -202,18 +202,9 @@ def repo_root() -> Path:
 
 if os.environ.get("SLUICE_KAFKA_BOOTSTRAP"):
     # Bring-your-own cluster: tests that only need "a broker" use it instead of starting one.
-    class _External(KafkaCluster):
-        def __init__(self, bootstrap: str) -> None:
-            super().__init__(Path("/nonexistent"), 1)
-            self._bootstrap = bootstrap
-
-        @property
-        def bootstrap(self) -> str:
-            return self._bootstrap
-
     @pytest.fixture(scope="session")  # type: ignore[no-redef]
     def kafka() -> Iterator[KafkaCluster]:
-        yield _External(os.environ["SLUICE_KAFKA_BOOTSTRAP"])
+        yield RunningCluster(os.environ["SLUICE_KAFKA_BOOTSTRAP"])
 
 
 @pytest.fixture

@@ -8,7 +8,15 @@ import contextlib
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 
-from tests.harness.kafka import REPO, KafkaCluster, KafkaNode, _die_with_parent, free_port, java_command
+from tests.harness.kafka import (
+    REPO,
+    KafkaCluster,
+    KafkaNode,
+    RunningCluster,
+    _die_with_parent,
+    free_port,
+    java_command,
+)
 from tests.harness.load import Timeline, WatermarkSampler, confluent_flood
 from tests.harness.metrics import Metrics
 from tests.harness.sluice import READY, SluiceProcess
@@ -16,24 +24,6 @@ from tests.harness.tools import KafkaTools, parse_producer_perf
 from tests.harness.topics import create_topic, unique_name
 
 die_with_parent = _die_with_parent  # for the child processes a benchmark starts itself
-
-
-class RunningCluster(KafkaCluster):
-    """A cluster someone else runs (a test session's, `--bootstrap`): used, never started or stopped."""
-
-    def __init__(self, bootstrap: str) -> None:
-        super().__init__(Path("/nonexistent"), 1)
-        self._bootstrap = bootstrap
-
-    @property
-    def bootstrap(self) -> str:
-        return self._bootstrap
-
-    def start(self) -> KafkaCluster:
-        return self
-
-    def stop(self) -> None:
-        pass
 
 
 @contextlib.contextmanager

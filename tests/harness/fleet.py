@@ -4,6 +4,7 @@ consumer group across the instances, with the rates they achieved."""
 
 from __future__ import annotations
 
+import functools
 import threading
 from pathlib import Path
 from typing import Any
@@ -65,26 +66,16 @@ def flood_through(fleet: Fleet, topic: str, seconds: float, stops: list[threadin
     producer whose `stops` event is set goes away at once (drops what is in flight, closes).
     `partitions`: the partition each producer writes to (by default they spread their records)."""
     timelines = [load.Timeline() for _ in fleet.sluices]
-    failures: list[BaseException] = []
 
     def flood(i: int, sluice: SluiceProcess, timeline: load.Timeline) -> None:
-        try:
-            load.confluent_flood(sluice.bootstrap, topic, seconds, client_id="fleet-app",
-                                 batch_bytes=batch_bytes, timeline=timeline,
-                                 config={"log_level": 2},  # the killed instance's would log every retry
-                                 stop=None if stops is None else stops[i], abandon_on_stop=True,
-                                 partition=None if partitions is None else partitions[i])
-        except BaseException as e:  # raised again in the test's own thread
-            failures.append(e)
+        load.confluent_flood(sluice.bootstrap, topic, seconds, client_id="fleet-app",
+                             batch_bytes=batch_bytes, timeline=timeline,
+                             config={"log_level": 2},  # the killed instance's would log every retry
+                             stop=None if stops is None else stops[i], abandon_on_stop=True,
+                             partition=None if partitions is None else partitions[i])
 
-    threads = [threading.Thread(target=flood, args=(i, s, t))
-               for i, (s, t) in enumerate(zip(fleet.sluices, timelines, strict=True))]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(seconds + 60)
-    if failures:
-        raise failures[0]
+    load.run_together([functools.partial(flood, i, s, t)
+                       for i, (s, t) in enumerate(zip(fleet.sluices, timelines, strict=True))], seconds + 60)
     return timelines
 
 

@@ -467,3 +467,22 @@ def running_cluster(root: Path, nodes: int = 1, **kwargs: object) -> Iterator[Ka
         yield cluster
     finally:
         cluster.stop()
+
+
+class RunningCluster(KafkaCluster):
+    """A cluster someone else runs (SLUICE_KAFKA_BOOTSTRAP, a benchmark's `--bootstrap`, a test
+    session's): used, never started or stopped."""
+
+    def __init__(self, bootstrap: str) -> None:
+        super().__init__(Path("/nonexistent"), 1)
+        self._bootstrap = bootstrap
+
+    @property
+    def bootstrap(self) -> str:
+        return self._bootstrap
+
+    def start(self) -> KafkaCluster:
+        return self
+
+    def stop(self) -> None:
+        pass

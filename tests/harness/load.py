@@ -10,7 +10,7 @@ from __future__ import annotations
 import re
 import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from tests.harness.wait import wait_until
@@ -272,3 +272,23 @@ class WatermarkSampler:
 
 def mean(values: Sequence[float]) -> float:
     return sum(values) / len(values) if values else 0.0
+
+
+def run_together(jobs: Sequence[Callable[[], object]], join_timeout_s: float) -> None:
+    """Runs each job in a thread of its own, all started together, and waits for them; the first
+    exception a job raised is raised again here, in the caller's thread."""
+    failures: list[BaseException] = []
+
+    def guarded(job: Callable[[], object]) -> None:
+        try:
+            job()
+        except BaseException as e:
+            failures.append(e)
+
+    threads = [threading.Thread(target=guarded, args=(job,)) for job in jobs]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(join_timeout_s)
+    if failures:
+        raise failures[0]

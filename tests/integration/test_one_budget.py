@@ -22,7 +22,7 @@ of a client-id entry were shared already on old main; their cases guard that.
 
 from __future__ import annotations
 
-import threading
+import functools
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -99,23 +99,13 @@ def flood(bootstraps: list[str], client_ids: list[str], topic: str, seconds: flo
           batch_bytes: int, settings: tuple[tuple[str, object], ...] = ()) -> list[load.Timeline]:
     """One librdkafka producer per (bootstrap, client id), started together."""
     timelines = [load.Timeline() for _ in bootstraps]
-    failures: list[BaseException] = []
 
     def run(i: int) -> None:
-        try:
-            load.confluent_flood(bootstraps[i], topic, seconds, client_id=client_ids[i], record_size=RECORD,
-                                 batch_bytes=batch_bytes, timeline=timelines[i],
-                                 config={"log_level": 2, **dict(settings)})
-        except BaseException as e:  # raised again in the test's own thread
-            failures.append(e)
+        load.confluent_flood(bootstraps[i], topic, seconds, client_id=client_ids[i], record_size=RECORD,
+                             batch_bytes=batch_bytes, timeline=timelines[i],
+                             config={"log_level": 2, **dict(settings)})
 
-    threads = [threading.Thread(target=run, args=(i,)) for i in range(len(bootstraps))]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(seconds + 60)
-    if failures:
-        raise failures[0]
+    load.run_together([functools.partial(run, i) for i in range(len(bootstraps))], seconds + 60)
     return timelines
 
 
