@@ -159,18 +159,8 @@ class QuotaEngine:
         """A Produce request of `size_bytes` (header + body, Kafka's ``request.sizeInBytes``):
         ``request_rate`` 1, ``producer_byte_rate`` its size, ``producer_record_rate`` its records,
         and each topic's bytes, records and the request on the topic budgets."""
-        decisions: list[ThrottleDecision] = []
-        for manager, kinds in self.for_request(broker_id):
-            if QuotaKind.REQUEST_RATE in kinds:
-                decisions.append(manager.record_and_check(QuotaKind.REQUEST_RATE, identity, 1.0))
-            if QuotaKind.PRODUCE in kinds:
-                decisions.append(manager.record_and_check(QuotaKind.PRODUCE, identity, size_bytes))
-            if usage is not None and QuotaKind.PRODUCER_RECORD_RATE in kinds:
-                decisions.append(manager.record_and_check(QuotaKind.PRODUCER_RECORD_RATE, identity,
-                                                          usage.records))
-        if usage is not None and (topics := self.for_topics(broker_id)) is not None:
-            self._charge_topics(topics, usage, QuotaKind.PRODUCE, QuotaKind.PRODUCER_RECORD_RATE,
-                                decisions)
+        decisions = self._charge(broker_id, identity, size_bytes, usage, QuotaKind.PRODUCE,
+                                 QuotaKind.PRODUCER_RECORD_RATE, count_request=True)
         return RequestVerdict(tuple(decisions), enforced_ms(decisions))
 
     def fetch_request(self, broker_id: int | None, identity: ClientIdentity, *,
@@ -264,16 +254,8 @@ class QuotaEngine:
         ``consumer_byte_rate``, and with `usage` its records to ``consumer_record_rate`` and its
         topics to the topic budgets. Never emptied: the broker acquired these records for this
         consumer, so they are delivered and the client is throttled for what follows."""
-        decisions: list[ThrottleDecision] = []
-        for manager, kinds in self.for_request(broker_id):
-            if QuotaKind.FETCH in kinds:
-                decisions.append(manager.record_and_check(QuotaKind.FETCH, identity, size_bytes))
-            if usage is not None and QuotaKind.CONSUMER_RECORD_RATE in kinds:
-                decisions.append(manager.record_and_check(QuotaKind.CONSUMER_RECORD_RATE, identity,
-                                                          usage.records))
-        if usage is not None and (topics := self.for_topics(broker_id)) is not None:
-            self._charge_topics(topics, usage, QuotaKind.FETCH, QuotaKind.CONSUMER_RECORD_RATE,
-                                decisions)
+        decisions = self._charge(broker_id, identity, size_bytes, usage, QuotaKind.FETCH,
+                                 QuotaKind.CONSUMER_RECORD_RATE, count_request=False)
         return ResponseVerdict(tuple(decisions), enforced_ms(decisions))
 
     def response(self, broker_id: int | None, identity: ClientIdentity,
@@ -508,6 +490,23 @@ class QuotaEngine:
     def _kinds(self) -> frozenset[QuotaKind]:
         self.topic_kinds = frozenset(k for e in self._config if e.entity.is_topic for k in e.values)
         return self._effective().kinds() | self._cluster_wide_kinds | self._callback_kinds
+
+    def _charge(self, broker_id: int | None, identity: ClientIdentity, size_bytes: int,
+                usage: TopicTally | None, bytes_kind: QuotaKind, records_kind: QuotaKind, *,
+                count_request: bool) -> list[ThrottleDecision]:
+        """Record one request's bytes (and with `usage` its records and topics) on the caller's
+        budgets, with `count_request` also the request itself on ``request_rate``."""
+        decisions: list[ThrottleDecision] = []
+        for manager, kinds in self.for_request(broker_id):
+            if count_request and QuotaKind.REQUEST_RATE in kinds:
+                decisions.append(manager.record_and_check(QuotaKind.REQUEST_RATE, identity, 1.0))
+            if bytes_kind in kinds:
+                decisions.append(manager.record_and_check(bytes_kind, identity, size_bytes))
+            if usage is not None and records_kind in kinds:
+                decisions.append(manager.record_and_check(records_kind, identity, usage.records))
+        if usage is not None and (topics := self.for_topics(broker_id)) is not None:
+            self._charge_topics(topics, usage, bytes_kind, records_kind, decisions)
+        return decisions
 
     def _charge_topics(self, topics: QuotaManager, usage: TopicTally, bytes_kind: QuotaKind,
                        records_kind: QuotaKind, decisions: list[ThrottleDecision]) -> None:
