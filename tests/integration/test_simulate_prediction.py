@@ -209,7 +209,12 @@ def observed(logs: Path) -> dict[str, dict[str, float]]:
                 end_ms = r["ts_ms"] + r["throttle_time_ms"]
                 seconds.update(range(r["ts_ms"] // 1000, (end_ms - 1) // 1000 + 1))
         end_s = (log_end_ms - 1) // 1000
-        out[client] = {"throttled_seconds": len({s for s in seconds if s <= end_s}),
+        # the fidelity bench's long-run rate: after the first N x W, where a fresh sensor's padded
+        # window lets a client burst
+        fresh_ms = mine[0]["ts_ms"] + WINDOW["samples"] * WINDOW["size_ms"]
+        after_fresh = sum(r[size] or 0 for r in mine if r["ts_ms"] >= fresh_ms)
+        out[client] = {"long_run_per_s": after_fresh / max(log_end_ms - fresh_ms, 1) * 1000,
+                       "throttled_seconds": len({s for s in seconds if s <= end_s}),
                        "throttle_total_ms": sum(r["throttle_time_ms"] for r in mine),
                        "admitted_per_s": sum(r[size] or 0 for r in mine) / span_s, "span_s": span_s}
     return out
@@ -279,7 +284,8 @@ def test_simulate_predicts_what_sluice_then_does(kafka: KafkaCluster, tmp_path: 
         p, r = predicted[c], real[c]
         assert within(r["admitted_per_s"], p["admitted_per_s"]), (c, report[c])
         assert within(report[c]["client_bytes"], report[c]["predicted_client_bytes"]), (c, report[c])
-    # the flooder's admitted rate is the quota's (as the fidelity bench measures it, over the
-    # whole run: the quota plus what a fresh window lends, (samples - 1) x size_ms of quota)
-    lent = (WINDOW["samples"] - 1) * WINDOW["size_ms"] / 1000 * PLAN[FLOOD][1]
-    assert within(real[FLOOD]["admitted_per_s"], PLAN[FLOOD][1] + lent / real[FLOOD]["span_s"])
+    # the flooder's admitted rate is the quota's, as the fidelity bench measures it: after the first
+    # N x W = 5.5 s (a fresh sensor's padded window lets it burst), here ~17 s, ~3 sawtooth periods
+    # of at most one window; where the last is cut moves at most one 500 ms sample of quota:
+    # 0.5 / 17 = 3 %, plus a 16 KiB batch in ~870 KB: within 10 %
+    assert within(real[FLOOD]["long_run_per_s"], PLAN[FLOOD][1]), report[FLOOD]
