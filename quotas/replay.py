@@ -7,7 +7,10 @@ was admitted, the throttle each decision gave, and what was still waiting at the
 The model is Kafka's enforcement (kafka-quota-semantics.md §2, §5) as an open-loop queue:
 
 * A client (principal, client id) is one connection. A decision at time ``a`` that throttles by
-  ``T`` mutes the client until ``a + T``: a request of that client that arrives before then waits,
+  ``T`` mutes the client until ``a + T``; a produce's delay starts when its response is sent
+  (KIP-219, as the engine's adapter does: the channel is muted at the decision and the delay runs
+  from the response), so a produce whose recorded response took ``L`` ms mutes it until
+  ``a + L + T``. A request of that client that arrives before then waits,
   in arrival order, and is read at the end of the mute (the backlog carries over: every request
   behind it waits too). Arrivals are never dropped and never slowed down by the client itself
   (open loop: the recording says when the client wanted to send).
@@ -47,12 +50,15 @@ class Arrival:
 
     `client` is the connection (it is muted, and asks the engine); `topic` is set when the replay
     is of a topic budget: `value` is then what the request carried for that topic. `value` is what
-    the kind counts (bytes, records, or 1 for a request)."""
+    the kind counts (bytes, records, or 1 for a request). `response_ms` is how long the recorded
+    request waited for the broker's response (the access log's `upstream_latency_ms`; 0 when it
+    got none): a produce's throttle delay starts after it."""
 
     ts_ms: int
     client: ClientIdentity
     value: float
     topic: str | None = None
+    response_ms: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -164,6 +170,25 @@ class _Enforcer:
         return _Decision(max(verdict.delivered_throttle_ms, request.throttle_ms), piece)
 
 
+def unqueued_response_ms(requests: Iterable[tuple[int, float]]) -> int:
+    """One client's response time when it has nothing else in flight: the median recorded wait
+    (`(ts_ms, wait_ms)` per request, any order) of the requests that arrived after every earlier
+    one of the client had its response; 0 when there is none.
+
+    A throttled produce waits only for the broker's own service time: it is muted from the
+    decision, so none of its requests queue behind it. An unthrottled recording of a pipelining
+    client (librdkafka sends up to five at once; the broker reads one at a time per connection)
+    holds waits of seconds that are the client's own queue, which a throttle removes; a mute from
+    such a wait would hold the client far longer than the broker does."""
+    free_at = -math.inf
+    waits: list[float] = []
+    for ts_ms, wait_ms in sorted(requests):
+        if ts_ms >= free_at:
+            waits.append(wait_ms)
+        free_at = max(free_at, ts_ms + wait_ms)
+    return round(percentile(waits, 0.5)) if waits else 0
+
+
 class SharingGroups:
     """Which sharing group (sensor) the engine counts an identity in under `config`, by the
     engine's own precedence rules; `None` for an identity no quota of the kind limits."""
@@ -205,6 +230,7 @@ def replay(arrivals: Sequence[Arrival], config: QuotaConfig, kind: QuotaKind, *,
                                   for i, a in enumerate(arrivals)), (), end_ms, 0.0)
     enforcer = _Enforcer(config, kind, topics=topics)
     coalesce = kind in _FETCH_KINDS
+    from_response = kind in _PRODUCE_KINDS  # KIP-219: the delay starts when the response is sent
     clients: dict[ClientIdentity, _Client] = {}
     admitted_ms: list[int | None] = [None] * len(arrivals)
     remaining = [float(a.value) for a in arrivals]
@@ -249,7 +275,7 @@ def replay(arrivals: Sequence[Arrival], config: QuotaConfig, kind: QuotaKind, *,
         decision = enforcer.decide(at_ms, a.client, a.topic, asked)
         if decision.throttle_ms > 0:
             throttles.append(Throttle(at_ms, decision.throttle_ms, i))
-            state.muted_until_ms = at_ms + decision.throttle_ms
+            state.muted_until_ms = at_ms + (a.response_ms if from_response else 0) + decision.throttle_ms
         delivered = decision.delivered
         if delivered > 0:
             backlog_events.append((at_ms, 1, -delivered))

@@ -35,7 +35,7 @@ from contracts.access_log import (
 from quotas import QuotaConfig, QuotaEntity, QuotaEntry, QuotaKind, RateConfig, RateModel
 from quotas.callback import topic_identity
 from quotas.entity import ClientIdentity, SensorKey
-from quotas.replay import Arrival, ReplayResult, SharingGroups, replay, summarize
+from quotas.replay import Arrival, ReplayResult, SharingGroups, replay, summarize, unqueued_response_ms
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -137,8 +137,10 @@ def is_topic_entity(text: str) -> bool:
 def arrivals(keys: Sequence[str], *, topics: bool) -> Any:
     """Access-log records -> one row per request and quota key in `keys`: principal, client_id,
     topic (null unless `topics`: then one row per request and topic, with that topic's bytes and
-    records), broker_id, ts_ms, quota_key, value (what the key counts), records, and
-    `recorded_throttled` (Sluice or the broker throttled it in the recording)."""
+    records), broker_id, ts_ms, quota_key, value (what the key counts), records,
+    `recorded_throttled` (Sluice or the broker throttled it in the recording), and `response_ms`
+    (a produce's wait for its response, the upstream latency: its throttle delay starts after it,
+    KIP-219; 0 for other keys and for a produce without a response)."""
     from pyspark.sql import functions as F
 
     def transform(logs: DataFrame) -> DataFrame:
@@ -147,13 +149,15 @@ def arrivals(keys: Sequence[str], *, topics: bool) -> Any:
         fetch = api.isin(FETCH_API_KEY, SHARE_FETCH_API_KEY)
         broker_throttle = F.coalesce(F.col("broker_throttle_time_ms"), F.lit(0))
         throttled = (F.col("throttle_time_ms") > 0) | (broker_throttle > 0)
+        response_ms = F.round(F.coalesce(F.col("upstream_latency_ms"), F.lit(0.0))).cast("long")
         base: list[Column | str] = ["principal", "client_id", "broker_id", "ts_ms",
-                                    throttled.alias("recorded_throttled")]
+                                    throttled.alias("recorded_throttled"),
+                                    response_ms.alias("response_ms")]
         if topics:
             rows = (logs.where(produce | fetch)
                     .select(*base, "api_key", F.explode("topics").alias("t"))
-                    .groupBy("principal", "client_id", "broker_id", "ts_ms", "recorded_throttled", "api_key",
-                             F.col("t.topic").alias("topic"))
+                    .groupBy("principal", "client_id", "broker_id", "ts_ms", "recorded_throttled",
+                             "response_ms", "api_key", F.col("t.topic").alias("topic"))
                     .agg(F.sum("t.bytes").alias("bytes"),
                          F.sum(F.coalesce(F.col("t.records"), F.lit(0))).alias("records")))
             produce, fetch = F.col("api_key") == PRODUCE_API_KEY, F.col("api_key") != PRODUCE_API_KEY
@@ -174,10 +178,11 @@ def arrivals(keys: Sequence[str], *, topics: bool) -> Any:
                 where, value = fetch, size if key == "consumer_byte_rate" else F.col("records")
             else:
                 where, value = F.lit(True), F.lit(1)
+            waited = F.col("response_ms") if key in _PRODUCE_KEYS else F.lit(0).cast("long")
             parts.append(rows.where(where).select(
                 "principal", "client_id", "topic", "broker_id", "ts_ms", F.lit(key).alias("quota_key"),
                 value.cast("double").alias("value"), F.col("records").cast("long").alias("records"),
-                "recorded_throttled"))
+                "recorded_throttled", waited.alias("response_ms")))
         out = parts[0]
         for p in parts[1:]:
             out = out.unionByName(p)
@@ -231,7 +236,7 @@ def simulate(setup: SimulationSetup, *, topics: bool) -> Any:
         def run(table: pa.Table) -> pa.Table:
             return simulate_group(table, setup, topics=topics)
         return (arr.select("entity", "quota_key", "broker_id", "principal", "client_id", "topic", "ts_ms",
-                           "value", "records", "recorded_throttled")
+                           "value", "records", "recorded_throttled", "response_ms")
                 .groupBy("entity", "quota_key", "broker_id").applyInArrow(run, RESULT_SCHEMA))
     return transform
 
@@ -239,13 +244,17 @@ def simulate(setup: SimulationSetup, *, topics: bool) -> Any:
 # ------------------------------------------------------------------------------ in the workers
 
 def _arrivals_of(columns: Mapping[str, list[Any]], topics: bool) -> list[Arrival]:
-    out = []
-    for principal, client_id, topic, ts_ms, value in zip(
-            columns["principal"], columns["client_id"], columns["topic"], columns["ts_ms"], columns["value"],
-            strict=True):
-        client = ClientIdentity.of(principal, client_id)
-        out.append(Arrival(ts_ms, client, value, topic if topics else None))
-    return out
+    """The group's arrivals; each produce's response time is its client's unqueued one
+    (`quotas.replay.unqueued_response_ms`: the recording's waits include the client's own queue)."""
+    waits: dict[ClientIdentity, list[tuple[int, float]]] = {}
+    clients = [ClientIdentity.of(p, c)
+               for p, c in zip(columns["principal"], columns["client_id"], strict=True)]
+    for client, ts_ms, response_ms in zip(clients, columns["ts_ms"], columns["response_ms"], strict=True):
+        waits.setdefault(client, []).append((ts_ms, float(response_ms or 0)))
+    service_ms = {client: unqueued_response_ms(w) for client, w in waits.items()}
+    return [Arrival(ts_ms, client, value, topic if topics else None, service_ms[client])
+            for client, topic, ts_ms, value in zip(clients, columns["topic"], columns["ts_ms"],
+                                                   columns["value"], strict=True)]
 
 
 def _summary(arrs: Sequence[Arrival], result: ReplayResult, records: Sequence[int]) -> dict[str, Any]:
@@ -290,7 +299,7 @@ def simulate_group(table: pa.Table, setup: SimulationSetup, *, topics: bool) -> 
     table = table.sort_by([(c, "ascending") for c in ("ts_ms", "principal", "client_id", "topic", "value")])
     columns = {name: table.column(name).to_pylist()
                for name in ("principal", "client_id", "topic", "ts_ms", "value", "records",
-                            "recorded_throttled")}
+                            "recorded_throttled", "response_ms")}
     key = str(table.column("quota_key")[0].as_py())
     kind = QuotaKind(key)
     arrs = _arrivals_of(columns, topics)

@@ -130,8 +130,10 @@ class QuotaStage(StageBase):
             self._observe(ctx, verdict.decisions)
             note.decisions.extend(verdict.decisions)
             if verdict.empty:
-                emptied = _empty_fetch(entry, payload, max(verdict.throttle_ms, earlier_ms))
+                told_ms = max(verdict.throttle_ms, earlier_ms)
+                emptied = _empty_fetch(entry, payload, told_ms)
                 if emptied is not None:
+                    note.enforced_ms = told_ms  # the access log's throttle_time_ms for this Fetch
                     return ResponseOutcome(emptied, verdict.throttle_ms, replaced=True)
             new_ms = verdict.delivered_throttle_ms  # delivered: a bucket's debt throttles what follows
         else:

@@ -8,19 +8,37 @@ that plan on the same clients, paced the same way. Per entity, the predicted thr
 total throttle time and admitted bytes per second match run 2's access log and the clients' own
 throughput.
 
-The bound, ±10 % (derived for these numbers; the rates are the run's whole span, ~20 s):
+The bound, ±10 % (derived for these numbers; the rates are the run's whole span, ~22.5 s):
 * the quota window is 11 x 500 ms, so the windowed rate's sawtooth has a period of at most one
-  window (5.5 s); a run of ~20 s holds 3-4 periods, and where the last period is cut differs by at
-  most one 500 ms sample of the quota between prediction and run: 0.5 / 20 = 2.5 %;
-* the run starts at a different instant from the recording (thread start, a consumer group's join,
-  librdkafka's first metadata): the traffic is offset by up to ~0.5 s in a 20 s span: 2.5 %;
+  window (5.5 s); a run of ~22.5 s holds 4 periods, and where the last period is cut differs by at
+  most one 500 ms sample of the quota between prediction and run: 0.5 / 22.5 = 2.2 %;
+* the run starts at a different instant from the recording (thread start, librdkafka's first
+  request): every client is connected and knows its topic's leader before a barrier starts them
+  all, so the traffic is offset by up to ~0.5 s in a 22.5 s span: 2.2 %;
+* the consumer is admitted in steps: after a fresh window's ~5 s of quota it is throttled, and then
+  each fetch it is given is capped (KAFKA-9677) at (samples - 1) x size_ms of quota = 10 x 0.5 s x
+  40 KiB/s = C = 200 KiB, which holds the 5.5 s window: the next fetch is emptied and throttled
+  2C/q - W = 10 - 5.5 = 4.5 s (seen 4.7 s: the sample it lands in), twice, so a step comes every
+  ~9.4 s, at ~9.3 s and ~18.8 s after the start and next at ~28 s. A step is 200 KiB in ~700 KiB,
+  far more than 10 %; so the run lasts 22.5 s, ending 3.7 s after a step and 5 s before the next:
+  a shift of the start by up to ~3 s cannot change the number of steps (a 20 s run, ending 1.2 s
+  after the second step, lost it once to a consumer 1.2 s late: -27 %). 22.5 s is also three whole
+  periods of the bursty producer;
 * requests are batches (16 KiB of 1000-byte records): a run can admit one batch more or less at
-  its end than the prediction: 4 KiB in >= 40 KiB/s x 20 s = 800 KB: 0.5 %;
+  its end than the prediction: 4 KiB in >= 40 KiB/s x 22.5 s = 900 KB: 0.5 %;
 * client-side throughput counts record values, the log counts the wire (batch and record headers,
-  request framing): about 3 % more on the wire for 1000-byte records in 4 KiB batches.
-Together under 8 %; ±10 % leaves room, and a wrong model (no mute, no backlog, no un-record)
-misses by far more: a flooder that is not muted would be admitted at its 150 KiB/s demand.
-Throttled seconds are whole seconds of ~20: a boundary second more or less is 5 %, also within.
+  request framing): about 3 % more on the wire for 1000-byte records in 4 KiB batches; run 1 gives
+  the ratio, which for the consumer is of many small responses (more framing per byte) where run 2
+  has 200 KiB ones: its client bytes come out ~5 % above the prediction (seen +4.5 to +5.7 %).
+* load: Sluice reads a muted client's next request when its event loop gets to it, a few ms after
+  the mute ends on a loaded machine (seen: ~6 ms per throttle at a load average of 25 on 2 cores;
+  ~230 throttles of a producer give 1.5 s less throttle time in ~20 s: -7 % on its throttle total,
+  +4 % on its rate). The replay cannot know the load of a later run; this is the term that grows
+  with it, and the one that leaves the least room (-8.0 % seen at load 25).
+Together under 8 % on a quiet machine; ±10 % leaves room, and a wrong model (no mute, no backlog,
+no un-record) misses by far more: a flooder that is not muted would be
+admitted at its 150 KiB/s demand.
+Throttled seconds are whole seconds of ~22: a boundary second more or less is 4.5 %, also within.
 """
 
 from __future__ import annotations
@@ -40,11 +58,12 @@ from tests.conftest import create_topic, unique_name
 from tests.harness.kafka import REPO, KafkaCluster
 from tests.harness.load import Timeline
 from tests.harness.sluice import SluiceProcess
+from tests.harness.wait import eventually
 
 pytestmark = [pytest.mark.integration, pytest.mark.spark, pytest.mark.slow, pytest.mark.timeout(900)]
 
 KiB = 1024
-SECONDS = 20.0
+SECONDS = 22.5  # see the module's docstring: the consumer's steps and the bursty periods
 WINDOW = {"samples": 11, "size_ms": 500}
 RECORD = 1000
 BATCH = 4 * KiB
@@ -67,8 +86,19 @@ def bursty_rate(t: float) -> float:
     return 125 * KiB if t % 7.5 < 3.0 else 0.0
 
 
+def knows_leader(client: Any, topic: str) -> None:
+    """Wait until `client` has its topic's leader: a client that learns it only after the start
+    (a fresh topic reaches the broker's metadata a little after CreateTopics returns, and librdkafka
+    asks again only after a backoff) starts its traffic up to ~2 s late, in one run and not the
+    other, and the prediction would be of traffic shifted in time."""
+    eventually(lambda: client.list_topics(topic, timeout=10),
+               lambda md: topic in md.topics and md.topics[topic].error is None
+               and all(p.leader >= 0 for p in md.topics[topic].partitions.values())
+               and len(md.topics[topic].partitions) > 0, timeout_s=30)
+
+
 def paced_produce(bootstrap: str, topic: str, client_id: str, rate_of: Any, seconds: float,
-                  start: threading.Event) -> Timeline:
+                  start: threading.Barrier) -> Timeline:
     """Produce 1000-byte records at `rate_of(t)` B/s (t from the start), in 16 KiB batches; what
     falls behind the pace is sent as soon as the client can (the backlog carries over)."""
     from confluent_kafka import Producer
@@ -82,6 +112,7 @@ def paced_produce(bootstrap: str, topic: str, client_id: str, rate_of: Any, seco
         if err is None:
             timeline.add(RECORD)
 
+    knows_leader(producer, topic)
     start.wait()
     t0 = timeline.started = time.monotonic()
     owed = 0.0
@@ -101,16 +132,18 @@ def paced_produce(bootstrap: str, topic: str, client_id: str, rate_of: Any, seco
     return timeline
 
 
-def consume(bootstrap: str, topic: str, seconds: float, start: threading.Event) -> Timeline:
-    """Read the topic's one partition from the beginning (assigned: no group join, whose timing
-    would differ from run to run)."""
-    from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
+def consume(bootstrap: str, topic: str, seconds: float, start: threading.Barrier) -> Timeline:
+    """Read the topic's one partition from offset 0, assigned at the start (no group join and no
+    offset lookup, whose timing differs from run to run: the consumer's demand is the feeder's
+    output from the moment it is produced, in both runs)."""
+    from confluent_kafka import Consumer, TopicPartition
 
     consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": unique_name("sim-group"),
                          "client.id": CONSUMER, "enable.auto.commit": False})
-    consumer.assign([TopicPartition(topic, 0, OFFSET_BEGINNING)])
+    knows_leader(consumer, topic)
     timeline = Timeline()
     start.wait()
+    consumer.assign([TopicPartition(topic, 0, 0)])  # librdkafka fetches from the assignment on
     timeline.started = time.monotonic()
     try:
         while time.monotonic() < timeline.started + seconds:
@@ -126,7 +159,6 @@ def traffic(bootstrap: str) -> dict[str, Timeline]:
     """All five clients at once for SECONDS, paced the same way every time."""
     produce_topic = create_topic(bootstrap, unique_name("sim-produce"))
     feed_topic = create_topic(bootstrap, unique_name("sim-feed"))
-    start = threading.Event()
     out: dict[str, Timeline] = {}
     jobs = {
         STEADY: lambda: paced_produce(bootstrap, produce_topic, STEADY, lambda t: DEMAND[STEADY], SECONDS,
@@ -138,11 +170,13 @@ def traffic(bootstrap: str) -> dict[str, Timeline]:
                                       start),
         CONSUMER: lambda: consume(bootstrap, feed_topic, SECONDS, start),
     }
+    # every client starts once all of them are ready (connected, the topics' leaders known)
+    start = threading.Barrier(len(jobs) + 1, timeout=60)
     threads = [threading.Thread(target=lambda n=n, f=f: out.__setitem__(n, f()), daemon=True)
                for n, f in jobs.items()]
     for t in threads:
         t.start()
-    start.set()
+    start.wait()
     for t in threads:
         t.join(SECONDS + 60)
     assert set(out) == set(jobs), f"clients that did not finish: {set(jobs) - set(out)}"
@@ -183,7 +217,12 @@ def observed(logs: Path) -> dict[str, dict[str, float]]:
                 end_ms = r["ts_ms"] + r["throttle_time_ms"]
                 seconds.update(range(r["ts_ms"] // 1000, (end_ms - 1) // 1000 + 1))
         end_s = (log_end_ms - 1) // 1000
-        out[client] = {"throttled_seconds": len({s for s in seconds if s <= end_s}),
+        # the fidelity bench's long-run rate: after the first N x W, where a fresh sensor's padded
+        # window lets a client burst
+        fresh_ms = mine[0]["ts_ms"] + WINDOW["samples"] * WINDOW["size_ms"]
+        after_fresh = sum(r[size] or 0 for r in mine if r["ts_ms"] >= fresh_ms)
+        out[client] = {"long_run_per_s": after_fresh / max(log_end_ms - fresh_ms, 1) * 1000,
+                       "throttled_seconds": len({s for s in seconds if s <= end_s}),
                        "throttle_total_ms": sum(r["throttle_time_ms"] for r in mine),
                        "admitted_per_s": sum(r[size] or 0 for r in mine) / span_s, "span_s": span_s}
     return out
@@ -242,11 +281,9 @@ def test_simulate_predicts_what_sluice_then_does(kafka: KafkaCluster, tmp_path: 
 
     # the steady producer is under its quota: neither predicted nor run throttles it
     assert predicted[STEADY]["throttled_seconds"] == real[STEADY]["throttled_seconds"] == 0
-    # Throttle times are read from run 2's access log for the producers. A Fetch that Sluice answers
-    # empty is logged with throttle_time_ms 0 (seen in this test's runs: 17-byte responses, seconds
-    # apart, each 0), so the log cannot tell the consumer's throttles; its admitted bytes are checked.
-    assert predicted[CONSUMER]["throttled_seconds"] > 0
-    for c in (BURSTY, FLOOD):
+    # the others' throttles, from run 2's access log (a Fetch Sluice answers empty is logged with
+    # the throttle_time_ms its consumer was told)
+    for c in (BURSTY, FLOOD, CONSUMER):
         p, r = predicted[c], real[c]
         assert p["throttled_seconds"] > 0, c
         assert within(r["throttled_seconds"], p["throttled_seconds"]), (c, report[c])
@@ -255,7 +292,8 @@ def test_simulate_predicts_what_sluice_then_does(kafka: KafkaCluster, tmp_path: 
         p, r = predicted[c], real[c]
         assert within(r["admitted_per_s"], p["admitted_per_s"]), (c, report[c])
         assert within(report[c]["client_bytes"], report[c]["predicted_client_bytes"]), (c, report[c])
-    # the flooder's admitted rate is the quota's (as the fidelity bench measures it, over the
-    # whole run: the quota plus what a fresh window lends, (samples - 1) x size_ms of quota)
-    lent = (WINDOW["samples"] - 1) * WINDOW["size_ms"] / 1000 * PLAN[FLOOD][1]
-    assert within(real[FLOOD]["admitted_per_s"], PLAN[FLOOD][1] + lent / real[FLOOD]["span_s"])
+    # the flooder's admitted rate is the quota's, as the fidelity bench measures it: after the first
+    # N x W = 5.5 s (a fresh sensor's padded window lets it burst), here ~17 s, ~3 sawtooth periods
+    # of at most one window; where the last is cut moves at most one 500 ms sample of quota:
+    # 0.5 / 17 = 3 %, plus a 16 KiB batch in ~870 KB: within 10 %
+    assert within(real[FLOOD]["long_run_per_s"], PLAN[FLOOD][1]), report[FLOOD]

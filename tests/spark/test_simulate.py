@@ -39,25 +39,29 @@ def _config(values: dict[tuple[str, str], float]) -> QuotaConfig:
 
 def test_arrivals_take_what_each_key_counts(spark: SparkSession) -> None:
     logs = frame(spark, [
-        produce(T0, 1093, topics=[{"topic": "a", "partition": 0, "records": 10, "bytes": 600},
-                                  {"topic": "b", "partition": 0, "records": 5, "bytes": 400}]),
-        fetch(T0 + 5, 900, throttle_time_ms=20),
+        produce(T0, 1093, upstream_latency_ms=12.4,
+                topics=[{"topic": "a", "partition": 0, "records": 10, "bytes": 600},
+                        {"topic": "b", "partition": 0, "records": 5, "bytes": 400}]),
+        fetch(T0 + 5, 900, throttle_time_ms=20, upstream_latency_ms=40.0),
         other(T0 + 7),
     ])
     keys = ["producer_byte_rate", "consumer_byte_rate", "producer_record_rate", "request_rate"]
-    rows = sorted((r["quota_key"], r["ts_ms"] - T0, r["value"], r["records"], r["recorded_throttled"])
-                   for r in logs.transform(arrivals(keys, topics=False)).collect())
+    rows = sorted((r["quota_key"], r["ts_ms"] - T0, r["value"], r["records"], r["recorded_throttled"],
+                   r["response_ms"])
+                  for r in logs.transform(arrivals(keys, topics=False)).collect())
+    # response_ms: a produce's wait for its response (its delay starts after it, KIP-219); 0 for
+    # the keys whose delay starts at the decision
     assert rows == [
-        ("consumer_byte_rate", 5, 900.0, 3, True),     # Fetch: response bytes
-        ("producer_byte_rate", 0, 1093.0, 15, False),  # Produce: request bytes (what Kafka counts)
-        ("producer_record_rate", 0, 15.0, 15, False),  # the batch headers' records
-        ("request_rate", 0, 1.0, 15, False),           # every API, 1 each
-        ("request_rate", 5, 1.0, 3, True),
-        ("request_rate", 7, 1.0, 0, False),
+        ("consumer_byte_rate", 5, 900.0, 3, True, 0),      # Fetch: response bytes
+        ("producer_byte_rate", 0, 1093.0, 15, False, 12),  # Produce: request bytes (what Kafka counts)
+        ("producer_record_rate", 0, 15.0, 15, False, 12),  # the batch headers' records
+        ("request_rate", 0, 1.0, 15, False, 0),            # every API, 1 each
+        ("request_rate", 5, 1.0, 3, True, 0),
+        ("request_rate", 7, 1.0, 0, False, 0),
     ]
-    per_topic = sorted((r["topic"], r["value"]) for r in
+    per_topic = sorted((r["topic"], r["value"], r["response_ms"]) for r in
                        logs.transform(arrivals(["producer_byte_rate"], topics=True)).collect())
-    assert per_topic == [("a", 600.0), ("b", 400.0)]  # one row per topic, with that topic's bytes
+    assert per_topic == [("a", 600.0, 12), ("b", 400.0, 12)]  # one row per topic, with that topic's bytes
 
 
 def test_groups_follow_the_engine_precedence() -> None:
@@ -101,7 +105,9 @@ def test_simulate_replays_each_sharing_group_through_the_engine(spark: SparkSess
     assert sorted(rows) == ["client-id-prefix=batch-@1", "user=alice@1"]
 
     # The Spark result is the engine's replay of the same arrivals, group by group.
-    alice = [Arrival(T0 + t, ClientIdentity("alice", "app"), 300) for t in range(0, 20_000, 100)]
+    # (each produce's response time: the log's 2.5 ms rounded half up; no request waited behind another)
+    alice = [Arrival(T0 + t, ClientIdentity("alice", "app"), 300, response_ms=3)
+             for t in range(0, 20_000, 100)]
     want = summarize(alice, replay(alice, plan, QuotaKind.PRODUCE))
     got = rows["user=alice@1"]
     assert got["plan_throttled_seconds"] == want.throttled_seconds > 0

@@ -127,6 +127,9 @@ def test_throttled_fetch_is_emptied_unrecorded_and_keeps_the_session() -> None:
     body = decode_response_body(outcome.payload, ApiKey.FETCH, 12)
     assert body.responses == () and body.error_code == 0 and body.session_id == 99
     assert body.throttle_time == dt.timedelta(milliseconds=expected)
+    # the access log (and connection stats) read the throttle from the note: an emptied Fetch
+    # is logged with the throttle_time_ms its client was told, not 0
+    assert entry.quota.enforced_ms == expected
     # the bytes were taken back: the sensor's rate is 0 again
     identity = ClientIdentity.of("ANONYMOUS", "app")
     assert managers.for_broker(1).check(QuotaKind.FETCH, identity).observed == 0

@@ -14,7 +14,7 @@ import pytest
 
 from quotas import QuotaConfig, QuotaEntry, RateModel
 from quotas.entity import ClientIdentity, QuotaEntity, QuotaKind
-from quotas.replay import Arrival, replay, replay_summary, summarize
+from quotas.replay import Arrival, replay, replay_summary, summarize, unqueued_response_ms
 
 ALICE = ClientIdentity("alice", "app")
 
@@ -71,6 +71,43 @@ def test_steady_client_over_a_windowed_quota() -> None:
     assert result.end_ms - 3400 <= s.throttle_total_ms <= result.end_ms - 3400 + s.throttle_max_ms
     # What is deferred at the end was backlog then: the peak is at least that.
     assert s.max_backlog >= s.deferred > 0
+
+
+def test_a_produce_delay_starts_when_its_response_is_sent() -> None:
+    # KIP-219: the broker (and Sluice's adapter) starts a produce's delay when the response is sent,
+    # so a throttled produce whose response took L ms mutes its client until decision + L + T.
+    # The steady client above, every response taking 30 ms: the first throttle is the same
+    # (t = 3400, 35 x 300 = 10 500 B / 10.4 s -> 100 ms), but the mute ends at 3400 + 30 + 100 = 3530,
+    # not 3500: the 36th request (t = 3500) is read at 3530. There the rate is 36 x 300 = 10 800 B over
+    # 10.53 s: (10 800 - 1000 x 10.53) / 1000 x 1000 = 270 ms, where a mute from the decision reads it
+    # at 3500: (10 800 - 10 500) = 300 ms. The later start lowers the next throttle.
+    arrivals = [Arrival(a.ts_ms, a.client, a.value, response_ms=30) for a in steady(ALICE, 300, 100, 6000)]
+    cfg = config(QuotaEntity(user="alice"), 1000)
+    result = replay(arrivals, cfg, QuotaKind.PRODUCE)
+    first, second = result.throttles[:2]
+    assert (first.at_ms, first.throttle_ms, first.arrival) == (3400, 100, 34)
+    assert result.admissions[35].admitted_ms == 3530
+    assert (second.at_ms, second.throttle_ms, second.arrival) == (3530, 270, 35)
+    # muted from the decision (no response time recorded, e.g. acks=0): read at 3500, throttled 300
+    plain = replay(steady(ALICE, 300, 100, 6000), cfg, QuotaKind.PRODUCE)
+    assert (plain.throttles[1].at_ms, plain.throttles[1].throttle_ms) == (3500, 300)
+    # a fetch's delay is not from its response (it mutes from the decision): the response time
+    # changes nothing there
+    fetch_cfg = config(QuotaEntity(user="alice"), 1000, QuotaKind.FETCH)
+    fetch = replay(arrivals, fetch_cfg, QuotaKind.FETCH)
+    assert fetch.throttles and fetch == replay(steady(ALICE, 300, 100, 6000), fetch_cfg, QuotaKind.FETCH)
+
+
+def test_a_throttled_produce_waits_for_the_broker_not_for_its_own_queue() -> None:
+    # A pipelining client in an unthrottled recording, (arrival, wait) in ms. Unqueued = arrived
+    # once every earlier request had its response: (0, 5) yes, free at 5; (10, 1000) yes (10 >= 5),
+    # free at 1010; (20, 995) no (20 < 1010), free at 1015; (2000, 7) yes; (3000, 9) yes.
+    # Waits 5, 7, 9, 1000: the median is (7 + 9) / 2 = 8 ms.
+    assert unqueued_response_ms([(0, 5), (10, 1000), (20, 995), (2000, 7), (3000, 9)]) == 8
+    # Three requests queued behind the first for ~4 s: only (0, 5) and (4100, 6) are unqueued
+    # (4100 >= 1 + 4000), median 5.5 -> 6 ms; the median of every wait would be ~4 s, the queue's.
+    assert unqueued_response_ms([(0, 5), (1, 4000), (2, 3999), (3, 3998), (4100, 6)]) == 6
+    assert unqueued_response_ms([]) == 0
 
 
 def test_a_burst_under_the_token_bucket() -> None:
