@@ -35,6 +35,14 @@ from spark_analytics.plan import (
 )
 
 
+def add_max_throttled_share(p: argparse.ArgumentParser) -> None:
+    """The refusal's threshold, for `apply` and for `tune run`, which applies too."""
+    p.add_argument("--max-throttled-share", type=float, default=0.5, metavar="SHARE",
+                   help="refuse a plan whose simulation (recommend --verify, or simulate's simulation.json "
+                        "beside the plan) throttles any entity in more than this share of its active "
+                        "seconds (default 0.5)")
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="apply", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -46,10 +54,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--force", action="store_true",
                    help="apply even where the quota changed since the plan, or the simulation throttles "
                         "more than --max-throttled-share")
-    p.add_argument("--max-throttled-share", type=float, default=0.5, metavar="SHARE",
-                   help="refuse a plan whose simulation (recommend --verify, or simulate's simulation.json "
-                        "beside the plan) throttles any entity in more than this share of its active "
-                        "seconds (default 0.5)")
+    add_max_throttled_share(p)
     common.add_admin_args(p, required=True)
     return p
 

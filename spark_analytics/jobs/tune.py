@@ -34,7 +34,10 @@ def build_parser() -> argparse.ArgumentParser:
     mode = p.add_mutually_exclusive_group()
     mode.add_argument("--apply", action="store_true", help="write the changes (default: dry run)")
     mode.add_argument("--validate-only", action="store_true", help="have the server check, not write")
-    p.add_argument("--force", action="store_true", help="apply even where the quota changed since the plan")
+    p.add_argument("--force", action="store_true", help="apply even where the quota changed since the plan, "
+                                                         "or the simulation throttles more than "
+                                                         "--max-throttled-share")
+    apply.add_max_throttled_share(p)
     common.add_policy_args(p)
     common.add_admin_args(p, required=False)
     common.add_session_args(p)
