@@ -6,6 +6,7 @@ polled is decided in one place.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import threading
 import time
@@ -74,3 +75,13 @@ class Sampler(threading.Thread, Generic[T]):
     def __exit__(self, *_exc: object) -> None:
         self._stop_sampling.set()
         self.join(10)
+
+
+async def poll_async(condition: Callable[[], bool], timeout_s: float, interval_s: float = 0.02) -> bool:
+    """`poll` for a test that runs on an event loop: yields to the loop between looks."""
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        if time.monotonic() >= deadline:
+            return False
+        await asyncio.sleep(interval_s)
+    return True

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -53,25 +55,26 @@ def start_cluster_command(directory: Path) -> tuple[subprocess.Popen[bytes], dic
     # wait up to most of the test's 300 s timeout; the command's own failure shows up as its exit
     deadline = time.monotonic() + 240
     try:
-        while not state.exists():
+        info: dict[str, object] | None = None
+
+        def ready() -> bool:  # the file exists and is whole (written in one call, read as it lands)
+            nonlocal info
             assert proc.poll() is None, proc.stderr.read().decode() if proc.stderr else ""
-            assert time.monotonic() < deadline, "cluster did not come up"
-            time.sleep(0.2)
-        time.sleep(0.2)  # the file is written in one call; give it a moment to be complete
-        return proc, json.loads(state.read_text())
+            with contextlib.suppress(FileNotFoundError, json.JSONDecodeError):
+                info = json.loads(state.read_text())
+            return info is not None
+
+        assert poll(ready, deadline - time.monotonic(), 0.2), "cluster did not come up"
+        assert info is not None
+        return proc, info
     except BaseException:
         proc.kill()  # its brokers die with it (parent-death signal)
         proc.wait(timeout=30)
         raise
 
 
-def wait_until(predicate: object, timeout_s: float) -> bool:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if predicate():  # type: ignore[operator]
-            return True
-        time.sleep(0.2)
-    return False
+def wait_until(predicate: Callable[[], bool], timeout_s: float) -> bool:
+    return poll(predicate, timeout_s, 0.2)
 
 
 def test_cluster_command_up_status_down(tmp_path: Path) -> None:

@@ -15,6 +15,7 @@ from protocol.encode import decode_request_body
 from protocol.headers import read_request_header
 from proxy.stages.topic_resolver import TopicIdResolver
 from proxy.stages.topic_usage import TopicNames
+from tests.harness.wait import poll_async
 from tests.unit.protocol.kio_support import response_payload
 
 KNOWN, UNKNOWN = uuid.UUID(int=0xA1), uuid.UUID(int=0xB2)
@@ -71,10 +72,7 @@ def test_the_resolver_asks_the_broker_once_and_names_what_it_answers() -> None:
             for _ in range(2):
                 assert names.name(None, KNOWN.bytes) == KNOWN.bytes.hex()
                 names.name(None, UNKNOWN.bytes)
-            for _ in range(100):
-                if resolver.resolved or resolver.failures:
-                    break
-                await asyncio.sleep(0.02)
+            await poll_async(lambda: bool(resolver.resolved or resolver.failures), 2.0)
             assert broker.asked == [[KNOWN, UNKNOWN]]
             assert names.name(None, KNOWN.bytes) == "orders"
             # the id the broker did not name is not asked again until retry_ms has passed
@@ -82,10 +80,7 @@ def test_the_resolver_asks_the_broker_once_and_names_what_it_answers() -> None:
             assert resolver.waiting == 0 and resolver.unresolved == 1
             now[0] += 31
             names.name(None, UNKNOWN.bytes)
-            for _ in range(100):
-                if len(broker.asked) == 2 and resolver.unresolved == 2:
-                    break
-                await asyncio.sleep(0.02)
+            await poll_async(lambda: len(broker.asked) == 2 and resolver.unresolved == 2, 2.0)
             assert broker.asked[1] == [UNKNOWN]
         finally:
             await resolver.close()
@@ -105,10 +100,7 @@ def test_a_broker_that_cannot_be_reached_is_a_counted_failure_and_the_hex_form_s
         resolver = TopicIdResolver(names, [("127.0.0.1", port)], timeout_s=2)
         resolver.attach()
         names.name(None, KNOWN.bytes)
-        for _ in range(100):
-            if resolver.failures:
-                break
-            await asyncio.sleep(0.02)
+        await poll_async(lambda: bool(resolver.failures), 2.0)
         assert resolver.failures == 1 and names.name(None, KNOWN.bytes) == KNOWN.bytes.hex()
         await resolver.close()
 
