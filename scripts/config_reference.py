@@ -116,6 +116,11 @@ def _list_item_model(annotation: Any) -> type[BaseModel] | None:
     return None
 
 
+# in order: bool is an int, so it is looked at first
+_SCALARS: tuple[tuple[type, str], ...] = ((bool, "boolean"), (int, "integer"), (float, "number"),
+                                          (str, "string"), (Path, "path"),
+                                          (SecretStr, "secret string (never logged)"))
+
 def type_name(annotation: Any) -> str:
     annotation = _unwrap(annotation)
     inner, optional = _strip_none(annotation)
@@ -135,18 +140,9 @@ def type_name(annotation: Any) -> str:
     if annotation is Any:
         return "any"
     if isinstance(annotation, type):
-        if issubclass(annotation, bool):
-            return "boolean"
-        if issubclass(annotation, int):
-            return "integer"
-        if issubclass(annotation, float):
-            return "number"
-        if issubclass(annotation, str):
-            return "string"
-        if issubclass(annotation, Path):
-            return "path"
-        if issubclass(annotation, SecretStr):
-            return "secret string (never logged)"
+        for base, name in _SCALARS:
+            if issubclass(annotation, base):
+                return name
         if issubclass(annotation, enum.Enum):
             return " \\| ".join(f"`{m.value}`" for m in annotation)
         if annotation.__name__ == "HostPort":
