@@ -11,8 +11,9 @@ starts its own single node the first time a test asks for `kafka`. Tests are gro
 expensive to start is started once: every test that uses the three-node cluster runs on one worker,
 every Spark test (marked `spark`) on one worker, the TLS broker's tests on one worker, and the tests
 of a module that starts its own module-scoped set-up (a broker with options of its own, say) on one
-worker. The groups and the slow tests go first. (The groups are marked but not yet honoured by
-xdist 3.8.0 under pytest 9.2: see `pytest_itemcollected`.)
+worker. The groups follow from the fixtures a test uses and its marks, so a new module needs no mark
+of its own. Work is handed out longest first (a group counts as the sum of its tests), by the seconds
+measured per test in tests/durations.json (a test not in it is estimated by its marks).
 
 Set SLUICE_KAFKA_BOOTSTRAP to run the single-node tests against a cluster you already run.
 When a test that used a broker fails, every node's last WARN and ERROR lines are attached to the report
@@ -21,9 +22,11 @@ When a test that used a broker fails, every node's last WARN and ERROR lines are
 
 from __future__ import annotations
 
+import json
 import os
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import ClassVar
 
 import pytest
 from _pytest.nodeid import coerce_node_id
@@ -38,6 +41,37 @@ from tests.harness.topics import create_topic, metadata_with_leaders, unique_nam
 __all__ = ["create_topic", "metadata_with_leaders", "unique_name"]
 
 _CLUSTERS: list[KafkaCluster] = []
+
+DURATIONS = Path(__file__).with_name("durations.json")
+
+
+class Estimates:
+    """Seconds a test takes (set-up, call and teardown), from tests/durations.json: measured per test
+    for the tests of a second or more, else the mean of its module's tests, else a guess by mark.
+    `python -m tests.harness.timing FILE --estimates tests/durations.json` rewrites it from a run."""
+
+    GUESS_S: ClassVar[dict[str, float]] = {"slow": 30.0, "spark": 15.0, "integration": 10.0}
+    UNIT_S: ClassVar[float] = 0.05
+
+    def __init__(self, tests: dict[str, float], modules: dict[str, float]) -> None:
+        self.tests, self.modules = tests, modules
+
+    @classmethod
+    def load(cls) -> Estimates:
+        data = json.loads(DURATIONS.read_text(encoding="utf-8")) if DURATIONS.exists() else {}
+        return cls(data.get("tests", {}), data.get("modules", {}))
+
+    def seconds(self, item: pytest.Item) -> float:
+        nodeid = item.nodeid.split("@")[0] if "@" in item.nodeid.rsplit("]", 1)[-1] else item.nodeid
+        if nodeid in self.tests:
+            return self.tests[nodeid]
+        module = nodeid.split("::")[0]
+        if module in self.modules:
+            return self.modules[module]
+        for mark, guess in self.GUESS_S.items():
+            if item.get_closest_marker(mark) is not None:
+                return guess
+        return self.UNIT_S
 
 
 @pytest.fixture(scope="session")
@@ -128,17 +162,6 @@ def xdist_group_of(item: pytest.Item) -> str | None:
     return None
 
 
-def _cost_rank(item: pytest.Item, group: str | None) -> int:
-    """Longest first (xdist hands out work in this order): groups, then slow, then other integration."""
-    if group is not None and not group.startswith("module:"):
-        return 0
-    if item.get_closest_marker("slow") is not None:
-        return 1
-    if group is not None or item.get_closest_marker("integration") or item.get_closest_marker("spark"):
-        return 2
-    return 3
-
-
 def pytest_itemcollected(item: pytest.Item) -> None:
     """Marks each item's xdist group as it is collected, before any pytest_collection_modifyitems
     (where xdist reads the marks)."""
@@ -150,15 +173,19 @@ def pytest_itemcollected(item: pytest.Item) -> None:
 
 @pytest.hookimpl(trylast=True)  # after xdist's own hook, whose suffix pytest 9 does not read
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    ranks: dict[str, int] = {}
+    """Longest first: xdist hands out work units (a group, or one ungrouped test) in this order, each
+    worker taking the next as it runs low, so the longest unit starts at once and the short ones
+    fill in at the end (longest-processing-time-first). A unit's length is its tests' measured
+    seconds (tests/durations.json), or an estimate by mark for a test not measured yet."""
+    estimates = Estimates.load()
+    units: dict[str, list[pytest.Item]] = {}
     for item in items:
         marker = item.get_closest_marker("xdist_group")
         group = str(marker.args[0]) if marker is not None and marker.args else None
-        key = group or item.nodeid.split("::")[0]
-        ranks[key] = min(ranks.get(key, 3), _cost_rank(item, group))
-        ranks[item.nodeid] = ranks[key]
-    # a stable sort: each module's tests stay together and in their order
-    items.sort(key=lambda it: ranks[it.nodeid])
+        units.setdefault(group or item.nodeid, []).append(item)
+    cost = {key: sum(estimates.seconds(it) for it in unit) for key, unit in units.items()}
+    order = sorted(units, key=lambda key: -cost[key])  # stable: equal costs keep collection order
+    items[:] = [item for key in order for item in units[key]]
     if config.getoption("loadgroup", default=False):
         _suffix_groups(items)
 
@@ -193,6 +220,34 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
                 report.sections.append(  # type: ignore[attr-defined]
                     (f"kafka {cluster.root.name} logs", cluster.problems(20)))
     return report
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption("--timing-jsonl", metavar="FILE", default=None,
+                     help="append one JSON line per test phase (set-up, call, teardown) with its xdist "
+                          "worker, start and stop; `python -m tests.harness.timing FILE` sums them per "
+                          "module and per worker")
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    """Under xdist the controller writes the lines (it sees every worker's reports)."""
+    config = _CONFIG[0] if _CONFIG else None
+    path = config.getoption("timing_jsonl") if config is not None else None
+    if not path or os.environ.get("PYTEST_XDIST_WORKER"):
+        return
+    row = {"nodeid": report.nodeid, "when": report.when, "outcome": report.outcome,
+           "worker": getattr(report, "worker_id", "main"),
+           "start": getattr(report, "start", 0.0), "stop": getattr(report, "stop", 0.0),
+           "duration": report.duration}
+    with open(path, "a", encoding="utf-8") as out:
+        out.write(json.dumps(row) + "\n")
+
+
+_CONFIG: list[pytest.Config] = []
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    _CONFIG.append(config)
 
 
 @pytest.fixture(scope="session")
