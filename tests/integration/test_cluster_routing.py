@@ -12,6 +12,7 @@ from tests.conftest import create_topic, metadata_with_leaders, unique_name
 from tests.harness import clients
 from tests.harness.kafka import KafkaCluster
 from tests.harness.sluice import SluiceProcess
+from tests.harness.wait import wait_until
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -86,7 +87,8 @@ def test_leader_change_while_clients_run_loses_and_duplicates_nothing(
     consumer_thread = threading.Thread(target=consume)
     producer_thread.start()
     consumer_thread.start()
-    time.sleep(2.0)
+    # records flow end to end before the leader goes away (else the test proves nothing about failover)
+    wait_until(lambda: len(got) >= 200, 60, "records consumed before the leader is killed")
     kafka_cluster3.kill_node(victim)            # the leader of partition 0 goes away
     admin = AdminClient({"bootstrap.servers": sluice3.bootstrap})
     new_leader = victim
@@ -95,7 +97,9 @@ def test_leader_change_while_clients_run_loses_and_duplicates_nothing(
         time.sleep(0.5)
         new_leader = admin.list_topics(name, timeout=10).topics[name].partitions[0].leader
     assert new_leader not in (victim, -1), "no new leader was elected"
-    time.sleep(2.0)
+    # the clients run on the new leader (records consumed since the election, or all of them) ...
+    elected_at = len(got)
+    wait_until(lambda: len(got) > elected_at or len(got) >= total, 60, "records consumed after the election")
     kafka_cluster3.restart_node(victim)         # and comes back
     producer_thread.join(180)
     consumer_thread.join(180)

@@ -25,6 +25,7 @@ from tests.harness.metrics import Metrics
 from tests.harness.quotas import RUN_S, WINDOW, KiB, MiB
 from tests.harness.sluice import SluiceProcess
 from tests.harness.tools import KafkaTools
+from tests.harness.wait import wait_until
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -185,7 +186,10 @@ def test_fair_shares_split_a_capacity_and_one_alone_gets_it_all(kafka: KafkaClus
         topic = create_topic(kafka.bootstrap, unique_name("fair"))
         both = flood_together(sluice.bootstrap, topic, ["fs-one", "fs-three"], RUN_S + 5.5)
         one, three = (both[c].rate(5.5, RUN_S + 5.5) for c in ("fs-one", "fs-three"))
-        time.sleep(12)  # both leave the active set (11 s)
+        # both leave the active set once neither has recorded for active_ms (11 s): a produce is
+        # recorded before it is acknowledged, so 11 s after the last acknowledgement is past it
+        last_ack = max(t for timeline in both.values() for t, _ in timeline.events)
+        wait_until(lambda: time.monotonic() > last_ack + 11.0, 60, "both out of the active set")
         alone = load.confluent_flood(sluice.bootstrap, topic, RUN_S, client_id="fs-one",
                                      batch_bytes=64 * KiB).rate(0, RUN_S)
         print(f"fair shares 1:3 of 2 MiB/s: {one / MiB:.2f} and {three / MiB:.2f} MiB/s; "

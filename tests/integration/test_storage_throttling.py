@@ -70,7 +70,11 @@ def test_hard_limit_above_free_space_stops_production_and_lifting_it_resumes(
             bootstrap=sluice.bootstrap, topic=topic, seconds=60, client_id="disk", stop=stop,
             batch_bytes=16 * KiB, timeline=timeline))
         worker.start()
-        time.sleep(9)
+        # the span measured is the flood's [1 s, 9 s]: wait until it is over and Sluice has throttled
+        # the client in it (so the flood was producing into the stop, not still connecting)
+        wait_for(lambda: time.monotonic() >= timeline.started + 9 and (metrics.value(
+            "sluice_quota_throttled_requests_total", client_id="disk", kind="produce") or 0) >= 1,
+            60, "the stopped span measured and the client throttled in it")
         stopped = timeline.rate(1, 9)
         assert stopped < 8 * KiB, stopped  # ~0 next to the 1 MiB/s quota
         assert metrics.value("sluice_quota_limit", kind="produce", client_id="disk") == 0.0
