@@ -12,18 +12,33 @@ setup:
 demo: setup
 	$(PY) -m scripts.demo
 
-# `make test` and `make check` run lint beside the tests (both mostly wait); either failing fails them.
-# $(1): the pytest command line
-beside_lint = rm -f .lint.log; ($(MAKE) --no-print-directory lint > .lint.log 2>&1; echo $$? >> .lint.log) & \
-	lint=$$!; $(1); tests=$$?; wait $$lint; lint_rc=$$(tail -n 1 .lint.log); \
+# Test runs write the bytecode of the modules they import (pytest's assertion-rewritten tests too), so
+# each xdist worker and each Sluice process started by a test reuses it instead of compiling again.
+unexport PYTHONDONTWRITEBYTECODE
+
+# The unit and differential suites on the pure-Python data plane (the main run takes the compiled one
+# where it was built): protocol.fastpath reads SLUICE_PURE_PYTHON once, at import, so they are a
+# pytest run of their own.
+PURE := SLUICE_PURE_PYTHON=1 $(PYTEST) -q -p no:xdist tests/unit
+
+# `make test` and `make check` run lint and the pure-Python unit run beside the main pytest run (all
+# mostly wait on brokers or on each other's CPU); any of them failing fails the target.
+# $(1): the main pytest command line
+beside = rm -f .lint.log .pure.log; \
+	($(MAKE) --no-print-directory lint > .lint.log 2>&1; echo $$? >> .lint.log) & lint=$$!; \
+	($(PURE) > .pure.log 2>&1; echo $$? >> .pure.log) & pure=$$!; \
+	$(1); tests=$$?; wait $$lint $$pure; lint_rc=$$(tail -n 1 .lint.log); pure_rc=$$(tail -n 1 .pure.log); \
+	if [ "$$pure_rc" != 0 ]; then sed '$$d' .pure.log; echo "unit tests on the pure-Python path FAILED"; \
+	else echo "unit tests on the pure-Python path: $$(sed '$$d' .pure.log | tail -n 1)"; fi; \
 	if [ "$$lint_rc" != 0 ]; then sed '$$d' .lint.log; echo "lint FAILED (ruff, mypy, import-linter, hadolint)"; \
-	else echo "lint passed (ruff, mypy, import-linter, hadolint)"; fi; [ "$$tests" = 0 ] && [ "$$lint_rc" = 0 ]
+	else echo "lint passed (ruff, mypy, import-linter, hadolint)"; fi; \
+	[ "$$tests" = 0 ] && [ "$$lint_rc" = 0 ] && [ "$$pure_rc" = 0 ]
 
 test: setup
-	@$(call beside_lint,$(PYTEST) -n $(WORKERS) --dist loadgroup --no-loadscope-reorder tests)
+	@$(call beside,$(PYTEST) -n $(WORKERS) --dist loadgroup --no-loadscope-reorder tests)
 
 check: setup
-	@$(call beside_lint,$(PYTEST) -n $(WORKERS) -m "not integration and not spark and not slow" tests)
+	@$(call beside,$(PYTEST) -n $(WORKERS) -m "not integration and not spark and not slow" tests)
 
 lint:
 	$(PY) -m ruff check proxy protocol quotas spark_analytics contracts tests bench scripts
