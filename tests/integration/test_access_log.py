@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import re
-import time
 from pathlib import Path
 from typing import Any
 
@@ -15,6 +14,7 @@ from tests.conftest import create_topic, unique_name
 from tests.harness import clients
 from tests.harness.kafka import KafkaCluster, free_port
 from tests.harness.sluice import SluiceProcess
+from tests.harness.wait import eventually
 
 pytestmark = pytest.mark.integration
 
@@ -157,10 +157,17 @@ def test_no_record_is_dropped_under_load(kafka: KafkaCluster, tmp_path: Path) ->
         topic = create_topic(sluice.bootstrap, unique_name("load"))
         clients.confluent_produce(sluice.bootstrap, topic, [b"x" * 100] * 50_000,
                                   {"client.id": "load", "linger.ms": 0, "batch.size": 1000})
-        time.sleep(1.5)
         import urllib.request
 
-        text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
+        def scrape() -> str:
+            return urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
+
+        def written_s(text: str) -> float:
+            found = re.search(r"^sluice_access_log_records_written_total (\S+)", text, re.M)
+            return float(found.group(1)) if found else 0.0
+
+        # the writer flushes about once a second: wait for its records rather than for a second
+        text = eventually(scrape, lambda t: written_s(t) > 100, 30.0)
     dropped = re.search(r"^sluice_access_log_records_dropped_total (\S+)", text, re.M)
     written = re.search(r"^sluice_access_log_records_written_total (\S+)", text, re.M)
     assert dropped and written

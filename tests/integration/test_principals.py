@@ -42,6 +42,7 @@ from tests.harness.proxyhop import proxy_hop
 from tests.harness.rawclient import RawKafkaSocket, metadata_request
 from tests.harness.sluice import SluiceProcess
 from tests.harness.tls import TestCA
+from tests.harness.wait import wait_until
 
 pytestmark = pytest.mark.integration
 
@@ -536,7 +537,9 @@ def test_no_secret_reaches_any_log(auth_kafka: tuple[KafkaCluster, TestCA], tmp_
                 _, answer = sock.recv(36, 2)
                 assert answer.error_code == ErrorCode.none
                 client_output.append(repr(answer))
-        time.sleep(1.5)                                          # the access log flushes every second
+        # the log reaches us through a pipe: wait for the last authentication's line
+        wait_until(lambda: "authenticated as 'erin' (SASL OAUTHBEARER)" in sluice.log(), 15,
+                   "the OAUTHBEARER authentication logged")
         log = sluice.log()
     access = sluice.access_log_text()
     printed = capfd.readouterr()                                 # librdkafka's own log lines, on stderr
