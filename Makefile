@@ -4,6 +4,8 @@ PY := .venv/bin/python
 PYTEST := $(PY) -m pytest -p no:cacheprovider
 # The suite mostly waits (on brokers, windows, timeouts), so it runs on more workers than cores.
 WORKERS ?= 4
+# extra options for the main pytest run, e.g. ARGS="--timing-jsonl=t.jsonl" (tests.harness.timing reads it)
+ARGS ?=
 
 .PHONY: setup demo test check lint unit cluster
 setup:
@@ -21,12 +23,13 @@ unexport PYTHONDONTWRITEBYTECODE
 # pytest run of their own.
 PURE := SLUICE_PURE_PYTHON=1 $(PYTEST) -q -p no:xdist tests/unit
 
-# `make test` and `make check` run lint and the pure-Python unit run beside the main pytest run (all
-# mostly wait on brokers or on each other's CPU); any of them failing fails the target.
+# `make test` and `make check` run lint and the pure-Python unit run beside the main pytest run (which
+# mostly waits on brokers); any of them failing fails the target. Both are niced: they only need the
+# CPU the main run leaves, whose timed tests (rates over quota windows) should not wait for them.
 # $(1): the main pytest command line
 beside = rm -f .lint.log .pure.log; \
-	($(MAKE) --no-print-directory lint > .lint.log 2>&1; echo $$? >> .lint.log) & lint=$$!; \
-	($(PURE) > .pure.log 2>&1; echo $$? >> .pure.log) & pure=$$!; \
+	(nice -n 10 $(MAKE) --no-print-directory lint > .lint.log 2>&1; echo $$? >> .lint.log) & lint=$$!; \
+	(nice -n 10 env $(PURE) > .pure.log 2>&1; echo $$? >> .pure.log) & pure=$$!; \
 	$(1); tests=$$?; wait $$lint $$pure; lint_rc=$$(tail -n 1 .lint.log); pure_rc=$$(tail -n 1 .pure.log); \
 	if [ "$$pure_rc" != 0 ]; then sed '$$d' .pure.log; echo "unit tests on the pure-Python path FAILED"; \
 	else echo "unit tests on the pure-Python path: $$(sed '$$d' .pure.log | tail -n 1)"; fi; \
@@ -35,10 +38,10 @@ beside = rm -f .lint.log .pure.log; \
 	[ "$$tests" = 0 ] && [ "$$lint_rc" = 0 ] && [ "$$pure_rc" = 0 ]
 
 test: setup
-	@$(call beside,$(PYTEST) -n $(WORKERS) --dist loadgroup --no-loadscope-reorder tests)
+	@$(call beside,$(PYTEST) $(ARGS) -n $(WORKERS) --dist loadgroup --no-loadscope-reorder tests)
 
 check: setup
-	@$(call beside,$(PYTEST) -n $(WORKERS) -m "not integration and not spark and not slow" tests)
+	@$(call beside,$(PYTEST) $(ARGS) -n $(WORKERS) -m "not integration and not spark and not slow" tests)
 
 lint:
 	$(PY) -m ruff check proxy protocol quotas spark_analytics contracts tests bench scripts
