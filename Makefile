@@ -21,7 +21,7 @@ unexport PYTHONDONTWRITEBYTECODE
 # The unit and differential suites on the pure-Python data plane (the main run takes the compiled one
 # where it was built): protocol.fastpath reads SLUICE_PURE_PYTHON once, at import, so they are a
 # pytest run of their own.
-PURE := SLUICE_PURE_PYTHON=1 $(PYTEST) -q -p no:xdist tests/unit
+PURE := SLUICE_PURE_PYTHON=1 $(PYTEST) -q tests/unit
 
 # `make test` and `make check` run lint and the pure-Python unit run beside the main pytest run (which
 # mostly waits on brokers); any of them failing fails the target. Both are niced: they only need the
@@ -41,7 +41,7 @@ test: setup
 	@$(call beside,$(PYTEST) $(ARGS) -n $(WORKERS) --dist loadgroup --no-loadscope-reorder tests)
 
 check: setup
-	@$(call beside,$(PYTEST) $(ARGS) -n $(WORKERS) -m "not integration and not spark and not slow" tests)
+	@$(call beside,$(PYTEST) $(ARGS) -n $(WORKERS) --dist loadgroup --no-loadscope-reorder -m "not integration and not spark and not slow" tests)
 
 lint:
 	$(PY) -m ruff check proxy protocol quotas spark_analytics contracts tests bench scripts

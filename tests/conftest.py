@@ -165,7 +165,7 @@ def xdist_group_of(item: pytest.Item) -> str | None:
 def pytest_itemcollected(item: pytest.Item) -> None:
     """Marks each item's xdist group as it is collected, before any pytest_collection_modifyitems
     (where xdist reads the marks)."""
-    if item.get_closest_marker("xdist_group") is None:
+    if item.get_closest_marker("xdist_group") is None and item.config.pluginmanager.hasplugin("xdist"):
         group = xdist_group_of(item)
         if group is not None:
             item.add_marker(pytest.mark.xdist_group(group))
@@ -176,7 +176,11 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     """Longest first: xdist hands out work units (a group, or one ungrouped test) in this order, each
     worker taking the next as it runs low, so the longest unit starts at once and the short ones
     fill in at the end (longest-processing-time-first). A unit's length is its tests' measured
-    seconds (tests/durations.json), or an estimate by mark for a test not measured yet."""
+    seconds (tests/durations.json), or an estimate by mark for a test not measured yet. Only under
+    `--dist loadgroup`: xdist's plain `load` sends each worker a contiguous slice of the list first,
+    which would give one worker all the longest tests."""
+    if not config.getoption("loadgroup", default=False):  # set on the workers (whose dist is "no")
+        return
     estimates = Estimates.load()
     units: dict[str, list[pytest.Item]] = {}
     for item in items:
@@ -186,8 +190,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     cost = {key: sum(estimates.seconds(it) for it in unit) for key, unit in units.items()}
     order = sorted(units, key=lambda key: -cost[key])  # stable: equal costs keep collection order
     items[:] = [item for key in order for item in units[key]]
-    if config.getoption("loadgroup", default=False):
-        _suffix_groups(items)
+    _suffix_groups(items)
 
 
 def _suffix_groups(items: list[pytest.Item]) -> None:
