@@ -84,12 +84,29 @@ def summarize(path: Path) -> tuple[dict[str, ModuleTime], dict[str, WorkerTime],
     return modules, workers, t0
 
 
+def compare(before: dict[str, ModuleTime], after: dict[str, ModuleTime]) -> None:
+    print("| module | tests | before, s | after, s |")
+    print("|---|---:|---:|---:|")
+    names = sorted(set(before) | set(after), key=lambda n: -max(before[n].seconds if n in before else 0,
+                                                                 after[n].seconds if n in after else 0))
+    for name in names:
+        b, a = before.get(name), after.get(name)
+        either = a if a is not None else b
+        tests = len(either.tests) if either is not None else 0
+        cells = [f"{m.seconds:.0f}" if m is not None else "-" for m in (b, a)]
+        print(f"| `{name}` | {tests} | {cells[0]} | {cells[1]} |")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("file", type=Path)
     parser.add_argument("--top", type=int, default=12, help="modules listed per worker (longest)")
     parser.add_argument("--estimates", type=Path, help="write the per-test and per-module seconds here")
+    parser.add_argument("--before", type=Path, help="an earlier run's file: one table, before and after")
     args = parser.parse_args()
+    if args.before is not None:
+        compare(summarize(args.before)[0], summarize(args.file)[0])
+        return
     if args.estimates is not None:
         args.estimates.write_text(json.dumps(estimates(args.file), indent=0) + "\n", encoding="utf-8")
     modules, workers, t0 = summarize(args.file)
