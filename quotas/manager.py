@@ -27,7 +27,7 @@ from quotas.cluster import ClusterView
 from quotas.config import QuotaConfig
 from quotas.entity import ClientIdentity, QuotaEntity, QuotaKind, SensorKey
 from quotas.errors import QuotaConfigError
-from quotas.stats import METRIC_WINDOW, RateConfig, SampledAvgMax, SampledRate, TokenBucket
+from quotas.stats import METRIC_WINDOW, RateConfig, RecentSum, SampledAvgMax, SampledRate, TokenBucket
 from quotas.throttle import bucket_throttle_time_ms, throttle_time_ms
 
 #: Kafka's `INACTIVE_SENSOR_EXPIRATION_TIME_SECONDS`.
@@ -36,6 +36,8 @@ DEFAULT_SENSOR_IDLE_EXPIRY_MS = 3_600_000
 SENSOR_SWEEP_INTERVAL_MS = 30_000
 #: Under the token bucket a fetch asks for at most this much quota (`max_value_in_quota_window`).
 BUCKET_REQUEST_CAP_MS = 100
+#: Under the token bucket no second delivers more fetch bytes than the bound x this + the burst.
+PEAK_SECOND_MS = 1000
 
 _CAPPED_KINDS = frozenset(k for k in QuotaKind if k.caps_throttle)
 
@@ -132,8 +134,8 @@ class SensorSnapshot(NamedTuple):
 class _Sensor:
     """One sharing group's rate, its current bound and bookkeeping. Internal."""
 
-    __slots__ = ("base_bound", "bound", "bucket", "burst_s", "entity", "key", "last_record_ms", "rate",
-                 "shadow", "shadow_throttles", "share", "throttles", "touched_sweep_ms", "used_total")
+    __slots__ = ("base_bound", "bound", "bucket", "burst_s", "delivered", "entity", "key", "last_record_ms",
+                 "rate", "shadow", "shadow_throttles", "share", "throttles", "touched_sweep_ms", "used_total")
 
     def __init__(self, key: SensorKey, rate: SampledRate, now_ms: int, sweep_ms: int) -> None:
         self.key = key
@@ -150,6 +152,8 @@ class _Sensor:
         # KIP-599) and its burst in seconds of the bound. None under the windowed model.
         self.bucket: TokenBucket | None = None
         self.burst_s = 0.0
+        # token bucket, fetch: what was delivered in the last second (`admit_fetch`'s guard)
+        self.delivered: RecentSum | None = None
         self.entity: QuotaEntity | None = None
         self.shadow = False
         self.throttles = _ThrottleCounter()
@@ -242,6 +246,8 @@ class QuotaManager:
         sensor.used_total += value
         if sensor.bucket is not None and sensor.bound is not None:
             sensor.bucket.record(value, sensor.bound, sensor.bound * sensor.burst_s, now)
+        if value < 0 and sensor.delivered is not None:  # an emptied fetch was not delivered after all
+            sensor.delivered.take_back(-value, now)
         if self._observer is not None:
             self._observer.on_record(sensor.key, value, now)
 
@@ -250,10 +256,18 @@ class QuotaManager:
 
         The windowed rate records it and checks (Kafka: a throttled fetch is then answered empty
         and un-recorded by the caller). Under a token bucket a fetch is delivered while the
-        credits are not negative and then takes them below zero, as a produce does; a fetch that
-        arrives in debt is neither recorded nor delivered. (Emptying every fetch that does not
-        fit in the credits left would never serve a response larger than the burst, and a
-        broker returns a partition's first batch whole.)"""
+        credits are not negative and then takes them below zero, as a produce does (Kafka's
+        strict token bucket: check, then record); a fetch that arrives in debt is neither
+        recorded nor delivered. (Emptying every fetch that does not fit in the credits left would
+        never serve a response larger than the burst, and a broker returns a partition's first
+        batch whole.)
+
+        And under a token bucket a fetch is delivered only if the last second's deliveries plus
+        this one stay within ``bound x 1 s + burst`` (or the last second delivered nothing):
+        otherwise it is not recorded, and its throttle is the time until enough of that second
+        has passed (`RecentSum`). Without it, responses of about a second's quota (one 1 MiB
+        batch at 1 MiB/s) are each admitted at zero credits, arrive every ``S / Q`` < 1 s, and a
+        second holding two of them holds twice the quota."""
         kind = QuotaKind.FETCH
         now = self._clock.now_ms()
         if now - self._last_sweep_ms >= SENSOR_SWEEP_INTERVAL_MS:
@@ -261,11 +275,26 @@ class QuotaManager:
         if not self._enabled[kind]:
             return FetchAdmission(self._unlimited(kind, identity), recorded=True, throttle_is_debt=False)
         sensor = self._sensor(kind, identity, now)
-        bucket = sensor.bucket is not None and sensor.bound is not None
+        bound = sensor.bound
+        bucket = sensor.bucket is not None and bound is not None
         if bucket:
             before = self._decide(kind, sensor, now, count=False)
             if before.throttle_time_ms > 0:  # in debt already (a shadow decision has no throttle time)
                 return FetchAdmission(before, recorded=False, throttle_is_debt=False)
+            assert bound is not None
+            delivered = sensor.delivered
+            if delivered is None:
+                delivered = sensor.delivered = RecentSum(PEAK_SECOND_MS)
+            if not sensor.shadow:
+                most = bound * (PEAK_SECOND_MS / 1000.0 + sensor.burst_s)  # Q x 1 s + B
+                wait_ms = delivered.wait_ms(now, max(0.0, most - response_bytes))
+                if wait_ms > 0:
+                    sensor.throttles.add(wait_ms, now, self._metric_window)
+                    return FetchAdmission(
+                        ThrottleDecision(kind, sensor.key, wait_ms, before.observed, bound, False,
+                                         sensor.entity),
+                        recorded=False, throttle_is_debt=False)
+            delivered.add(response_bytes, now)
         self._record_on(sensor, response_bytes, now)
         return FetchAdmission(self._decide(kind, sensor, now), recorded=True, throttle_is_debt=bucket)
 
