@@ -108,13 +108,15 @@ class UsageEntry:
     shadow: bool = False
     entity: Entity | None = None
     workers: tuple[WorkerUsage, ...] = field(default=())
+    tags: str = ""  # a callback's own tags (`SensorKey.tags_label`), "" when none
 
     @classmethod
     def of_sensor(cls, broker: str, key: SensorKey, rate: float, limit: float | None,
                   base_limit: float | None = None, share: float = 1.0, storage_factor: float = 1.0,
                   shadow: bool = False, entity: Entity | None = None) -> UsageEntry:
         return cls(broker, key.kind, key.user, client_label(key), topic_label(key), rate, limit,
-                   limit if base_limit is None else base_limit, share, storage_factor, shadow, entity)
+                   limit if base_limit is None else base_limit, share, storage_factor, shadow, entity,
+                   tags=key.tags_label)
 
     @property
     def headroom(self) -> float | None:
@@ -125,14 +127,14 @@ class UsageEntry:
         return headroom_ratio(self.rate, self.limit)
 
     @property
-    def group(self) -> tuple[str, QuotaKind, str, str, str]:
+    def group(self) -> tuple[str, QuotaKind, str, str, str, str]:
         """What identifies the sharing group across workers."""
-        return (self.broker, self.kind, self.user, self.client_id, self.topic)
+        return (self.broker, self.kind, self.user, self.client_id, self.topic, self.tags)
 
     def to_json(self) -> dict[str, Any]:
         out: dict[str, Any] = {
             "broker": self.broker, "kind": KIND_LABEL[self.kind], "key": self.kind.value,
-            "user": self.user, "client_id": self.client_id, "topic": self.topic,
+            "user": self.user, "client_id": self.client_id, "topic": self.topic, "tags": self.tags,
             "unit": KIND_UNIT[self.kind], "rate": self.rate, "limit": self.limit,
             "headroom": self.headroom, "headroom_ratio": self.headroom_ratio,
             "base_limit": self.base_limit, "share": self.share, "storage_factor": self.storage_factor,
@@ -151,7 +153,7 @@ class UsageEntry:
             return cls(str(data["broker"]), kind, str(data["user"]), str(data["client_id"]),
                        str(data["topic"]), float(data["rate"]), _opt(data["limit"]),
                        _opt(data["base_limit"]), float(data["share"]), float(data["storage_factor"]),
-                       bool(data["shadow"]), _entity(data["entity"]), workers)
+                       bool(data["shadow"]), _entity(data["entity"]), workers, str(data.get("tags", "")))
         except (KeyError, TypeError, ValueError) as exc:
             raise UsageFormatError(f"not a usage entry: {exc!r}") from None
 
@@ -203,7 +205,7 @@ def merge_worker_reports(reports: Mapping[int, UsageReport], workers: int) -> Us
     the instance admits: the sum of the workers' limits in force, but never more than the
     budget (`base_limit`; standby shares make the sum exceed it). Each worker's part is kept
     in `workers`. The merged `share` is the instance's part of the budget (limit / base_limit)."""
-    groups: dict[tuple[str, QuotaKind, str, str, str], list[tuple[int, UsageEntry]]] = {}
+    groups: dict[tuple[str, QuotaKind, str, str, str, str], list[tuple[int, UsageEntry]]] = {}
     for index in sorted(reports):
         for entry in reports[index].entries:
             groups.setdefault(entry.group, []).append((index, entry))

@@ -455,11 +455,12 @@ def _describe_effective(url: str, who: Mapping[str, str], output: str, timeout_s
     if output == "json":
         _emit(doc)
         return
-    rows = [["SCOPE", "KIND", "LIMIT", "UNIT", "CONFIGURED", "STORAGE", "SHARE", "SOURCE", "ENTITY"]]
+    rows = [["SCOPE", "KIND", "LIMIT", "UNIT", "CONFIGURED", "STORAGE", "SHARE", "SOURCE", "ENTITY", "GROUP"]]
     rows += [[x["scope"], x["kind"], f"{x['limit']:g}", x["unit"], f"{x['configured']:g}",
               f"{x['storage_factor']:g}", f"{x['fleet_share']:.3g}",
               x["source"] + (" (shadow)" if x["shadow"] else ""),
-              x["entity"] or "-"] for x in doc["limits"]]
+              x["entity"] or "-",
+              ",".join(f"{k}={v}" for k, v in (x.get("group") or {}).items()) or "-"] for x in doc["limits"]]
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     for row in rows:
         click.echo("  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip())
@@ -481,6 +482,8 @@ def _usage_row(e: UsageEntry) -> list[str]:
         notes.append("shadow")
     if e.entity:
         notes.append(f"entry {format_entity(e.entity)}")
+    if e.tags:
+        notes.append(f"group {e.tags}")
     if e.share < 1.0:
         notes.append(f"share {e.share:.3f}")
     if e.storage_factor < 1.0:

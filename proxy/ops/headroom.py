@@ -26,7 +26,7 @@ from quotas.manager import QuotaManager
 #: The path of the JSON document on the metrics port.
 USAGE_PATH = "/quotas/usage"
 EFFECTIVE_PATH = "/quotas/effective"
-_LABELS = ["kind", "broker", "user", "client_id", "topic"]
+_LABELS = ["kind", "broker", "user", "client_id", "topic", "tags"]
 
 
 Keep = Callable[[str, SensorKey], bool]  # (broker label, sensor): is it reported?
@@ -62,8 +62,9 @@ def usage_json(report: UsageReport) -> bytes:
 
 
 class HeadroomCollector(Collector):
-    """``sluice_quota_headroom_ratio{kind, broker, user, client_id, topic}`` for every sensor with
-    a limit (client sensors with ``topic=""``, topic sensors with ``user="" client_id=""``).
+    """``sluice_quota_headroom_ratio{kind, broker, user, client_id, topic, tags}`` for every sensor
+    with a limit (client sensors with ``topic=""``, topic sensors with ``user="" client_id=""``,
+    ``tags`` a callback's own tags).
 
     With `cap` (the `sluice_quota_*` series cap) a client sensor folded into the overflow there
     has no headroom series (a ratio does not add up over sensors), so client-id churn cannot grow
@@ -83,7 +84,7 @@ class HeadroomCollector(Collector):
             ratio = entry.headroom_ratio
             if ratio is not None:
                 family.add_metric([KIND_LABEL[entry.kind], entry.broker, entry.user, entry.client_id,
-                                   entry.topic], ratio)
+                                   entry.topic, entry.tags], ratio)
         yield family
 
 
@@ -91,7 +92,8 @@ def effective_json(engine: QuotaEngine, args: Mapping[str, str]) -> bytes:
     """The engine's limits in force for one caller (``user``, ``client_id``, optional ``topic``
     and ``broker``: a broker id, or the bootstrap listener's scope when absent) as JSON: per
     limit its scope, kind, unit, value in force, the configured (or callback) value, the storage
-    factor, the fleet share, its source and entity."""
+    factor, the fleet share, its source and entity, and the sharing group (the budget key's tags,
+    KIP-257's tag map: a callback's own tags too)."""
     identity = ClientIdentity.of(args.get("user") or None, args.get("client_id", ""))
     broker = args.get("broker")
     broker_id = int(broker) if broker is not None and broker.isdigit() else None
@@ -102,5 +104,6 @@ def effective_json(engine: QuotaEngine, args: Mapping[str, str]) -> bytes:
                                    "limit": x.limit, "configured": x.configured,
                                    "storage_factor": x.storage_factor, "fleet_share": x.fleet_share,
                                    "source": x.source, "shadow": x.shadow,
-                                   "entity": None if x.entity is None else x.entity.describe()}
+                                   "entity": None if x.entity is None else x.entity.describe(),
+                                   "group": x.key.tag_map}
                                   for x in limits]}).encode()

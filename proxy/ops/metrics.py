@@ -53,7 +53,8 @@ _RATE_METRIC = {
     QuotaKind.CONSUMER_RECORD_RATE: ("sluice_quota_consumer_record_rate",
                                      "Fetched records per second, per quota sensor"),
 }
-_SENSOR_LABELS = ["broker", "user", "client_id"]
+#: a callback's own tags (KIP-257's tag map beyond user and client id) as one label, "" when none
+_SENSOR_LABELS = ["broker", "user", "client_id", "tags"]
 _TOPIC_LABELS = ["kind", "broker", "topic"]
 
 
@@ -161,7 +162,7 @@ class QuotaSensorCollector(Collector):
                 overflow.count((broker, key), stats.count if stats else 0,
                                shadow_stats.count if shadow_stats else 0)
                 continue
-            labels = [broker, key.user, _client_label(key)]
+            labels = [broker, key.user, _client_label(key), key.tags_label]
             klabels = [_KIND_NAME[key.kind], *labels]
             rates[key.kind].add_metric(labels, rate)
             bound = manager.quota_bound(key)
@@ -176,13 +177,13 @@ class QuotaSensorCollector(Collector):
                 shadow.add_metric(klabels, shadow_stats.count)
         overflow.forget_except(folded)
         for (broker, kind), rate in sorted(folded_rates.items(), key=_group_order):
-            rates[kind].add_metric([broker, OVERFLOW, OVERFLOW], rate)
+            rates[kind].add_metric([broker, OVERFLOW, OVERFLOW, OVERFLOW], rate)
         for (broker, kind), (total, largest, count) in sorted(folded_times.items(), key=_group_order):
-            t_avg.add_metric([_KIND_NAME[kind], broker, OVERFLOW, OVERFLOW], total / count)
-            t_max.add_metric([_KIND_NAME[kind], broker, OVERFLOW, OVERFLOW], largest)
+            t_avg.add_metric([_KIND_NAME[kind], broker, OVERFLOW, OVERFLOW, OVERFLOW], total / count)
+            t_max.add_metric([_KIND_NAME[kind], broker, OVERFLOW, OVERFLOW, OVERFLOW], largest)
         for family, counts in ((t_count, overflow.throttled), (shadow, overflow.shadow)):
             for (broker, kind), n in sorted(counts.items(), key=_group_order):
-                family.add_metric([_KIND_NAME[kind], broker, OVERFLOW, OVERFLOW], n)
+                family.add_metric([_KIND_NAME[kind], broker, OVERFLOW, OVERFLOW, OVERFLOW], n)
         yield from rates.values()
         yield from (limit, t_avg, t_max, t_count, shadow, sensors)
         yield CounterMetricFamily("sluice_metrics_series_folded",

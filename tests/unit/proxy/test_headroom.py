@@ -121,10 +121,12 @@ def test_headroom_metric_agrees_with_the_limit_metric() -> None:
     registry.register(HeadroomCollector(managers, clock))
     ratios = samples(registry, "sluice_quota_headroom_ratio")
     base = (("broker", "0"), ("kind", "produce"))
-    assert ratios == {(*base[:1], ("client_id", "app"), base[1], ("topic", ""), ("user", "")): 0.6,
-                      (*base[:1], ("client_id", "idle"), base[1], ("topic", ""), ("user", "")): 1.0}
+    rest = (("tags", ""), ("topic", ""), ("user", ""))
+    assert ratios == {(*base[:1], ("client_id", "app"), base[1], *rest): 0.6,
+                      (*base[:1], ("client_id", "idle"), base[1], *rest): 1.0}
     limits = samples(registry, "sluice_quota_limit")
-    assert limits[(("broker", "0"), ("client_id", "app"), ("kind", "produce"), ("user", ""))] == 1000.0
+    assert limits[(("broker", "0"), ("client_id", "app"), ("kind", "produce"), ("tags", ""),
+                   ("user", ""))] == 1000.0
     doc = json.loads(usage_json(usage_report(managers, clock)))
     assert [(e["client_id"], e["limit"], e["headroom_ratio"]) for e in doc["entries"]] == [
         ("app", 1000.0, 0.6), ("idle", 1000.0, 1.0)]

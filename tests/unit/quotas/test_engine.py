@@ -205,3 +205,68 @@ def test_effective_is_what_enforcement_applies_under_callback_cluster_storage_an
     assert bounds == sorted(x.limit for x in limits.values())
     # (1200 - 1000) / 1000 x 10 000 ms = 2 000 ms: the smallest limit in force throttles
     assert v.throttle_ms == 2000
+
+
+# ---- KIP-257: a callback's own tag map --------------------------------------------------------
+
+def team_engine(clock: FakeClock | None = None) -> QuotaEngine:
+    from tests.harness.callbacks import TeamQuotaCallback
+
+    def teams(broker_id: int | None) -> TeamQuotaCallback:
+        return TeamQuotaCallback(broker_id=broker_id, teams={"app-a": "payments", "svc-b": "payments",
+                                                             "job-c": "search"},
+                                 limits={"payments": {"producer_byte_rate": 1000},
+                                         "search": {"producer_byte_rate": 4000}})
+
+    return QuotaEngine(QuotaConfig(), clock or FakeClock(),
+                       Plugins(class_path="tests.harness.callbacks:TeamQuotaCallback", factory=teams))
+
+
+def test_a_callback_may_group_by_a_tag_of_its_own() -> None:
+    e = team_engine()
+    a, b, c = (ClientIdentity("", cid) for cid in ("app-a", "svc-b", "job-c"))
+    # app-a and svc-b are one budget (team payments, 1 000 B/s) though neither a user, a client id
+    # nor a prefix ties them: 6 000 + 6 000 B over a fresh window of 10 s = 1 200 B/s,
+    # (1200 - 1000) / 1000 x 10 000 ms = 2 000 ms
+    assert e.produce(1, a, 6000, None).throttle_ms == 0              # 600 B/s
+    v = e.produce(1, b, 6000, None)
+    assert v.throttle_ms == 2000
+    payments = SensorKey.from_tags(QuotaKind.PRODUCE, {"team": "payments"})
+    assert {d.key for d in v.decisions if d.kind is QuotaKind.PRODUCE} == {payments}
+    # job-c is another team's budget: 12 000 B / 10 s = 1 200 B/s under 4 000
+    assert e.produce(1, c, 12_000, None).throttle_ms == 0
+    # the budget key carries the tag map: reported to the fleet and shared by it like any other
+    budgets = {(scope, u.key) for scope, m in e.budgets() for u in m.fleet_usage() if u.base_bound}
+    assert ("1", payments) in budgets
+    assert ("1", SensorKey.from_tags(QuotaKind.PRODUCE, {"team": "search"})) in budgets
+    assert payments.tag_map == {"team": "payments"} and payments.tags_label == "team=payments"
+    e.for_broker(1).set_shares({payments: 0.5}, 1.0)
+    # a share of 0.5: bound 500 B/s; (1200 - 500) / 500 x 10 000 ms = 14 000 ms, capped under a
+    # fleet share at the whole quota window (11 x 1 000 ms)
+    assert e.produce(1, a, 0, None).throttle_ms == 11_000
+    # and `effective` (describe --effective, /quotas/effective) answers with the same key
+    (limit,) = [x for x in e.effective(1, a) if x.kind is QuotaKind.PRODUCE]
+    assert (limit.key, limit.configured, limit.fleet_share, limit.limit, limit.source) == (
+        payments, 1000, 0.5, 500, "callback")
+
+
+def test_the_tag_map_reaches_the_metrics_as_a_label_under_the_cap() -> None:
+    from prometheus_client import CollectorRegistry
+
+    from proxy.ops.metrics import QuotaSensorCollector
+
+    clock = FakeClock()
+    e = team_engine(clock)
+    for cid in ("app-a", "job-c"):
+        e.produce(1, ClientIdentity("", cid), 100, None)
+    registry = CollectorRegistry()
+    registry.register(QuotaSensorCollector(e, clock))
+    limits = {s.labels["tags"]: s.value for m in registry.collect() if m.name == "sluice_quota_limit"
+              for s in m.samples}
+    assert limits == {"team=payments": 1000.0, "team=search": 4000.0}
+    # under a cap of one series per metric the second team folds into the overflow series
+    capped = CollectorRegistry()
+    capped.register(QuotaSensorCollector(e, clock, max_series_per_metric=1))
+    rates = [s.labels["tags"] for m in capped.collect() if m.name == "sluice_quota_produce_byte_rate"
+             for s in m.samples]
+    assert "__overflow__" in rates and len(rates) <= 2, rates

@@ -47,26 +47,33 @@ def test_a_report_carries_the_whole_budget_key_byte_for_byte() -> None:
     prefix = SensorKey(QuotaKind.PRODUCE, "alice", "", client_id_prefix="etl-")
     topic = SensorKey(QuotaKind.FETCH, "", "", topic="t")
     topics = SensorKey(QuotaKind.PRODUCER_RECORD_RATE, "", "", topic_prefix="logs.")
+    team = SensorKey.from_tags(QuotaKind.PRODUCE, {"team": "payments", "region": "eu"})
     r = UsageReport("f1", "s-0/p42", 9, 500, (GroupUsage("1", prefix, 1048576.25, True),
                                               GroupUsage("all", topic, 0.0, False),
-                                              GroupUsage("cluster", topics, 12.3456, False)))
+                                              GroupUsage("cluster", topics, 12.3456, False),
+                                              GroupUsage("1", team, 5.0, False)))
     assert encode_report(r) == (
-        b'{"v":2,'                  # format version: 2 carries the whole SensorKey
+        b'{"v":3,'                  # format version: 3 carries the whole SensorKey and a callback's tags
         b'"fleet":"f1",'            # fleet id: reports of another fleet are ignored
         b'"member":"s-0/p42",'      # member name: instance[/worker]/pid, new at every start
         b'"seq":9,'                 # per member, increasing: an older report is ignored
         b'"interval_ms":500,'       # the member's report interval
         b'"groups":['
-        # [scope, [kind, user, client_id, client_id_prefix, topic, topic_prefix], used/s, constrained]
-        b'["1",["producer_byte_rate","alice","","etl-","",""],1048576.25,1],'
-        b'["all",["consumer_byte_rate","","","","t",""],0.0,0],'
+        # [scope, [kind, user, client_id, client_id_prefix, topic, topic_prefix, [[tag, value]...]],
+        #  used/s, constrained]
+        b'["1",["producer_byte_rate","alice","","etl-","","",[]],1048576.25,1],'
+        b'["all",["consumer_byte_rate","","","","t","",[]],0.0,0],'
         # used/s is rounded to 3 decimals
-        b'["cluster",["producer_record_rate","","","","","logs."],12.346,0]'
+        b'["cluster",["producer_record_rate","","","","","logs.",[]],12.346,0],'
+        # a callback's own tags (KIP-257's tag map), sorted by name
+        b'["1",["producer_byte_rate","","","","","",[["region","eu"],["team","payments"]]],5.0,0]'
         b']}')
     back = decode_report(encode_report(r))
-    assert [gr.key for gr in back.groups] == [prefix, topic, topics]
+    assert [gr.key for gr in back.groups] == [prefix, topic, topics, team]
     # a user's prefix group and the user's own group are different groups on every member
     assert prefix != SensorKey(QuotaKind.PRODUCE, "alice", "")
+    # and two teams are two groups, though every other tag is empty
+    assert team != SensorKey.from_tags(QuotaKind.PRODUCE, {"team": "search", "region": "eu"})
 
 
 def test_reports_of_another_version_are_refused_by_reason_never_misread() -> None:
@@ -76,34 +83,43 @@ def test_reports_of_another_version_are_refused_by_reason_never_misread() -> Non
     with pytest.raises(FleetReportVersionError) as old:
         decode_report(v1)
     assert old.value.reason == "old_version" and old.value.version == 1
-    # a future version (say, one whose key carries a tag map) is not read as this one
-    v3 = (b'{"v":3,"fleet":"f","member":"m","seq":1,"interval_ms":500,'
-          b'"groups":[["1",["producer_byte_rate","","app","","","",{"team":"x"}],1,0]]}')
+    # a version-2 member's key has no tags: its groups of two teams would be one
+    v2 = (b'{"v":2,"fleet":"f","member":"m","seq":1,"interval_ms":500,'
+          b'"groups":[["1",["producer_byte_rate","","app","","",""],1,0]]}')
+    with pytest.raises(FleetReportVersionError) as older:
+        decode_report(v2)
+    assert older.value.reason == "old_version" and older.value.version == 2
+    # a future version is not read as this one
+    v4 = (b'{"v":4,"fleet":"f","member":"m","seq":1,"interval_ms":500,'
+          b'"groups":[["1",["producer_byte_rate","","app","","","",[],"x"],1,0]]}')
     with pytest.raises(FleetReportVersionError) as new:
-        decode_report(v3)
+        decode_report(v4)
     assert new.value.reason == "unknown_version"
-    for version in (b'"2"', b"2.0", b"true", b"null"):
+    for version in (b'"3"', b"3.0", b"true", b"null"):
         with pytest.raises(FleetReportVersionError) as odd:
             decode_report(b'{"v":' + version + b',"fleet":"f","member":"m","seq":1,"interval_ms":500,'
                           b'"groups":[]}')
         assert odd.value.reason == "unknown_version"
 
 
-V2 = b'{"v":2,"fleet":"f","member":"m","seq":1,"interval_ms":500,"groups":[%s]}'
+V3 = b'{"v":3,"fleet":"f","member":"m","seq":1,"interval_ms":500,"groups":[%s]}'
 
 
 @pytest.mark.parametrize("payload", [
-    b"", b"\xff", b"[]", b'{"fleet":"f"}', b'{"v":2}',
-    b'{"v":2,"fleet":"f","member":"m","seq":1,"interval_ms":0,"groups":[]}',
-    b'{"v":2,"fleet":"f","member":"m","seq":"1","interval_ms":500,"groups":[]}',
-    V2 % b'["1",["nope","","","","",""],1,0]',                         # unknown kind
-    V2 % b'["1",["producer_byte_rate","","","","",""],-1,0]',          # negative usage
-    V2 % b'["1",["producer_byte_rate","","","","",""],1,2]',           # constrained not 0/1
-    V2 % b'["1",["producer_byte_rate","","app"],1,0]',                 # a version-1-sized key
-    V2 % b'["1",["producer_byte_rate","","","","","",""],1,0]',        # a key with a field more
-    V2 % b'["1",["producer_byte_rate","","",null,"",""],1,0]',         # a tag that is not a string
-    V2 % b'["1","producer_byte_rate","","app",1,0]',                   # a version-1 group
-    V2 % b'["1"]',
+    b"", b"\xff", b"[]", b'{"fleet":"f"}', b'{"v":3}',
+    b'{"v":3,"fleet":"f","member":"m","seq":1,"interval_ms":0,"groups":[]}',
+    b'{"v":3,"fleet":"f","member":"m","seq":"1","interval_ms":500,"groups":[]}',
+    V3 % b'["1",["nope","","","","","",[]],1,0]',                      # unknown kind
+    V3 % b'["1",["producer_byte_rate","","","","","",[]],-1,0]',       # negative usage
+    V3 % b'["1",["producer_byte_rate","","","","","",[]],1,2]',        # constrained not 0/1
+    V3 % b'["1",["producer_byte_rate","","app"],1,0]',                 # a version-1-sized key
+    V3 % b'["1",["producer_byte_rate","","","","",""],1,0]',           # a version-2 key (no tags)
+    V3 % b'["1",["producer_byte_rate","","","","","",[],""],1,0]',     # a key with a field more
+    V3 % b'["1",["producer_byte_rate","","",null,"","",[]],1,0]',      # a tag that is not a string
+    V3 % b'["1",["producer_byte_rate","","","","","",{"team":"x"}],1,0]',  # tags not as pairs
+    V3 % b'["1",["producer_byte_rate","","","","","",[["team"]]],1,0]',    # a pair of one
+    V3 % b'["1","producer_byte_rate","","app",1,0]',                   # a version-1 group
+    V3 % b'["1"]',
 ])
 def test_garbage_is_a_malformed_report(payload: bytes) -> None:
     with pytest.raises(FleetReportError) as exc:

@@ -39,10 +39,16 @@ def test_entry_labels_follow_the_sensor_tags_and_round_trip_through_json() -> No
     doc = UsageReport(11_000, "broker", (prefix, topic)).to_json()
     assert doc["entries"][0] == {
         "broker": "1", "kind": "produce", "key": "producer_byte_rate", "user": "alice", "client_id": "etl-*",
-        "topic": "", "unit": "bytes/s", "rate": 10.0, "limit": 100.0, "headroom": 90.0, "headroom_ratio": 0.9,
+        "topic": "", "tags": "", "unit": "bytes/s", "rate": 10.0, "limit": 100.0, "headroom": 90.0,
+        "headroom_ratio": 0.9,
         "base_limit": 200.0, "share": 0.5, "storage_factor": 0.8, "shadow": False,
         "entity": {"user": "alice", "client-id": None}}
     assert doc["entries"][1]["limit"] is None and doc["entries"][1]["headroom_ratio"] is None
+    # a callback's own tag (KIP-257's tag map): two teams are two entries, through JSON too
+    teams = [UsageEntry.of_sensor("1", SensorKey.from_tags(P, {"team": t}), 1.0, 10.0) for t in ("a", "b")]
+    assert [e.tags for e in teams] == ["team=a", "team=b"] and teams[0].group != teams[1].group
+    back = UsageReport.from_json(UsageReport(11_000, "broker", tuple(teams)).to_json())
+    assert [e.tags for e in back.entries] == ["team=a", "team=b"]
     back = UsageReport.from_json(json.loads(json.dumps(doc)))
     assert back == UsageReport(11_000, "broker", (prefix, topic))
     with pytest.raises(UsageFormatError):
