@@ -92,7 +92,9 @@ class ResponseVerdict:
 class LimitInForce:
     """One limit that applies to a caller, as enforcement applies it, and where it came from:
     ``limit = configured x storage_factor x fleet_share``. `configured` is the entry's value or
-    the callback's (`source`: ``entry``, ``callback``, ``cluster_entries`` or ``topic``), `entity`
+    the callback's (`source`: ``entry``, ``callback``, ``cluster_entries`` (YAML), ``bps`` and
+    ``broker_bps`` (the draft's unit keys, from the store) or ``topic``), `per` whether the budget
+    is ``broker`` (each broker's own) or ``cluster`` (one across every broker), `entity`
     the configured entity that matched when known. The one answer `describe --effective`,
     ``/quotas/effective`` and the enforcement itself share."""
 
@@ -106,6 +108,7 @@ class LimitInForce:
     source: str
     entity: QuotaEntity | None
     shadow: bool
+    per: str = "broker"   # the budget is per broker, or one across the cluster (the draft's bps)
 
 
 NOT_LIMITED_REQUEST = RequestVerdict((), 0)
@@ -140,6 +143,12 @@ class QuotaEngine:
         # ``cluster_entries`` (the draft's `bps`): one more manager, for every broker at once
         self.cluster_wide: QuotaManager | None = None
         self._cluster_wide_kinds: frozenset[QuotaKind] = frozenset()
+        # the draft's units from the store: ``sluice.bps.*`` (into the cluster-wide budgets, beside
+        # the YAML's cluster_entries) and ``sluice.broker_bps.*`` (one manager per broker, whatever
+        # the scope): each its own budget beside the plain key's, the limit hit first throttles
+        self._store_bps: QuotaConfig | None = None
+        self._broker_bps: QuotaConfig | None = None
+        self._broker_bps_managers: dict[int | None, QuotaManager] = {}
         self._set_cluster_entries(self.plugins.cluster_entries)
         # topic and topic-prefix entries: one more manager per broker (or one for all with
         # scope: cluster), asked per topic of a request, beside the client's own
@@ -279,21 +288,31 @@ class QuotaEngine:
         lookups do (it records nothing; an idle sensor is swept)."""
         out: list[LimitInForce] = []
         custom = self.plugins.factory is not None
-        sources: list[tuple[str, QuotaManager, ClientIdentity, str]] = [
-            (self._label(broker_id), self.for_broker(broker_id), identity, "callback" if custom else "entry")]
+        per = "cluster" if self.plugins.scope == "cluster" else "broker"
+        sources: list[tuple[str, QuotaManager, ClientIdentity, str, str]] = [
+            (self._label(broker_id), self.for_broker(broker_id), identity, "callback" if custom else "entry",
+             per)]
         if self.cluster_wide is not None:
-            sources.append(("cluster", self.cluster_wide, identity, "cluster_entries"))
+            sources.append(("cluster", self.cluster_wide, identity, "cluster_entries", "cluster"))
+        if self._broker_bps is not None:
+            bps_manager = self._for_broker_bps(broker_id, self._broker_bps)
+            sources.append((self._broker_bps_label(broker_id), bps_manager, identity, "broker_bps", "broker"))
         if topic is not None and (topics := self.for_topics(broker_id)) is not None:
-            sources.append((self._label(broker_id), topics, topic_identity(topic), "topic"))
-        for scope, manager, who, source in sources:
+            sources.append((self._label(broker_id), topics, topic_identity(topic), "topic", per))
+        store_bps = self._store_bps
+        for scope, manager, who, source, budget_per in sources:
             for kind in QuotaKind:
                 decision = manager.check(kind, who)
                 limit = manager.sensor_limit(decision.key) if decision.bound is not None else None
                 if limit is None or limit.bound is None or limit.base_bound is None:
                     continue
                 configured = limit.base_bound / limit.scale
+                origin = source
+                if (source == "cluster_entries" and store_bps is not None and limit.entity is not None
+                        and store_bps.get(limit.entity) is not None):
+                    origin = "bps"
                 out.append(LimitInForce(scope, kind, decision.key, limit.bound, configured, limit.scale,
-                                        limit.share, source, limit.entity, limit.shadow))
+                                        limit.share, origin, limit.entity, limit.shadow, budget_per))
         return tuple(out)
 
     # ------------------------------------------------------------------ what needs reading
@@ -351,17 +370,38 @@ class QuotaEngine:
         """The client managers a request through `broker_id` is counted in, each with the kinds
         to record: the broker's (or the one of ``scope: cluster``), and ``cluster_entries``'."""
         manager = self.for_broker(broker_id)
-        if self.cluster_wide is None:
+        broker_bps = self._broker_bps
+        if self.cluster_wide is None and broker_bps is None:
             return ((manager, self.active_kinds),)
-        return ((manager, self.active_kinds), (self.cluster_wide, self._cluster_wide_kinds))
+        out = [(manager, self.active_kinds)]
+        if self.cluster_wide is not None:
+            out.append((self.cluster_wide, self._cluster_wide_kinds))
+        if broker_bps is not None:
+            out.append((self._for_broker_bps(broker_id, broker_bps), broker_bps.kinds()))
+        return tuple(out)
+
+    def _for_broker_bps(self, broker_id: int | None, config: QuotaConfig) -> QuotaManager:
+        manager = self._broker_bps_managers.get(broker_id)
+        if manager is None:
+            manager = QuotaManager(config, self._clock, sticky_quotas_enabled=False)
+            self._prepare(manager, broker_id)
+            self._broker_bps_managers[broker_id] = manager
+        return manager
 
     def labelled(self) -> list[tuple[str, QuotaManager]]:
         """Every client manager with its `broker` label: a broker id, ``bootstrap``, ``all``
-        (``scope: cluster``) or ``cluster`` (``cluster_entries``)."""
+        (``scope: cluster``), ``cluster`` (``cluster_entries`` and ``bps``) or ``B:broker_bps``."""
         out = [(self._label(b), m) for b, m in self._managers.items()]
         if self.cluster_wide is not None:
             out.append(("cluster", self.cluster_wide))
+        out.extend((self._broker_bps_label(b), m) for b, m in self._broker_bps_managers.items())
         return out
+
+    @staticmethod
+    def _broker_bps_label(broker_id: int | None) -> str:
+        """The scope label of a ``broker_bps`` budget: its broker's, marked (``1:broker_bps``), so
+        it never meets the broker's own budgets of the same key."""
+        return f"{'bootstrap' if broker_id is None else broker_id}:broker_bps"
 
     def topic_labelled(self) -> list[tuple[str, QuotaManager]]:
         """The topic managers with their `broker` label (as `labelled`)."""
@@ -384,7 +424,28 @@ class QuotaEngine:
 
     # ------------------------------------------------------------------ the limit chain
 
-    def _set_cluster_entries(self, entries: QuotaConfig | None) -> None:
+    def set_unit_entries(self, bps: QuotaConfig | None, broker_bps: QuotaConfig | None) -> None:
+        """The store's ``sluice.bps.*`` and ``sluice.broker_bps.*`` entries (`QuotaTable.unit_configs`)."""
+        self._store_bps = bps if bps is not None and len(bps) else None
+        self._set_cluster_entries(self.plugins.cluster_entries)
+        if broker_bps is None or not len(broker_bps):
+            self._broker_bps = None
+            self._broker_bps_managers.clear()
+        else:
+            self._broker_bps = broker_bps
+            for manager in self._broker_bps_managers.values():
+                manager.update_config(broker_bps)
+        self.active_kinds = self._kinds()
+
+    def _set_cluster_entries(self, yaml_entries: QuotaConfig | None) -> None:
+        entries = yaml_entries
+        store = self._store_bps
+        if store is not None:  # the store's bps beside the YAML's cluster_entries; the store's wins
+            base = yaml_entries if yaml_entries is not None else store
+            mine = {e.entity for e in store}
+            kept = tuple(e for e in (yaml_entries or ()) if e.entity not in mine)
+            entries = QuotaConfig((*kept, *store), base.shadow_all, base.window, base.rate_model,
+                                  base.burst_ms)
         if entries is None or not len(entries):
             self.cluster_wide = None
             self._cluster_wide_kinds = frozenset()
@@ -401,7 +462,8 @@ class QuotaEngine:
         """The storage factor: scale every limit of `kind` in every budget."""
         before = self._effective()
         self._scales[kind] = factor
-        for manager in (*self._managers.values(), *self._topic_managers.values()):
+        for manager in (*self._managers.values(), *self._topic_managers.values(),
+                        *self._broker_bps_managers.values()):
             manager.set_limit_scale(kind, factor)
         if self.cluster_wide is not None:
             self.cluster_wide.set_limit_scale(kind, factor)
@@ -489,7 +551,8 @@ class QuotaEngine:
 
     def _kinds(self) -> frozenset[QuotaKind]:
         self.topic_kinds = frozenset(k for e in self._config if e.entity.is_topic for k in e.values)
-        return self._effective().kinds() | self._cluster_wide_kinds | self._callback_kinds
+        broker_bps = frozenset() if self._broker_bps is None else self._broker_bps.kinds()
+        return self._effective().kinds() | self._cluster_wide_kinds | self._callback_kinds | broker_bps
 
     def _charge(self, broker_id: int | None, identity: ClientIdentity, size_bytes: int,
                 usage: TopicTally | None, bytes_kind: QuotaKind, records_kind: QuotaKind, *,

@@ -455,8 +455,9 @@ def _describe_effective(url: str, who: Mapping[str, str], output: str, timeout_s
     if output == "json":
         _emit(doc)
         return
-    rows = [["SCOPE", "KIND", "LIMIT", "UNIT", "CONFIGURED", "STORAGE", "SHARE", "SOURCE", "ENTITY", "GROUP"]]
-    rows += [[x["scope"], x["kind"], f"{x['limit']:g}", x["unit"], f"{x['configured']:g}",
+    rows = [["SCOPE", "KIND", "LIMIT", "UNIT", "PER", "CONFIGURED", "STORAGE", "SHARE", "SOURCE", "ENTITY",
+             "GROUP"]]
+    rows += [[x["scope"], x["kind"], f"{x['limit']:g}", x["unit"], x.get("per", "-"), f"{x['configured']:g}",
               f"{x['storage_factor']:g}", f"{x['fleet_share']:.3g}",
               x["source"] + (" (shadow)" if x["shadow"] else ""),
               x["entity"] or "-",
@@ -546,7 +547,10 @@ def alter_command(names: str | None, defaults: str | None, add: str | None, dele
     """Set (--add) and remove (--delete) quota keys of one entity. Keys: producer_byte_rate,
     consumer_byte_rate, request_percentage, request_rate, producer_record_rate, consumer_record_rate,
     sluice.shadow (=1), rate_model (=token_bucket or windowed; the key sluice.token_bucket),
-    sluice.burst_ms, sluice.each_client_id (=1, client-id-prefix entities)."""
+    sluice.burst_ms, sluice.each_client_id (=1, client-id-prefix entities), and the quota-native
+    draft's units: sluice.bps.producer_byte_rate / sluice.bps.consumer_byte_rate (one budget across
+    every broker) and sluice.broker_bps.producer_byte_rate / .consumer_byte_rate (one per broker),
+    each enforced beside the plain key (the limit hit first throttles)."""
     conn = _connection(**conn_args)
     components = entity_components(parse_pairs(names, "--names"), parse_defaults(defaults))
     if not components:

@@ -105,5 +105,5 @@ def effective_json(engine: QuotaEngine, args: Mapping[str, str]) -> bytes:
                                    "storage_factor": x.storage_factor, "fleet_share": x.fleet_share,
                                    "source": x.source, "shadow": x.shadow,
                                    "entity": None if x.entity is None else x.entity.describe(),
-                                   "group": x.key.tag_map}
+                                   "group": x.key.tag_map, "per": x.per}
                                   for x in limits]}).encode()

@@ -70,3 +70,46 @@ def test_describe_effective_equals_the_metric_and_the_observed_rate(kafka: Kafka
         assert 0.95 <= ratio <= 1.05, f"{ratio:.3f}"
     finally:
         sluice.stop()
+
+
+def test_the_draft_units_set_together_through_the_admin_api_are_each_enforced_and_described(
+        kafka: KafkaCluster, tmp_path: Path) -> None:
+    """`sluice quotas alter` (AlterClientQuotas with Sluice keys) sets the draft's three units on
+    one entity together: the plain key (each broker's own budget under ``scope: broker``),
+    ``sluice.broker_bps.*`` (a budget per broker, whatever the scope) and ``sluice.bps.*`` (one
+    budget across every broker). Each is its own budget; the smallest one holds the producer,
+    and ``describe --effective`` lists all three with where each applies and where it came from.
+
+    Token bucket, burst 250 ms, measured as the test above (0.95-1.05 of the smallest)."""
+    port = free_port()
+    sluice = SluiceProcess(kafka.bootstrap, tmp_path / "sluice", config={
+        "metrics": {"port": port}, "admins": ["ANONYMOUS"], "allow_anonymous_admins": True,
+        "quotas": {"window": WINDOW, "rate_model": "token_bucket", "burst_ms": 250}}).start()
+    metrics = Metrics(port)
+    try:
+        altered = subprocess.run(
+            [sys.executable, "-m", "proxy", "quotas", "alter", "--bootstrap-server", sluice.bootstrap,
+             "--names", "client-id=units", "--add",
+             f"producer_byte_rate={4 * MiB},sluice.broker_bps.producer_byte_rate={2 * MiB},"
+             f"sluice.bps.producer_byte_rate={MiB}"],
+            cwd=REPO, capture_output=True, text=True, timeout=60, check=False)
+        assert altered.returncode == 0, altered.stdout + altered.stderr
+        topic = create_topic(kafka.bootstrap, unique_name("units"))
+        timeline = load.confluent_flood(sluice.bootstrap, topic, PERIOD_S + MEASURED_S, client_id="units",
+                                        record_size=1000, batch_bytes=64 * KiB)
+        observed = timeline.rate(PERIOD_S, PERIOD_S + MEASURED_S)
+        described = subprocess.run(
+            [sys.executable, "-m", "proxy", "quotas", "describe", "--effective", "--url",
+             f"http://127.0.0.1:{port}", "--names", "client-id=units", "--output", "json"],
+            cwd=REPO, capture_output=True, text=True, timeout=30, check=True)
+        limits = {x["source"]: x for x in json.loads(described.stdout)["limits"]
+                  if x["kind"] == "producer_byte_rate"}
+        assert {s: (x["limit"], x["per"], x["unit"]) for s, x in limits.items()} == {
+            "entry": (4 * MiB, "broker", "bytes/s"), "broker_bps": (2 * MiB, "broker", "bytes/s"),
+            "bps": (MiB, "cluster", "bytes/s")}
+        assert metrics.value("sluice_quota_limit", broker="cluster", client_id="units", kind="produce") == MiB
+        ratio = observed / MiB
+        print(f"three units on one entity: observed {observed:.0f} B/s = {ratio:.3f} x the smallest (bps)")
+        assert 0.95 <= ratio <= 1.05, f"{ratio:.3f}"
+    finally:
+        sluice.stop()

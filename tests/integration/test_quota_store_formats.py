@@ -29,6 +29,8 @@ from proxy.admin.store import (
 from quotas import DEFAULT, QuotaEntity
 from quotas.entity import ENTITY_TYPES, QuotaKind
 from quotas.table import (
+    BPS_KEYS,
+    BROKER_BPS_KEYS,
     BURST_MS_KEY,
     EACH_CLIENT_ID_KEY,
     KNOWN_KEYS,
@@ -56,7 +58,9 @@ ENTITIES = [
 VALUES = {QuotaKind.PRODUCE.value: 1_048_576.0, QuotaKind.FETCH.value: 2_097_152.0,
           QuotaKind.REQUEST_PERCENTAGE.value: 250.0, QuotaKind.REQUEST_RATE.value: 500.0,
           QuotaKind.PRODUCER_RECORD_RATE.value: 1000.0, QuotaKind.CONSUMER_RECORD_RATE.value: 2000.0,
-          SHADOW_KEY: 1.0, TOKEN_BUCKET_KEY: 1.0, BURST_MS_KEY: 800.0, EACH_CLIENT_ID_KEY: 1.0}
+          SHADOW_KEY: 1.0, TOKEN_BUCKET_KEY: 1.0, BURST_MS_KEY: 800.0, EACH_CLIENT_ID_KEY: 1.0,
+          # the quota-native draft's units: bps (one budget across every broker), broker_bps
+          **{key: 4_194_304.0 for key in BPS_KEYS}, **{key: 3_145_728.0 for key in BROKER_BPS_KEYS}}
 
 
 def keys_for(entity: QuotaEntity) -> dict[str, float]:
@@ -65,6 +69,8 @@ def keys_for(entity: QuotaEntity) -> dict[str, float]:
         values.pop(EACH_CLIENT_ID_KEY)  # a setting of prefix entities only
     if entity.is_topic:
         values.pop(QuotaKind.REQUEST_PERCENTAGE.value)  # not attributable to a topic
+        for key in (*BPS_KEYS, *BROKER_BPS_KEYS):      # a topic's budgets are the topic's own
+            values.pop(key)
     return values
 
 

@@ -270,3 +270,53 @@ def test_the_tag_map_reaches_the_metrics_as_a_label_under_the_cap() -> None:
     rates = [s.labels["tags"] for m in capped.collect() if m.name == "sluice_quota_produce_byte_rate"
              for s in m.samples]
     assert "__overflow__" in rates and len(rates) <= 2, rates
+
+
+# ---- the quota-native draft's units: bps, broker_bps and the plain key on one entity ---------
+
+def test_the_draft_units_on_one_entity_are_each_a_budget_and_the_first_hit_throttles() -> None:
+    from quotas.entity import QuotaEntity
+    from quotas.table import QuotaTable
+
+    app = QuotaEntity(client_id="app")
+    table = QuotaTable({app: {"producer_byte_rate": 4000, "sluice.broker_bps.producer_byte_rate": 2000,
+                              "sluice.bps.producer_byte_rate": 3000}})
+    e = QuotaEngine(table.to_config(), FakeClock(), Plugins())
+    e.set_unit_entries(*table.unit_configs())
+    who = ClientIdentity("", "app")
+    # through broker 1, 25 000 B over a fresh 10 s window = 2 500 B/s: over broker_bps (2 000),
+    # (2500 - 2000) / 2000 x 10 000 ms = 2 500 ms; under bps (3 000) and the plain key (4 000)
+    v = e.produce(1, who, 25_000, None)
+    by_bound = {d.bound: d.would_throttle_ms for d in v.decisions if d.kind is QuotaKind.PRODUCE}
+    assert by_bound == {4000: 0, 2000: 2500, 3000: 0} and v.throttle_ms == 2500
+    # through broker 2, another 10 000 B: broker 2's own budgets see 1 000 B/s, but the cluster's
+    # bps budget holds both brokers' 35 000 B = 3 500 B/s: (3500 - 3000) / 3000 x 10 000 = 1 667
+    v2 = e.produce(2, who, 10_000, None)
+    assert v2.throttle_ms == 1667
+    # effective: all three, with where each applies and where it came from
+    limits = {x.source: (x.limit, x.per, x.scope) for x in e.effective(1, who) if x.kind is QuotaKind.PRODUCE}
+    assert limits == {"entry": (4000, "broker", "1"), "broker_bps": (2000, "broker", "1:broker_bps"),
+                      "bps": (3000, "cluster", "cluster")}
+    # every one is reported (the fleet shares each), under its own scope label
+    scopes = {scope for scope, m in e.budgets() for u in m.fleet_usage() if u.base_bound}
+    assert {"1", "2", "cluster", "1:broker_bps", "2:broker_bps"} <= scopes
+    # removing the unit keys removes their budgets
+    plain = QuotaTable({app: {"producer_byte_rate": 4000}})
+    e.set_unit_entries(*plain.unit_configs())
+    assert {x.source for x in e.effective(1, who)} == {"entry"}
+
+
+def test_unit_keys_are_validated_as_byte_rates_and_refused_on_topics() -> None:
+    import pytest as _pytest
+
+    from quotas.entity import QuotaEntity
+    from quotas.errors import QuotaConfigError
+    from quotas.table import QuotaTable, validate_key_value
+
+    assert validate_key_value("sluice.bps.producer_byte_rate", 1024) is None
+    assert validate_key_value("sluice.broker_bps.consumer_byte_rate", 0.5) == \
+        "sluice.broker_bps.consumer_byte_rate cannot be a fractional value."
+    assert validate_key_value("sluice.bps.request_rate", 5) == \
+        "Invalid configuration key sluice.bps.request_rate"
+    with _pytest.raises(QuotaConfigError, match=r"topic 't': sluice\.bps\.producer_byte_rate"):
+        QuotaTable({QuotaEntity(topic="t"): {"sluice.bps.producer_byte_rate": 1000}}).unit_configs()
