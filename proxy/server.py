@@ -55,7 +55,7 @@ from proxy.stages.quota import DecisionObserver, QuotaStage
 from proxy.stages.topic_resolver import TopicIdResolver
 from proxy.stages.topic_usage import TopicNames
 from quotas.clock import Clock, SystemClock
-from quotas.connection_limits import BufferBudget, ConnectionLimiter, IpConnectionRates
+from quotas.connection_limits import BufferBudget, ConnectionLimiter
 from quotas.engine import QuotaEngine
 from quotas.fleet import DEFAULT_HEADROOM, FleetFallback, FleetView
 from quotas.manager import ThrottleDecision
@@ -73,7 +73,8 @@ class ProxyServer:
         self._extra_stages = list(stages)
         self.registry_metrics = CollectorRegistry()
         self.metrics = SluiceMetrics(self.registry_metrics)
-        self.quotas = QuotaEngine(config.quota_config(), self.clock, config.quota_plugins())
+        self.quotas = QuotaEngine(config.quota_config(), self.clock, config.quota_plugins(),
+                                  config.ip_connection_rates())
         # Produce v13 / Fetch v13+ name topics by id (the quota stage reads them): ids no forwarded
         # Metadata named are asked of the broker by this process itself
         self.topic_names = TopicNames()
@@ -103,8 +104,8 @@ class ProxyServer:
         self.access_log = make_access_log(config, worker_index)
         if self.access_log is not None:
             self.registry_metrics.register(AccessLogCollector(self.access_log))
-        self.limits = make_limits(config, self.clock)
-        self.registry_metrics.register(LimitsCollector(self.limits))
+        self.limits = make_limits(config, self.clock, self.quotas)
+        self.registry_metrics.register(LimitsCollector(self.limits, self.quotas.ip_connection_rates))
         self.heap = HeapTrimmer(config.heap_trim_interval_ms / 1000, glibc_malloc_trim())
         self.registry_metrics.register(HeapTrimCollector(self.heap))
         self._heap_task: asyncio.Task[None] | None = None
@@ -227,10 +228,10 @@ class ProxyServer:
     def _reload_ip_rates(self, config: ProxyConfig) -> None:
         """KIP-612's per-IP quotas are dynamic in Kafka: new bounds apply at once, rates stay.
         (The `limits:` section is read at start only.)"""
-        rates = self.limits.limiter.rates
+        rates = self.quotas.ip_connection_rates
         new = config.ip_connection_rates()
         if new != rates.configured():
-            rates.update(new)
+            self.quotas.set_ip_connection_rates(new)
             log.info("connection_creation_rate per ip: %s", ", ".join(f"{ip}={rate:g}/s" for ip, rate
                                                                     in sorted(new.items())) or "none")
         if config.limits != self.config_at_start.limits:
@@ -364,16 +365,15 @@ def make_fleet(config: ProxyConfig, quotas: QuotaEngine, clock: Clock,
     return FleetMember(view, exchange, quotas, clock, claims, interval_ms)
 
 
-def make_limits(config: ProxyConfig, clock: Clock) -> ConnectionLimits:
-    """The `limits:` section and the ip entries of `quotas:` (KIP-612), for every connection.
-    The creation rate is measured over the quota window (Kafka's quota.window.num/size)."""
+def make_limits(config: ProxyConfig, clock: Clock, engine: QuotaEngine) -> ConnectionLimits:
+    """The `limits:` section, for every connection; the ip entries of `quotas:` (KIP-612's
+    creation rate, measured over the quota window) are the engine's `new_connection`."""
     cfg = config.limits
-    rates = IpConnectionRates(config.ip_connection_rates(), config.quota_config().window)
     settings = LimitSettings(handshake_timeout_ms=cfg.handshake_timeout_ms,
                              idle_timeout_ms=cfg.idle_timeout_ms,
                              max_buffered_bytes_per_connection=cfg.max_buffered_bytes_per_connection,
                              max_in_flight_requests_per_connection=cfg.max_in_flight_requests_per_connection)
-    limiter = ConnectionLimiter(cfg.max_connections, cfg.max_connections_per_ip, rates,
+    limiter = ConnectionLimiter(cfg.max_connections, cfg.max_connections_per_ip, engine.new_connection,
                                 cfg.max_connections_per_ip_overrides)
     return ConnectionLimits(settings, limiter, BufferBudget(cfg.max_buffered_bytes_total), clock)
 

@@ -18,6 +18,8 @@ The proxy calls one verb per event and gets a typed, frozen verdict; it never wa
 - `share_fetch_response`: a ShareFetch response, never emptied (the broker acquired the records).
 - `request` / `response`: any other request (``request_rate``) and its response
   (``request_percentage``, the upstream round trip).
+- `new_connection`: a client connection from an IP, against KIP-612's per-IP
+  ``connection_creation_rate`` (the proxy's connection limiter asks it, in Kafka's order).
 
 `budgets` lists every manager with its scope label: the fleet reports and shares all of them,
 and metrics, headroom and ``describe`` read the same managers, so they show what is enforced.
@@ -35,6 +37,7 @@ from quotas.callback import DefaultQuotaCallback, TopicQuotaCallback, topic_iden
 from quotas.clock import Clock
 from quotas.cluster import ClusterView
 from quotas.config import QuotaConfig
+from quotas.connection_limits import UNLIMITED_CONNECTION, ConnectionVerdict, IpConnectionRates
 from quotas.entity import ClientIdentity, QuotaEntity, QuotaKind, SensorKey
 from quotas.manager import QuotaManager, ThrottleDecision
 from quotas.plugins import Plugins
@@ -127,9 +130,12 @@ class QuotaEngine:
     """Every budget of this process (see the module docstring). Kafka's quotas are per broker:
     one client manager per broker behind Sluice, or one for all of them (``scope: cluster``)."""
 
-    def __init__(self, config: QuotaConfig, clock: Clock, plugins: Plugins | None = None) -> None:
+    def __init__(self, config: QuotaConfig, clock: Clock, plugins: Plugins | None = None,
+                 ip_connection_rates: Mapping[str, float] | None = None) -> None:
         self._config = config
         self._clock = clock
+        # KIP-612: connections created per second per client IP, over the quota window
+        self.ip_connection_rates = IpConnectionRates(ip_connection_rates or {}, config.window)
         self._managers: dict[int | None, QuotaManager] = {}
         # the fleet's standby share and the groups other members use, by scope label
         # (`FleetMember`): a manager created between two report rounds (a client's first request
@@ -277,6 +283,26 @@ class QuotaEngine:
                      for manager, kinds in self.for_request(broker_id)
                      if QuotaKind.REQUEST_PERCENTAGE in kinds]
         return ResponseVerdict(tuple(decisions), enforced_ms(decisions))
+
+    def new_connection(self, ip: str) -> ConnectionVerdict:
+        """A new client connection from `ip` (KIP-612, Kafka's `ConnectionQuotas.inc` ->
+        `recordIpConnectionMaybeThrottle`): recorded on the IP's windowed rate; over its
+        ``connection_creation_rate`` (the IP's own, else ``<default>``; none: unlimited) the
+        throttle is ``(rate - bound) / bound x window``, rounded half up and capped at one window,
+        and the connection is un-recorded (Kafka counts only what it accepts).
+
+        With the defaults (11 x 1 s) a fresh IP's rate is divided by 10 s: at 10/s the 101st
+        connection at once is 101 / 10 s = 10.1/s, (10.1 - 10) / 10 x 10 000 ms = 100 ms."""
+        rates = self.ip_connection_rates
+        if not rates.enabled:
+            return UNLIMITED_CONNECTION
+        now = self._clock.now_ms()
+        throttle_ms = rates.record(ip, now)
+        return ConnectionVerdict(throttle_ms, rates.rate(ip, now), rates.quota_for(ip))
+
+    def set_ip_connection_rates(self, rates: Mapping[str, float]) -> None:
+        """New per-IP quotas (a reload): new bounds at once, every IP's measured rate kept."""
+        self.ip_connection_rates.update(rates)
 
     # ------------------------------------------------------------------ the one answer
 

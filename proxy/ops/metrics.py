@@ -32,7 +32,12 @@ from proxy.pumps.limits import (
 )
 from proxy.stages.quota import DecisionObserver
 from quotas.clock import Clock
-from quotas.connection_limits import CONNECTION_CREATION_RATE, MAX_CONNECTIONS, MAX_CONNECTIONS_PER_IP
+from quotas.connection_limits import (
+    CONNECTION_CREATION_RATE,
+    MAX_CONNECTIONS,
+    MAX_CONNECTIONS_PER_IP,
+    IpConnectionRates,
+)
 from quotas.engine import QuotaEngine
 from quotas.entity import QuotaKind, SensorKey
 from quotas.headroom import KIND_LABEL
@@ -366,8 +371,9 @@ class LimitsCollector(Collector):
     """Bounded resources (`proxy.pumps.limits`): hits by cause, bytes buffered for clients,
     admitted connections, and the limits in force."""
 
-    def __init__(self, limits: ConnectionLimits) -> None:
+    def __init__(self, limits: ConnectionLimits, ip_rates: IpConnectionRates | None = None) -> None:
         self._limits = limits
+        self._ip_rates = ip_rates  # the engine's KIP-612 per-IP rates
 
     def collect(self) -> Iterator[Metric]:
         limits = self._limits
@@ -386,7 +392,7 @@ class LimitsCollector(Collector):
                                 "(limits.max_connections bounds it)", value=limits.limiter.total)
         yield GaugeMetricFamily("sluice_limit_ip_rate_sensors",
                                 "Client IPs with a live connection_creation_rate sensor",
-                                value=limits.limiter.rates.sensor_count)
+                                value=0 if self._ip_rates is None else self._ip_rates.sensor_count)
         configured = GaugeMetricFamily("sluice_limit", "The limits in force", labels=["limit"])
         s = limits.settings
         for name, value in (("max_connections", limits.limiter.max_connections),

@@ -162,7 +162,7 @@ class AdmissionGate(asyncio.Protocol):
         peer = self._real_address or transport.get_extra_info("peername")
         ip = _ip_of(peer)
         limits = self._limits
-        admission = limits.limiter.admit(ip, limits.clock.now_ms())
+        admission = limits.limiter.admit(ip)
         if admission.allowed:
             connection = self._make()
             connection.admitted_ip = ip  # type: ignore[attr-defined]  # released when it closes
@@ -173,7 +173,7 @@ class AdmissionGate(asyncio.Protocol):
         reason = admission.reason or "limit"
         limiter = limits.limiter
         if admission.throttle_ms > 0:
-            quota = limiter.rates.quota_for(ip)
+            quota = admission.quota
             limits.log.hit(reason, f"connections from {ip} over connection_creation_rate {quota:g}/s: held "
                                    f"{admission.throttle_ms} ms, then closed")
             tr.pause_reading()
