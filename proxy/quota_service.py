@@ -147,6 +147,7 @@ class QuotaService:
         self.table = table
         self._managers.update_config(self.config())
         self._managers.set_unit_entries(*self._units_of(table))
+        self._managers.set_entity_shares(table.shares())
         if table != previous:
             log.info("quotas now: %d entit%s", len(table), "y" if len(table) == 1 else "ies")
 
@@ -168,6 +169,7 @@ class QuotaService:
         try:
             self._config_of(table)
             self._units_of(table)
+            table.shares()
         except QuotaConfigError as exc:
             return str(exc)
         return None

@@ -155,6 +155,7 @@ class QuotaEngine:
         self._store_bps: QuotaConfig | None = None
         self._broker_bps: QuotaConfig | None = None
         self._broker_bps_managers: dict[int | None, QuotaManager] = {}
+        self._shares: dict[QuotaEntity, float] = {}  # the store's sluice.shares (the draft's shares)
         self._set_cluster_entries(self.plugins.cluster_entries)
         # topic and topic-prefix entries: one more manager per broker (or one for all with
         # scope: cluster), asked per topic of a request, beside the client's own
@@ -366,6 +367,8 @@ class QuotaEngine:
                                    callback=None if factory is None else factory(broker_id))
             manager.update_cluster_metadata(self.cluster)
             self._prepare(manager, broker_id)
+            if self._shares:
+                self._tell_shares(manager)
             self._managers[broker_id] = manager
         return manager
 
@@ -449,6 +452,18 @@ class QuotaEngine:
         return self.plugins.scope
 
     # ------------------------------------------------------------------ the limit chain
+
+    def set_entity_shares(self, shares: Mapping[QuotaEntity, float]) -> None:
+        """The store's ``sluice.shares`` (`QuotaTable.shares`): told to every callback that reads
+        them (``update_shares``, the `FairShareCallback`), now and as managers are created."""
+        self._shares = dict(shares)
+        for manager in self._managers.values():
+            self._tell_shares(manager)
+
+    def _tell_shares(self, manager: QuotaManager) -> None:
+        update = getattr(manager.callback, "update_shares", None)
+        if update is not None:
+            update(self._shares)
 
     def set_unit_entries(self, bps: QuotaConfig | None, broker_bps: QuotaConfig | None) -> None:
         """The store's ``sluice.bps.*`` and ``sluice.broker_bps.*`` entries (`QuotaTable.unit_configs`)."""
@@ -558,6 +573,8 @@ class QuotaEngine:
             manager.set_callback(DefaultQuotaCallback(sticky_levels=False) if factory is None
                                  else factory(broker_id))
             manager.update_cluster_metadata(self.cluster)
+            if self._shares:
+                self._tell_shares(manager)
         self._callback_kinds = self._probe_callback()
         self.active_kinds = self._kinds()
 

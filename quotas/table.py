@@ -50,8 +50,13 @@ BPS_KEYS: Mapping[str, QuotaKind] = MappingProxyType({
 BROKER_BPS_KEYS: Mapping[str, QuotaKind] = MappingProxyType({
     f"sluice.broker_bps.{k.value}": k for k in (QuotaKind.PRODUCE, QuotaKind.FETCH)})
 
+SHARES_KEY = "sluice.shares"
+"""The draft's `shares` unit: the entity's shares of contested bandwidth, read by the
+`FairShareCallback` (which declares the capacity); for user and client-id entities."""
+
 KNOWN_KEYS: frozenset[str] = frozenset({*(k.value for k in QuotaKind), SHADOW_KEY, TOKEN_BUCKET_KEY,
-                                        BURST_MS_KEY, EACH_CLIENT_ID_KEY, *BPS_KEYS, *BROKER_BPS_KEYS})
+                                        BURST_MS_KEY, EACH_CLIENT_ID_KEY, *BPS_KEYS, *BROKER_BPS_KEYS,
+                                        SHARES_KEY})
 
 _KINDS_BY_KEY = {k.value: k for k in QuotaKind}
 _STORE_KEYS = {"burst_ms": BURST_MS_KEY, "each_client_id": EACH_CLIENT_ID_KEY}
@@ -231,6 +236,26 @@ class QuotaTable(Mapping[QuotaEntity, Mapping[str, float]]):
             raise QuotaConfigError.of(problems)
         return (QuotaConfig(tuple(out[0]), shadow_all, window, rate_model, burst_ms),
                 QuotaConfig(tuple(out[1]), shadow_all, window, rate_model, burst_ms))
+
+    def shares(self) -> dict[QuotaEntity, float]:
+        """``sluice.shares`` by entity (`SHARES_KEY`). Raises `QuotaConfigError` naming the entity
+        for one that is not a named user, client id or both (the fair share matches callers by
+        those)."""
+        out: dict[QuotaEntity, float] = {}
+        problems: list[tuple[str, str]] = []
+        for entity, values in self.sorted_items():
+            value = values.get(SHARES_KEY)
+            if value is None:
+                continue
+            if (entity.is_topic or entity.client_id_prefix is not None or entity.user is DEFAULT
+                    or entity.client_id is DEFAULT):
+                problems.append((f"{entity.describe()}: {SHARES_KEY}", "is for a named user, client id or "
+                                 "both (the fair share's callers)"))
+                continue
+            out[entity] = value
+        if problems:
+            raise QuotaConfigError.of(problems)
+        return out
 
     @classmethod
     def from_config(cls, config: QuotaConfig) -> QuotaTable:

@@ -550,7 +550,8 @@ def alter_command(names: str | None, defaults: str | None, add: str | None, dele
     sluice.burst_ms, sluice.each_client_id (=1, client-id-prefix entities), and the quota-native
     draft's units: sluice.bps.producer_byte_rate / sluice.bps.consumer_byte_rate (one budget across
     every broker) and sluice.broker_bps.producer_byte_rate / .consumer_byte_rate (one per broker),
-    each enforced beside the plain key (the limit hit first throttles)."""
+    each enforced beside the plain key (the limit hit first throttles), and sluice.shares (the
+    entity's shares of a FairShareCallback's capacity)."""
     conn = _connection(**conn_args)
     components = entity_components(parse_pairs(names, "--names"), parse_defaults(defaults))
     if not components:

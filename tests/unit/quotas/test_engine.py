@@ -320,3 +320,48 @@ def test_unit_keys_are_validated_as_byte_rates_and_refused_on_topics() -> None:
         "Invalid configuration key sluice.bps.request_rate"
     with _pytest.raises(QuotaConfigError, match=r"topic 't': sluice\.bps\.producer_byte_rate"):
         QuotaTable({QuotaEntity(topic="t"): {"sluice.bps.producer_byte_rate": 1000}}).unit_configs()
+
+
+def test_shares_set_through_the_store_split_a_fair_share_capacity() -> None:
+    from quotas.builtin import FairShareCallback
+    from quotas.entity import QuotaEntity
+    from quotas.table import QuotaTable
+
+    def fair(broker_id: int | None) -> FairShareCallback:
+        return FairShareCallback(broker_id=broker_id, capacity={"producer_byte_rate": 3000})
+
+    e = QuotaEngine(QuotaConfig(), FakeClock(), Plugins(class_path="quotas.builtin:FairShareCallback",
+                                                       factory=fair))
+    a, b = ClientIdentity("", "a"), ClientIdentity("", "b")
+    e.produce(1, a, 10, None)
+    e.produce(1, b, 10, None)
+
+    def limit(who: ClientIdentity) -> float:
+        (x,) = [x for x in e.effective(1, who) if x.kind is QuotaKind.PRODUCE]
+        return x.limit
+
+    assert (limit(a), limit(b)) == (1500, 1500)    # one share each: 3 000 / 2
+    # the draft's shares unit, as the admin API stores it: a has 2 shares, so 3 000 x 2 / 3
+    table = QuotaTable({QuotaEntity(client_id="a"): {"sluice.shares": 2}})
+    e.set_entity_shares(table.shares())
+    assert (limit(a), limit(b)) == (2000, 1000)
+    # a manager created later (another broker) gets them too
+    e.produce(2, a, 10, None)
+    e.produce(2, b, 10, None)
+    (x,) = [x for x in e.effective(2, a) if x.kind is QuotaKind.PRODUCE]
+    assert x.limit == 2000
+    e.set_entity_shares({})
+    assert (limit(a), limit(b)) == (1500, 1500)
+
+
+def test_shares_are_for_named_users_and_client_ids() -> None:
+    import pytest as _pytest
+
+    from quotas.entity import DEFAULT, QuotaEntity
+    from quotas.errors import QuotaConfigError
+    from quotas.table import QuotaTable
+
+    with _pytest.raises(QuotaConfigError, match=r"client-id <default>: sluice\.shares"):
+        QuotaTable({QuotaEntity(client_id=DEFAULT): {"sluice.shares": 2}}).shares()
+    assert QuotaTable({QuotaEntity(user="u", client_id="c"): {"sluice.shares": 0.5}}).shares() == {
+        QuotaEntity(user="u", client_id="c"): 0.5}
