@@ -386,13 +386,14 @@ class QuotaEngine:
             self._topic_managers[broker_id] = manager
         return manager
 
-    def _prepare(self, manager: QuotaManager, broker_id: int | None) -> None:
-        """A new manager joins the chain as it stands: the storage factors and the fleet share."""
+    def _prepare(self, manager: QuotaManager, broker_id: int | None, label: str | None = None) -> None:
+        """A new manager joins the chain as it stands: the storage factors and the fleet share
+        (the groups other members use in its scope, `label`: by default its broker's)."""
         for kind, factor in self._scales.items():
             manager.set_limit_scale(kind, factor)
         if self.fleet_standby_share != 1.0 or self.fleet_busy:
-            manager.set_shares({}, self.fleet_standby_share,
-                               self.fleet_busy.get(self._label(broker_id), frozenset()))
+            scope = self._label(broker_id) if label is None else label
+            manager.set_shares({}, self.fleet_standby_share, self.fleet_busy.get(scope, frozenset()))
 
     def for_request(self, broker_id: int | None,
                     ) -> tuple[tuple[QuotaManager, frozenset[QuotaKind]], ...]:
@@ -413,7 +414,7 @@ class QuotaEngine:
         manager = self._broker_bps_managers.get(broker_id)
         if manager is None:
             manager = QuotaManager(config, self._clock, sticky_quotas_enabled=False)
-            self._prepare(manager, broker_id)
+            self._prepare(manager, broker_id, self._broker_bps_label(broker_id))
             self._broker_bps_managers[broker_id] = manager
         return manager
 
