@@ -288,6 +288,8 @@ class ProxyServer:
         self._draining = True
         services = self._services()
         services.draining = True  # before the queued connections are accepted: they drain too
+        if self.registry is not None:
+            self.registry.stop_listening()  # a Metadata answered while draining opens no listener
         queued = [(listener, listener.stop()) for listener in self._listeners]
         connections = list(self.connections)
         log.info("draining %d connection(s), %d request(s) in flight; %d connection(s) opening, "
@@ -313,6 +315,9 @@ class ProxyServer:
         for conn in list(self.connections):
             conn.close(f"drain timeout with {conn.in_flight} request(s) in flight")
         for listener in self._listeners:
+            if not listener.stopped:  # scheduled by a Metadata read just before the drain began
+                for sock in listener.stop():
+                    sock.close()
             if listener.server is not None:
                 await listener.server.wait_closed()
         if self._sampler is not None:

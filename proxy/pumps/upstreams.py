@@ -64,6 +64,12 @@ class BrokerRegistry:
         self.upstream: dict[int, tuple[str, int]] = {}
         self.listen_ports: dict[int, int] = {}
         self.bind_failures: dict[int, BindFailure] = {}
+        self.listening = True  # False once the process drains: no new listener is opened
+
+    def stop_listening(self) -> None:
+        """A draining process opens no listener: a broker first seen now is advertised at its
+        deterministic port, where another instance behind the same load balancer serves it."""
+        self.listening = False
 
     def learn(self, original: BrokerAddress) -> None:
         known = self.upstream.get(original.node_id)
@@ -78,7 +84,8 @@ class BrokerRegistry:
         self.learn(original)
         port = self.listen_ports.get(original.node_id)
         if port is None:
-            port = self._open_listener(original.node_id)
+            port = self._open_listener(original.node_id) if self.listening else self._port_for_node(
+                original.node_id)
         return BrokerAddress(original.node_id, self._advertised_host, port)
 
     def upstream_address(self, node_id: int) -> tuple[str, int] | None:

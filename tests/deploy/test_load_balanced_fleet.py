@@ -51,6 +51,12 @@ def read_records(root: Path) -> list[dict[str, Any]]:
             for line in path.read_text().splitlines()]
 
 
+def broker_ids(bootstrap: str) -> list[int]:
+    from confluent_kafka.admin import AdminClient
+
+    return sorted(AdminClient({"bootstrap.servers": bootstrap}).list_topics(timeout=30).brokers)
+
+
 def healthz(host: str, port: int) -> int:
     try:
         with urllib.request.urlopen(f"http://{host}:{port}/healthz", timeout=2) as response:
@@ -149,7 +155,7 @@ def drain_one_of_two(kafka: KafkaCluster, tmp_path: Path, sluices: dict[str, Slu
     cfg = tmp_path / "haproxy.cfg"
     cfg.write_text(haproxy.config(INSTANCES, bootstrap_port, broker_port, metrics_port))
 
-    (node_id,) = [n.node_id for n in kafka.nodes]
+    (node_id,) = broker_ids(kafka.bootstrap)  # asked of the broker: also a SLUICE_KAFKA_BOOTSTRAP cluster's
     address = f"127.0.0.1:{bootstrap_port}"
     try:
         for name, host in INSTANCES.items():

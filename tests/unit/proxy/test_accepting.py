@@ -1,12 +1,14 @@
 """`Listener.stop`: a draining process serves the connections the kernel had already accepted for
-its listening socket instead of resetting them, over real loopback sockets."""
+its listening socket instead of resetting them, over real loopback sockets; and opens no new one."""
 
 from __future__ import annotations
 
 import asyncio
 import socket
 
+from protocol.rewrite import BrokerAddress
 from proxy.pumps.accepting import Listener, accept_queued
+from proxy.pumps.upstreams import BrokerRegistry, UpstreamTarget
 
 
 class Recorder(asyncio.Protocol):
@@ -60,3 +62,20 @@ async def test_a_listener_stopped_before_asyncio_serves_it_closes_its_socket() -
             conn.close()
     finally:
         client.close()
+
+
+def test_a_draining_registry_advertises_a_new_broker_without_opening_a_listener() -> None:
+    """A Metadata answered during the drain names a broker this process has no listener for: it is
+    advertised at its deterministic port, and no listener is opened (one opened now would never be
+    stopped, and the drain would wait for it forever)."""
+    opened: list[int] = []
+
+    def start(sock: socket.socket, target: UpstreamTarget) -> None:
+        opened.append(sock.getsockname()[1])
+        sock.close()
+
+    registry = BrokerRegistry("127.0.0.1", "proxy.example", lambda node_id: 0, start)
+    registry.stop_listening()
+    assert registry.advertise(BrokerAddress(3, "kafka-3", 9092)) == BrokerAddress(3, "proxy.example", 0)
+    assert opened == [] and registry.listen_ports == {}
+    assert registry.upstream_address(3) == ("kafka-3", 9092)  # still learnt: requests reach it
