@@ -26,13 +26,13 @@ pytestmark = [pytest.mark.integration]
 
 CONNECTIONS = 8
 LONG_POLL_MS = 3000  # an empty topic: the broker answers a Fetch after max_wait_ms
-LATE_POLL_MS = 8000  # long enough for both workers to begin their drain before the broker answers
-DRAINING = re.compile(r"draining \d+ connection\(s\)")  # each worker's first line of its drain
+LATE_POLL_MS = 8000  # the drain begins (its log line read here) well before the broker answers
+DRAINING = re.compile(r"draining \d+ connection\(s\)")  # the first line of a drain
 
 
-def start(kafka: KafkaCluster, tmp_path: Path) -> SluiceProcess:
+def start(kafka: KafkaCluster, tmp_path: Path, workers: int | None = 2) -> SluiceProcess:
     config = {"proxy_protocol": "v2", "drain_timeout_ms": 30_000}
-    return SluiceProcess(kafka.bootstrap, tmp_path / "sluice", config=config, workers=2).start()
+    return SluiceProcess(kafka.bootstrap, tmp_path / "sluice", config=config, workers=workers).start()
 
 
 def connect(sluice: SluiceProcess, client_port: int) -> RawKafkaSocket:
@@ -46,7 +46,7 @@ def assert_drained_cleanly(sluice: SluiceProcess) -> None:
     """Exit 0, every worker on its own: none closed connections at the drain timeout or was killed."""
     assert sluice.process is not None and sluice.process.wait(60) == 0, sluice.log()[-3000:]
     log = sluice.log()
-    assert all(f"worker {i} exited with status 0" in log for i in range(2)), log[-3000:]
+    assert all(f"worker {i} exited with status 0" in log for i in range(sluice.workers or 0)), log[-3000:]
     assert "drain timeout" not in log, log[-3000:]
 
 
@@ -79,15 +79,15 @@ def test_requests_sent_just_before_sigterm_are_answered(kafka: KafkaCluster, tmp
 
 def test_a_request_that_arrives_during_the_drain_is_answered(kafka: KafkaCluster, tmp_path: Path) -> None:
     """A client pipelines a request behind its long poll after the drain has begun (as a client
-    that has not yet seen the close does): it is answered, in order, and the connection closes after it."""
+    that has not yet seen the close does): it is answered, in order, and the connection closes after it.
+    One process: what a connection does while draining is the same in every worker."""
     idle = create_topic(kafka.bootstrap, unique_name("drain-late"))
-    sluice = start(kafka, tmp_path)
+    sluice = start(kafka, tmp_path, workers=None)
     try:
         with connect(sluice, 42000) as raw:
             fetch_id = raw.send(fetch_request_v12(idle, max_wait_ms=LATE_POLL_MS))
             sluice.signal(signal.SIGTERM)
-            # both workers have begun to drain (one of them holds this connection)
-            assert poll(lambda: len(DRAINING.findall(sluice.log())) == 2, 30), sluice.log()[-3000:]
+            assert poll(lambda: DRAINING.search(sluice.log()) is not None, 30), sluice.log()[-3000:]
             metadata_id = raw.send(metadata_request())
             got_fetch, _ = raw.recv(ApiKey.FETCH, 12)
             got_metadata, _ = raw.recv(ApiKey.METADATA, 12)
