@@ -81,7 +81,11 @@ def make_fleet(tmp_path: Path) -> Iterator[Any]:
         store_topic = unique_name("_sluice_quotas")
         for i in range(3):
             port = free_port()
+            # a SIGTERMed instance drains for at most 3 s (a saturating producer always has a request
+            # in flight, so the drain would run to the 30 s default): the issue's restart, "started
+            # again on its ports 3 s later"
             config = {"listen": listen_address(), "metrics": {"port": port}, "instance": f"sluice-{i}",
+                      "drain_timeout_ms": 3000,
                       "quotas": {"window": WINDOW, "entries": ENTRIES, **(quotas or {})},
                       "store": {"type": "kafka", "topic": store_topic},
                       "fleet": {"report_interval_ms": 500, "member_timeout_ms": 1500, **fleet}}
