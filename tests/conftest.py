@@ -162,9 +162,18 @@ def xdist_group_of(item: pytest.Item) -> str | None:
     return None
 
 
+# A Spark test without a timeout of its own gets this one (pytest's default is 300 s): the session's
+# JVM starts inside the first Spark test, and a timeout that fires inside a py4j call leaves the
+# session unusable for every Spark test after it. On the shared machine at load 30 one session start
+# took 168 s and the small collect() after it 193 s; twice that is the bound.
+SPARK_TIMEOUT_S = 720
+
+
 def pytest_itemcollected(item: pytest.Item) -> None:
     """Marks each item's xdist group as it is collected, before any pytest_collection_modifyitems
-    (where xdist reads the marks)."""
+    (where xdist reads the marks), and a Spark test's timeout."""
+    if item.get_closest_marker("spark") is not None and item.get_closest_marker("timeout") is None:
+        item.add_marker(pytest.mark.timeout(SPARK_TIMEOUT_S))
     if item.get_closest_marker("xdist_group") is None and item.config.pluginmanager.hasplugin("xdist"):
         group = xdist_group_of(item)
         if group is not None:
