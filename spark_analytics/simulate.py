@@ -219,7 +219,10 @@ def fetch_demand(*, topics: bool) -> Any:
 
     def transform(logs: DataFrame) -> DataFrame:
         api = F.col("api_key")
-        ready = (F.col("ts_ms") + F.round(F.coalesce(F.col("upstream_latency_ms"), F.lit(0.0)))).cast("long")
+        # a produce offers its records when it is sent (a broker that is slow to append them is
+        # the recording's, not the plan's); a fetch had them when its response came back
+        ready = F.when(api == PRODUCE_API_KEY, F.col("ts_ms")).otherwise(
+            F.col("ts_ms") + F.round(F.coalesce(F.col("upstream_latency_ms"), F.lit(0.0)))).cast("long")
         broker_throttle = F.coalesce(F.col("broker_throttle_time_ms"), F.lit(0))
         throttled = (F.col("throttle_time_ms") > 0) | (broker_throttle > 0)
         pieces_bytes = F.aggregate(F.coalesce(F.col("topics"), F.array()), F.lit(0).cast("long"),
@@ -259,9 +262,10 @@ def fetch_demand(*, topics: bool) -> Any:
 def retime_partition(table: pa.Table, *, topics: bool) -> pa.Table:
     """One topic-partition's produce and fetch pieces -> each consumer's demand (`fetch_demand`).
 
-    With P(t) the records produced by t (each produce batch counted at its response, when it was
-    in the log) and F_k the records a consumer had fetched by its k-th fetch's response at t_k,
-    the consumer read offsets ``offset + 1 .. offset + F_end`` of the recording, where
+    With P(t) the records produced by t (each produce batch counted when it was sent: a broker
+    slow to append it in the recording would otherwise shift the consumer's demand) and F_k the
+    records a consumer had fetched by its k-th fetch's response at t_k, the consumer read
+    offsets ``offset + 1 .. offset + F_end`` of the recording, where
     ``offset = min_k (P(t_k) - F_k)``: the newest offsets consistent with it never fetching a
     record before it was produced (a consumer that keeps up has ``offset`` near 0; one that reads
     a backlog from before the recording, below 0). Each produce batch's share of those offsets

@@ -166,10 +166,24 @@ def consume(bootstrap: str, topic: str, seconds: float, start: threading.Barrier
     return timeline
 
 
+def warm_up(bootstrap: str, topics: tuple[str, ...]) -> None:
+    """One record into each fresh topic, acknowledged, before anyone starts: a fresh partition's
+    first appends were seen taking ~1 s on a loaded machine (the feeder's first produces waited
+    262 to 1048 ms in one run 1 and 1 to 3 ms in its run 2), which delays the consumer's data in
+    one run and not the other. The consumer reads this record too: 1 KB in ~1.7 MB."""
+    from confluent_kafka import Producer
+
+    producer = Producer({"bootstrap.servers": bootstrap, "client.id": "sim-warm-up", "acks": 1})
+    for topic in topics:
+        producer.produce(topic, b"x" * RECORD)
+    assert producer.flush(60) == 0
+
+
 def traffic(bootstrap: str) -> dict[str, Timeline]:
     """All five clients at once for SECONDS, paced the same way every time."""
     produce_topic = create_topic(bootstrap, unique_name("sim-produce"))
     feed_topic = create_topic(bootstrap, unique_name("sim-feed"))
+    warm_up(bootstrap, (produce_topic, feed_topic))
     out: dict[str, Timeline] = {}
     jobs = {
         STEADY: lambda: paced_produce(bootstrap, produce_topic, STEADY, lambda t: DEMAND[STEADY], SECONDS,

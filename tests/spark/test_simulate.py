@@ -239,11 +239,11 @@ def test_a_consumers_demand_is_the_data_produced_for_it_when_it_was_produced() -
     from contracts.access_log import FETCH_API_KEY, PRODUCE_API_KEY
     from spark_analytics.simulate import retime_partition
 
-    # A feeder writes 2 records at 1000, 3 at 2000, 5 at 3000 (each batch in the log when its
-    # response came back: ts + latency). The consumer fetched late: 5 records at 2600 (asked at
+    # A feeder sends 2 records at 1000, 3 at 2000, 5 at 3000 (a batch offers its records when it is
+    # sent; `ready_ms` is the request's time). The consumer fetched late: 5 records at 2600 (asked at
     # 2500, waited 100 ms) and 5 at 3900, 2000 response bytes each, 400 per record.
     def made(ts: int, n: int) -> dict[str, Any]:
-        return {"client_id": "feeder", "api_key": PRODUCE_API_KEY, "ts_ms": ts - 5, "ready_ms": ts,
+        return {"client_id": "feeder", "api_key": PRODUCE_API_KEY, "ts_ms": ts, "ready_ms": ts,
                 "records": n, "bytes": 100.0 * n}
 
     def fetched(ts: int, ready: int, n: int, size: float) -> dict[str, Any]:
