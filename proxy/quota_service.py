@@ -146,6 +146,8 @@ class QuotaService:
         previous = self.table
         self.table = table
         self._managers.update_config(self.config())
+        self._managers.set_unit_entries(*self._units_of(table))
+        self._managers.set_entity_shares(table.shares())
         if table != previous:
             log.info("quotas now: %d entit%s", len(table), "y" if len(table) == 1 else "ies")
 
@@ -157,10 +159,17 @@ class QuotaService:
         return table.to_config(shadow_all=self._shadow_all, window=self._window,
                                rate_model=self._rate_model, burst_ms=self._burst_ms)
 
+    def _units_of(self, table: QuotaTable) -> tuple[QuotaConfig, QuotaConfig]:
+        """The draft's units (``sluice.bps.*``, ``sluice.broker_bps.*``) of `table`, as budgets."""
+        return table.unit_configs(shadow_all=self._shadow_all, window=self._window,
+                                  rate_model=self._rate_model, burst_ms=self._burst_ms)
+
     def check_table(self, table: QuotaTable) -> str | None:
         """Why `table` cannot be enforced with the YAML's global settings, or None."""
         try:
             self._config_of(table)
+            self._units_of(table)
+            table.shares()
         except QuotaConfigError as exc:
             return str(exc)
         return None

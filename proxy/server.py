@@ -40,6 +40,7 @@ from proxy.ops.metrics import (
     QuotaStoreCollector,
     SluiceMetrics,
 )
+from proxy.pumps.accepting import Listener
 from proxy.pumps.connection import ConnectionServices, connection_factory
 from proxy.pumps.limits import ConnectionLimits, LimitSettings
 from proxy.pumps.services import ServedConnection
@@ -55,12 +56,14 @@ from proxy.stages.quota import DecisionObserver, QuotaStage
 from proxy.stages.topic_resolver import TopicIdResolver
 from proxy.stages.topic_usage import TopicNames
 from quotas.clock import Clock, SystemClock
-from quotas.connection_limits import BufferBudget, ConnectionLimiter, IpConnectionRates
+from quotas.connection_limits import BufferBudget, ConnectionLimiter
 from quotas.engine import QuotaEngine
 from quotas.fleet import DEFAULT_HEADROOM, FleetFallback, FleetView
 from quotas.manager import ThrottleDecision
 
 log = logging.getLogger("sluice.server")
+
+DRAIN_RECHECK_S = 0.1  # a draining process looks again this often at connections still being set up
 
 
 class ProxyServer:
@@ -73,7 +76,8 @@ class ProxyServer:
         self._extra_stages = list(stages)
         self.registry_metrics = CollectorRegistry()
         self.metrics = SluiceMetrics(self.registry_metrics)
-        self.quotas = QuotaEngine(config.quota_config(), self.clock, config.quota_plugins())
+        self.quotas = QuotaEngine(config.quota_config(), self.clock, config.quota_plugins(),
+                                  config.ip_connection_rates())
         # Produce v13 / Fetch v13+ name topics by id (the quota stage reads them): ids no forwarded
         # Metadata named are asked of the broker by this process itself
         self.topic_names = TopicNames()
@@ -103,19 +107,18 @@ class ProxyServer:
         self.access_log = make_access_log(config, worker_index)
         if self.access_log is not None:
             self.registry_metrics.register(AccessLogCollector(self.access_log))
-        self.limits = make_limits(config, self.clock)
-        self.registry_metrics.register(LimitsCollector(self.limits))
+        self.limits = make_limits(config, self.clock, self.quotas)
+        self.registry_metrics.register(LimitsCollector(self.limits, self.quotas.ip_connection_rates))
         self.heap = HeapTrimmer(config.heap_trim_interval_ms / 1000, glibc_malloc_trim())
         self.registry_metrics.register(HeapTrimCollector(self.heap))
         self._heap_task: asyncio.Task[None] | None = None
-        self._servers: list[asyncio.Server] = []
-        self._bootstrap_server: asyncio.Server | None = None
+        self._listeners: list[Listener] = []  # the bootstrap listener and one per broker
         self.services: ConnectionServices | None = None
         self.registry: BrokerRegistry | None = None
         self.rewriter: ResponseRewriter | None = None
         self.bootstrap_address: tuple[str, int] | None = None
         self._stopped = asyncio.Event()
-        self._all_closed = asyncio.Event()
+        self._closed_one = asyncio.Event()  # a connection closed (a drain looks again)
         self._draining = False
 
     @property
@@ -139,7 +142,7 @@ class ProxyServer:
         listener = dataclasses.replace(listener, on_header_timeout=self.limits.log.hit)
         self.registry = BrokerRegistry(
             config.listen.host, config.advertised, config.broker_port,
-            schedule_server(loop, self._servers, start_listener_factory,  # type: ignore[arg-type]
+            schedule_server(loop, self._listeners, start_listener_factory,  # type: ignore[arg-type]
                             tls=listener.server_ssl,
                             tls_handshake_timeout_s=listener.server_ssl_handshake_timeout),
             reuse_port=self.worker_index is not None)
@@ -169,11 +172,14 @@ class ProxyServer:
             max_frame_bytes=config.max_frame_bytes, on_close=self._connection_closed,
             on_open=lambda c: self.metrics.connection_opened(c.ctx.listener),
             auth=auth_settings(config, self.registry_metrics), listener=listener, limits=self.limits)
-        self._bootstrap_server = await loop.create_server(
-            connection_factory(self.services)(UpstreamTarget(None)), config.listen.host, config.listen.port,
+        bootstrap = Listener(connection_factory(self.services)(UpstreamTarget(None)), listener.server_ssl,
+                             listener.server_ssl_handshake_timeout)
+        bootstrap.server = await loop.create_server(
+            bootstrap.factory, config.listen.host, config.listen.port,
             reuse_address=True, reuse_port=True if self.worker_index is not None else None,
-            ssl=listener.server_ssl, ssl_handshake_timeout=listener.server_ssl_handshake_timeout)
-        sock = self._bootstrap_server.sockets[0].getsockname()
+            ssl=bootstrap.tls, ssl_handshake_timeout=bootstrap.tls_handshake_timeout_s)
+        self._listeners.insert(0, bootstrap)
+        sock = bootstrap.server.sockets[0].getsockname()
         self.bootstrap_address = (sock[0], sock[1])
         log.info("Sluice listening on %s:%d (%s) for %s", sock[0], sock[1], describe_listener(config),
                  ",".join(str(a) for a in config.upstream.bootstrap))
@@ -227,10 +233,10 @@ class ProxyServer:
     def _reload_ip_rates(self, config: ProxyConfig) -> None:
         """KIP-612's per-IP quotas are dynamic in Kafka: new bounds apply at once, rates stay.
         (The `limits:` section is read at start only.)"""
-        rates = self.limits.limiter.rates
+        rates = self.quotas.ip_connection_rates
         new = config.ip_connection_rates()
         if new != rates.configured():
-            rates.update(new)
+            self.quotas.set_ip_connection_rates(new)
             log.info("connection_creation_rate per ip: %s", ", ".join(f"{ip}={rate:g}/s" for ip, rate
                                                                     in sorted(new.items())) or "none")
         if config.limits != self.config_at_start.limits:
@@ -258,8 +264,7 @@ class ProxyServer:
         self.metrics.connection_closed(conn.ctx.listener)
         if self.fleet is not None:
             self.fleet.claims.connection_closed(conn.ctx.connection_id)
-        if not self.connections:
-            self._all_closed.set()
+        self._closed_one.set()
 
     def _services(self) -> ConnectionServices:
         assert self.services is not None
@@ -271,25 +276,51 @@ class ProxyServer:
         return f"{self.config.advertised}:{self.bootstrap_address[1]}"
 
     async def drain(self, timeout_s: float | None = None) -> None:
-        """SIGTERM: stop accepting, let in-flight requests finish, then close everything."""
+        """SIGTERM: stop accepting, answer what every client has sent, then close everything.
+
+        `/healthz` answers 503 from here on. The listeners stop accepting, but what the kernel
+        had already accepted for them is served (`proxy.pumps.accepting`). Every connection,
+        open or still opening (its PROXY header or TLS handshake not done), answers the requests
+        its client sent and closes between requests (`ClientConnection.begin_drain`). What is
+        still open after `drain_timeout_ms` is closed, and said so in the log."""
+        loop = asyncio.get_running_loop()
         timeout = self.config.drain_timeout_ms / 1000 if timeout_s is None else timeout_s
+        deadline = loop.time() + timeout
         self._draining = True
-        servers = [s for s in [self._bootstrap_server, *self._servers] if s is not None]
-        for server in servers:
-            server.close()
+        services = self._services()
+        services.draining = True  # before the queued connections are accepted: they drain too
+        if self.registry is not None:
+            self.registry.stop_listening()  # a Metadata answered while draining opens no listener
+        queued = [(listener, listener.stop()) for listener in self._listeners]
         connections = list(self.connections)
-        log.info("draining %d connection(s), %d request(s) in flight", len(connections),
-                 sum(c.in_flight for c in connections))
+        log.info("draining %d connection(s), %d request(s) in flight; %d connection(s) opening, "
+                 "%d taken from the accept queues", len(connections), sum(c.in_flight for c in connections),
+                 sum(o.pending for o in services.opening), sum(len(socks) for _, socks in queued))
+        starting = [task for listener, socks in queued for task in listener.serve_accepted(socks)]
         for conn in connections:
             conn.begin_drain()
-        if self.connections:
-            self._all_closed.clear()
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._all_closed.wait(), timeout)
+
+        def busy() -> bool:
+            return bool(self.connections) or any(not t.done() for t in starting) or any(
+                o.pending for o in services.opening)
+
+        while busy() and (left := deadline - loop.time()) > 0:
+            self._closed_one.clear()
+            with contextlib.suppress(TimeoutError):  # an opening one may settle without a close
+                await asyncio.wait_for(self._closed_one.wait(), min(left, DRAIN_RECHECK_S))
+        for task in starting:
+            task.cancel()
+        for opening in list(services.opening):
+            if opening.pending:
+                opening.abort("drain timeout before the connection was set up")
         for conn in list(self.connections):
             conn.close(f"drain timeout with {conn.in_flight} request(s) in flight")
-        for server in servers:
-            await server.wait_closed()
+        for listener in self._listeners:
+            if not listener.stopped:  # scheduled by a Metadata read just before the drain began
+                for sock in listener.stop():
+                    sock.close()
+            if listener.server is not None:
+                await listener.server.wait_closed()
         if self._sampler is not None:
             self._sampler.cancel()
         if self._heap_task is not None:
@@ -364,16 +395,15 @@ def make_fleet(config: ProxyConfig, quotas: QuotaEngine, clock: Clock,
     return FleetMember(view, exchange, quotas, clock, claims, interval_ms)
 
 
-def make_limits(config: ProxyConfig, clock: Clock) -> ConnectionLimits:
-    """The `limits:` section and the ip entries of `quotas:` (KIP-612), for every connection.
-    The creation rate is measured over the quota window (Kafka's quota.window.num/size)."""
+def make_limits(config: ProxyConfig, clock: Clock, engine: QuotaEngine) -> ConnectionLimits:
+    """The `limits:` section, for every connection; the ip entries of `quotas:` (KIP-612's
+    creation rate, measured over the quota window) are the engine's `new_connection`."""
     cfg = config.limits
-    rates = IpConnectionRates(config.ip_connection_rates(), config.quota_config().window)
     settings = LimitSettings(handshake_timeout_ms=cfg.handshake_timeout_ms,
                              idle_timeout_ms=cfg.idle_timeout_ms,
                              max_buffered_bytes_per_connection=cfg.max_buffered_bytes_per_connection,
                              max_in_flight_requests_per_connection=cfg.max_in_flight_requests_per_connection)
-    limiter = ConnectionLimiter(cfg.max_connections, cfg.max_connections_per_ip, rates,
+    limiter = ConnectionLimiter(cfg.max_connections, cfg.max_connections_per_ip, engine.new_connection,
                                 cfg.max_connections_per_ip_overrides)
     return ConnectionLimits(settings, limiter, BufferBudget(cfg.max_buffered_bytes_total), clock)
 

@@ -340,7 +340,8 @@ class FairShareCallback(_Base):
                     for i, s in enumerate(model.shares) if s.user is None and s.client_id is None]
         if problems:
             raise QuotaConfigError.of(problems)
-        self._entries = tuple((s.user, s.client_id, s.shares) for s in model.shares)
+        self._configured = tuple((s.user, s.client_id, s.shares) for s in model.shares)
+        self._entries = self._configured
         self._default_shares = model.default_shares
         self._active_ms = model.active_ms
         self.quota_kinds = frozenset(self.capacity)
@@ -411,6 +412,20 @@ class FairShareCallback(_Base):
         if changed:
             self._changed[kind] = False
         return changed
+
+    def update_shares(self, shares: Mapping[QuotaEntity, float]) -> None:
+        """The store's ``sluice.shares`` (the quota-native draft's `shares` unit, set through the
+        admin API): each entity's shares, first, before the configured `shares` entries (which it
+        overrides for the same user and client id). Every active total is recounted and every
+        limit re-read."""
+        stored = tuple((None if e.user is None else str(e.user),
+                        None if e.client_id is None else str(e.client_id), float(v))
+                       for e, v in sorted(shares.items(), key=lambda item: item[0].describe()))
+        mine = {(u, c) for u, c, _ in stored}
+        self._entries = stored + tuple(x for x in self._configured if (x[0], x[1]) not in mine)
+        for kind, seen in self._seen.items():
+            self._total[kind] = math.fsum(self._weight(k) for k in seen)
+            self._changed[kind] = True
 
     def active(self, kind: QuotaKind) -> frozenset[SensorKey]:
         return frozenset(self._seen.get(kind, ()))

@@ -1,11 +1,13 @@
 """Connection limits without I/O: who may connect, and how many bytes Sluice may hold.
 
-* `ConnectionLimiter.admit(ip, now_ms)` decides whether a new client connection is served, in
-  Kafka's order (`SocketServer.ConnectionQuotas.inc`): the total slot (`max_connections`), then the
-  per-IP creation rate (KIP-612's `connection_creation_rate` quota), then the per-IP count
+* `ConnectionLimiter.admit(ip)` decides whether a new client connection is served, in Kafka's
+  order (`SocketServer.ConnectionQuotas.inc`): the total slot (`max_connections`), then the
+  per-IP creation rate (KIP-612's `connection_creation_rate` quota: the quota engine's verb
+  `QuotaEngine.new_connection`, which returns a `ConnectionVerdict`), then the per-IP count
   (`max.connections.per.ip`). The answer is a frozen `ConnectionAdmission`; an admitted connection
   must be `release`d when it closes.
-* `IpConnectionRates` is KIP-612's per-IP rate: one Kafka windowed `Rate` (`quotas.stats`) per IP,
+* `IpConnectionRates` is KIP-612's per-IP rate, held by the quota engine: one Kafka windowed
+  `Rate` (`quotas.stats`) per IP,
   bounded by the IP's own `connection_creation_rate` or the ``<default>`` one (none: unlimited).
   Recording a connection that takes the rate over the bound gives Kafka's throttle time,
   ``(rate - bound) / bound x window``, capped at one window (``quota.window.size.seconds``), and the
@@ -20,7 +22,7 @@ from __future__ import annotations
 
 import ipaddress
 import math
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 from quotas.errors import QuotaConfigError, join_key
@@ -37,14 +39,35 @@ CONNECTION_CREATION_RATE = "connection_creation_rate"
 @dataclass(frozen=True, slots=True)
 class ConnectionAdmission:
     """Whether a new connection is served; if not, why (the limit's config key) and, for the
-    creation-rate quota, how long Kafka holds the socket before closing it."""
+    creation-rate quota, how long Kafka holds the socket before closing it and the quota (/s)."""
 
     allowed: bool
     reason: str | None = None
     throttle_ms: int = 0
+    quota: float | None = None
 
 
 ADMITTED = ConnectionAdmission(True)
+
+
+@dataclass(frozen=True, slots=True)
+class ConnectionVerdict:
+    """`QuotaEngine.new_connection`'s answer for one new connection from an IP (KIP-612):
+    `throttle_ms` > 0 means it is over the IP's `connection_creation_rate` (`bound`, per second)
+    and is not counted (Kafka holds the socket that long, then closes it); `rate_per_s` is the IP's
+    measured rate after the decision. `bound` None: the IP is unlimited."""
+
+    throttle_ms: int
+    rate_per_s: float
+    bound: float | None
+
+    @property
+    def allowed(self) -> bool:
+        return self.throttle_ms == 0
+
+
+UNLIMITED_CONNECTION = ConnectionVerdict(0, 0.0, None)
+NewConnection = Callable[[str], ConnectionVerdict]
 
 
 class IpConnectionRates:
@@ -125,10 +148,11 @@ class IpConnectionRates:
 
 
 class ConnectionLimiter:
-    """Open connections in total and per IP, and the per-IP creation rate."""
+    """Open connections in total and per IP; the per-IP creation rate is the engine's verb
+    (`new_connection`, None: no creation-rate quota)."""
 
     def __init__(self, max_connections: int, max_connections_per_ip: int,
-                 rates: IpConnectionRates | None = None,
+                 new_connection: NewConnection | None = None,
                  per_ip_overrides: Mapping[str, int] | None = None) -> None:
         overrides = dict(per_ip_overrides or {})
         if max_connections < 1 or max_connections_per_ip < 1 or any(n < 0 for n in overrides.values()):
@@ -136,16 +160,18 @@ class ConnectionLimiter:
         self.max_connections = max_connections
         self.max_connections_per_ip = max_connections_per_ip
         self.per_ip_overrides = overrides  # Kafka's max.connections.per.ip.overrides (0: refuse all)
-        self.rates = rates if rates is not None else IpConnectionRates({})
+        self._new_connection = new_connection
         self._per_ip: dict[str, int] = {}
         self.total = 0
 
-    def admit(self, ip: str, now_ms: int) -> ConnectionAdmission:
+    def admit(self, ip: str) -> ConnectionAdmission:
         if self.total >= self.max_connections:
             return ConnectionAdmission(False, MAX_CONNECTIONS)
-        throttle_ms = self.rates.record(ip, now_ms)
-        if throttle_ms > 0:
-            return ConnectionAdmission(False, CONNECTION_CREATION_RATE, throttle_ms)
+        if self._new_connection is not None:
+            verdict = self._new_connection(ip)
+            if not verdict.allowed:
+                return ConnectionAdmission(False, CONNECTION_CREATION_RATE, verdict.throttle_ms,
+                                           verdict.bound)
         count = self._per_ip.get(ip, 0)
         if count >= self.max_for(ip):
             return ConnectionAdmission(False, MAX_CONNECTIONS_PER_IP)

@@ -18,6 +18,8 @@ The proxy calls one verb per event and gets a typed, frozen verdict; it never wa
 - `share_fetch_response`: a ShareFetch response, never emptied (the broker acquired the records).
 - `request` / `response`: any other request (``request_rate``) and its response
   (``request_percentage``, the upstream round trip).
+- `new_connection`: a client connection from an IP, against KIP-612's per-IP
+  ``connection_creation_rate`` (the proxy's connection limiter asks it, in Kafka's order).
 
 `budgets` lists every manager with its scope label: the fleet reports and shares all of them,
 and metrics, headroom and ``describe`` read the same managers, so they show what is enforced.
@@ -35,6 +37,7 @@ from quotas.callback import DefaultQuotaCallback, TopicQuotaCallback, topic_iden
 from quotas.clock import Clock
 from quotas.cluster import ClusterView
 from quotas.config import QuotaConfig
+from quotas.connection_limits import UNLIMITED_CONNECTION, ConnectionVerdict, IpConnectionRates
 from quotas.entity import ClientIdentity, QuotaEntity, QuotaKind, SensorKey
 from quotas.manager import QuotaManager, ThrottleDecision
 from quotas.plugins import Plugins
@@ -92,7 +95,9 @@ class ResponseVerdict:
 class LimitInForce:
     """One limit that applies to a caller, as enforcement applies it, and where it came from:
     ``limit = configured x storage_factor x fleet_share``. `configured` is the entry's value or
-    the callback's (`source`: ``entry``, ``callback``, ``cluster_entries`` or ``topic``), `entity`
+    the callback's (`source`: ``entry``, ``callback``, ``cluster_entries`` (YAML), ``bps`` and
+    ``broker_bps`` (the draft's unit keys, from the store) or ``topic``), `per` whether the budget
+    is ``broker`` (each broker's own) or ``cluster`` (one across every broker), `entity`
     the configured entity that matched when known. The one answer `describe --effective`,
     ``/quotas/effective`` and the enforcement itself share."""
 
@@ -106,6 +111,7 @@ class LimitInForce:
     source: str
     entity: QuotaEntity | None
     shadow: bool
+    per: str = "broker"   # the budget is per broker, or one across the cluster (the draft's bps)
 
 
 NOT_LIMITED_REQUEST = RequestVerdict((), 0)
@@ -124,9 +130,12 @@ class QuotaEngine:
     """Every budget of this process (see the module docstring). Kafka's quotas are per broker:
     one client manager per broker behind Sluice, or one for all of them (``scope: cluster``)."""
 
-    def __init__(self, config: QuotaConfig, clock: Clock, plugins: Plugins | None = None) -> None:
+    def __init__(self, config: QuotaConfig, clock: Clock, plugins: Plugins | None = None,
+                 ip_connection_rates: Mapping[str, float] | None = None) -> None:
         self._config = config
         self._clock = clock
+        # KIP-612: connections created per second per client IP, over the quota window
+        self.ip_connection_rates = IpConnectionRates(ip_connection_rates or {}, config.window)
         self._managers: dict[int | None, QuotaManager] = {}
         # the fleet's standby share and the groups other members use, by scope label
         # (`FleetMember`): a manager created between two report rounds (a client's first request
@@ -140,6 +149,13 @@ class QuotaEngine:
         # ``cluster_entries`` (the draft's `bps`): one more manager, for every broker at once
         self.cluster_wide: QuotaManager | None = None
         self._cluster_wide_kinds: frozenset[QuotaKind] = frozenset()
+        # the draft's units from the store: ``sluice.bps.*`` (into the cluster-wide budgets, beside
+        # the YAML's cluster_entries) and ``sluice.broker_bps.*`` (one manager per broker, whatever
+        # the scope): each its own budget beside the plain key's, the limit hit first throttles
+        self._store_bps: QuotaConfig | None = None
+        self._broker_bps: QuotaConfig | None = None
+        self._broker_bps_managers: dict[int | None, QuotaManager] = {}
+        self._shares: dict[QuotaEntity, float] = {}  # the store's sluice.shares (the draft's shares)
         self._set_cluster_entries(self.plugins.cluster_entries)
         # topic and topic-prefix entries: one more manager per broker (or one for all with
         # scope: cluster), asked per topic of a request, beside the client's own
@@ -269,6 +285,26 @@ class QuotaEngine:
                      if QuotaKind.REQUEST_PERCENTAGE in kinds]
         return ResponseVerdict(tuple(decisions), enforced_ms(decisions))
 
+    def new_connection(self, ip: str) -> ConnectionVerdict:
+        """A new client connection from `ip` (KIP-612, Kafka's `ConnectionQuotas.inc` ->
+        `recordIpConnectionMaybeThrottle`): recorded on the IP's windowed rate; over its
+        ``connection_creation_rate`` (the IP's own, else ``<default>``; none: unlimited) the
+        throttle is ``(rate - bound) / bound x window``, rounded half up and capped at one window,
+        and the connection is un-recorded (Kafka counts only what it accepts).
+
+        With the defaults (11 x 1 s) a fresh IP's rate is divided by 10 s: at 10/s the 101st
+        connection at once is 101 / 10 s = 10.1/s, (10.1 - 10) / 10 x 10 000 ms = 100 ms."""
+        rates = self.ip_connection_rates
+        if not rates.enabled:
+            return UNLIMITED_CONNECTION
+        now = self._clock.now_ms()
+        throttle_ms = rates.record(ip, now)
+        return ConnectionVerdict(throttle_ms, rates.rate(ip, now), rates.quota_for(ip))
+
+    def set_ip_connection_rates(self, rates: Mapping[str, float]) -> None:
+        """New per-IP quotas (a reload): new bounds at once, every IP's measured rate kept."""
+        self.ip_connection_rates.update(rates)
+
     # ------------------------------------------------------------------ the one answer
 
     def effective(self, broker_id: int | None, identity: ClientIdentity,
@@ -279,21 +315,31 @@ class QuotaEngine:
         lookups do (it records nothing; an idle sensor is swept)."""
         out: list[LimitInForce] = []
         custom = self.plugins.factory is not None
-        sources: list[tuple[str, QuotaManager, ClientIdentity, str]] = [
-            (self._label(broker_id), self.for_broker(broker_id), identity, "callback" if custom else "entry")]
+        per = "cluster" if self.plugins.scope == "cluster" else "broker"
+        sources: list[tuple[str, QuotaManager, ClientIdentity, str, str]] = [
+            (self._label(broker_id), self.for_broker(broker_id), identity, "callback" if custom else "entry",
+             per)]
         if self.cluster_wide is not None:
-            sources.append(("cluster", self.cluster_wide, identity, "cluster_entries"))
+            sources.append(("cluster", self.cluster_wide, identity, "cluster_entries", "cluster"))
+        if self._broker_bps is not None:
+            bps_manager = self._for_broker_bps(broker_id, self._broker_bps)
+            sources.append((self._broker_bps_label(broker_id), bps_manager, identity, "broker_bps", "broker"))
         if topic is not None and (topics := self.for_topics(broker_id)) is not None:
-            sources.append((self._label(broker_id), topics, topic_identity(topic), "topic"))
-        for scope, manager, who, source in sources:
+            sources.append((self._label(broker_id), topics, topic_identity(topic), "topic", per))
+        store_bps = self._store_bps
+        for scope, manager, who, source, budget_per in sources:
             for kind in QuotaKind:
                 decision = manager.check(kind, who)
                 limit = manager.sensor_limit(decision.key) if decision.bound is not None else None
                 if limit is None or limit.bound is None or limit.base_bound is None:
                     continue
                 configured = limit.base_bound / limit.scale
+                origin = source
+                if (source == "cluster_entries" and store_bps is not None and limit.entity is not None
+                        and store_bps.get(limit.entity) is not None):
+                    origin = "bps"
                 out.append(LimitInForce(scope, kind, decision.key, limit.bound, configured, limit.scale,
-                                        limit.share, source, limit.entity, limit.shadow))
+                                        limit.share, origin, limit.entity, limit.shadow, budget_per))
         return tuple(out)
 
     # ------------------------------------------------------------------ what needs reading
@@ -321,6 +367,8 @@ class QuotaEngine:
                                    callback=None if factory is None else factory(broker_id))
             manager.update_cluster_metadata(self.cluster)
             self._prepare(manager, broker_id)
+            if self._shares:
+                self._tell_shares(manager)
             self._managers[broker_id] = manager
         return manager
 
@@ -338,30 +386,52 @@ class QuotaEngine:
             self._topic_managers[broker_id] = manager
         return manager
 
-    def _prepare(self, manager: QuotaManager, broker_id: int | None) -> None:
-        """A new manager joins the chain as it stands: the storage factors and the fleet share."""
+    def _prepare(self, manager: QuotaManager, broker_id: int | None, label: str | None = None) -> None:
+        """A new manager joins the chain as it stands: the storage factors and the fleet share
+        (the groups other members use in its scope, `label`: by default its broker's)."""
         for kind, factor in self._scales.items():
             manager.set_limit_scale(kind, factor)
         if self.fleet_standby_share != 1.0 or self.fleet_busy:
-            manager.set_shares({}, self.fleet_standby_share,
-                               self.fleet_busy.get(self._label(broker_id), frozenset()))
+            scope = self._label(broker_id) if label is None else label
+            manager.set_shares({}, self.fleet_standby_share, self.fleet_busy.get(scope, frozenset()))
 
     def for_request(self, broker_id: int | None,
                     ) -> tuple[tuple[QuotaManager, frozenset[QuotaKind]], ...]:
         """The client managers a request through `broker_id` is counted in, each with the kinds
         to record: the broker's (or the one of ``scope: cluster``), and ``cluster_entries``'."""
         manager = self.for_broker(broker_id)
-        if self.cluster_wide is None:
+        broker_bps = self._broker_bps
+        if self.cluster_wide is None and broker_bps is None:
             return ((manager, self.active_kinds),)
-        return ((manager, self.active_kinds), (self.cluster_wide, self._cluster_wide_kinds))
+        out = [(manager, self.active_kinds)]
+        if self.cluster_wide is not None:
+            out.append((self.cluster_wide, self._cluster_wide_kinds))
+        if broker_bps is not None:
+            out.append((self._for_broker_bps(broker_id, broker_bps), broker_bps.kinds()))
+        return tuple(out)
+
+    def _for_broker_bps(self, broker_id: int | None, config: QuotaConfig) -> QuotaManager:
+        manager = self._broker_bps_managers.get(broker_id)
+        if manager is None:
+            manager = QuotaManager(config, self._clock, sticky_quotas_enabled=False)
+            self._prepare(manager, broker_id, self._broker_bps_label(broker_id))
+            self._broker_bps_managers[broker_id] = manager
+        return manager
 
     def labelled(self) -> list[tuple[str, QuotaManager]]:
         """Every client manager with its `broker` label: a broker id, ``bootstrap``, ``all``
-        (``scope: cluster``) or ``cluster`` (``cluster_entries``)."""
+        (``scope: cluster``), ``cluster`` (``cluster_entries`` and ``bps``) or ``B:broker_bps``."""
         out = [(self._label(b), m) for b, m in self._managers.items()]
         if self.cluster_wide is not None:
             out.append(("cluster", self.cluster_wide))
+        out.extend((self._broker_bps_label(b), m) for b, m in self._broker_bps_managers.items())
         return out
+
+    @staticmethod
+    def _broker_bps_label(broker_id: int | None) -> str:
+        """The scope label of a ``broker_bps`` budget: its broker's, marked (``1:broker_bps``), so
+        it never meets the broker's own budgets of the same key."""
+        return f"{'bootstrap' if broker_id is None else broker_id}:broker_bps"
 
     def topic_labelled(self) -> list[tuple[str, QuotaManager]]:
         """The topic managers with their `broker` label (as `labelled`)."""
@@ -384,7 +454,40 @@ class QuotaEngine:
 
     # ------------------------------------------------------------------ the limit chain
 
-    def _set_cluster_entries(self, entries: QuotaConfig | None) -> None:
+    def set_entity_shares(self, shares: Mapping[QuotaEntity, float]) -> None:
+        """The store's ``sluice.shares`` (`QuotaTable.shares`): told to every callback that reads
+        them (``update_shares``, the `FairShareCallback`), now and as managers are created."""
+        self._shares = dict(shares)
+        for manager in self._managers.values():
+            self._tell_shares(manager)
+
+    def _tell_shares(self, manager: QuotaManager) -> None:
+        update = getattr(manager.callback, "update_shares", None)
+        if update is not None:
+            update(self._shares)
+
+    def set_unit_entries(self, bps: QuotaConfig | None, broker_bps: QuotaConfig | None) -> None:
+        """The store's ``sluice.bps.*`` and ``sluice.broker_bps.*`` entries (`QuotaTable.unit_configs`)."""
+        self._store_bps = bps if bps is not None and len(bps) else None
+        self._set_cluster_entries(self.plugins.cluster_entries)
+        if broker_bps is None or not len(broker_bps):
+            self._broker_bps = None
+            self._broker_bps_managers.clear()
+        else:
+            self._broker_bps = broker_bps
+            for manager in self._broker_bps_managers.values():
+                manager.update_config(broker_bps)
+        self.active_kinds = self._kinds()
+
+    def _set_cluster_entries(self, yaml_entries: QuotaConfig | None) -> None:
+        entries = yaml_entries
+        store = self._store_bps
+        if store is not None:  # the store's bps beside the YAML's cluster_entries; the store's wins
+            base = yaml_entries if yaml_entries is not None else store
+            mine = {e.entity for e in store}
+            kept = tuple(e for e in (yaml_entries or ()) if e.entity not in mine)
+            entries = QuotaConfig((*kept, *store), base.shadow_all, base.window, base.rate_model,
+                                  base.burst_ms)
         if entries is None or not len(entries):
             self.cluster_wide = None
             self._cluster_wide_kinds = frozenset()
@@ -401,7 +504,8 @@ class QuotaEngine:
         """The storage factor: scale every limit of `kind` in every budget."""
         before = self._effective()
         self._scales[kind] = factor
-        for manager in (*self._managers.values(), *self._topic_managers.values()):
+        for manager in (*self._managers.values(), *self._topic_managers.values(),
+                        *self._broker_bps_managers.values()):
             manager.set_limit_scale(kind, factor)
         if self.cluster_wide is not None:
             self.cluster_wide.set_limit_scale(kind, factor)
@@ -470,6 +574,8 @@ class QuotaEngine:
             manager.set_callback(DefaultQuotaCallback(sticky_levels=False) if factory is None
                                  else factory(broker_id))
             manager.update_cluster_metadata(self.cluster)
+            if self._shares:
+                self._tell_shares(manager)
         self._callback_kinds = self._probe_callback()
         self.active_kinds = self._kinds()
 
@@ -489,7 +595,8 @@ class QuotaEngine:
 
     def _kinds(self) -> frozenset[QuotaKind]:
         self.topic_kinds = frozenset(k for e in self._config if e.entity.is_topic for k in e.values)
-        return self._effective().kinds() | self._cluster_wide_kinds | self._callback_kinds
+        broker_bps = frozenset() if self._broker_bps is None else self._broker_bps.kinds()
+        return self._effective().kinds() | self._cluster_wide_kinds | self._callback_kinds | broker_bps
 
     def _charge(self, broker_id: int | None, identity: ClientIdentity, size_bytes: int,
                 usage: TopicTally | None, bytes_kind: QuotaKind, records_kind: QuotaKind, *,

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import enum
 import urllib.parse
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Final
 
@@ -214,6 +214,11 @@ class SensorKey:
     `user` is the principal name as given (Kafka's JMX tags hold `sanitize_user(user)`).
     Sluice's tags: `client_id_prefix` (every client id of a shared prefix entry together),
     `topic` (one topic) and `topic_prefix` (every topic of a topic-prefix entry together).
+
+    `tags`: any other tags a callback groups by (KIP-257's ``quotaMetricTags`` returns any map),
+    as sorted ``(name, value)`` pairs; `from_tags` builds a key from such a map. Two keys with
+    different tags are different budgets; the fleet, the metrics (a ``tags`` label) and
+    ``describe --effective`` carry them.
     """
 
     kind: QuotaKind
@@ -222,6 +227,35 @@ class SensorKey:
     client_id_prefix: str = ""
     topic: str = ""
     topic_prefix: str = ""
+    tags: tuple[tuple[str, str], ...] = ()
+
+    @classmethod
+    def from_tags(cls, kind: QuotaKind, tags: Mapping[str, str]) -> SensorKey:
+        """The key of KIP-257's tag map: Kafka's ``user`` and ``client-id`` and Sluice's
+        ``client-id-prefix``, ``topic`` and ``topic-prefix`` go to their fields, every other tag
+        (with a non-empty value) to `tags`."""
+        known = {name: tags.get(name, "") for name in _KNOWN_TAGS}
+        extra = tuple(sorted((str(k), str(v)) for k, v in tags.items() if k not in _KNOWN_TAGS and v != ""))
+        return cls(kind, known[USER], known[CLIENT_ID], known[CLIENT_ID_PREFIX], known[TOPIC],
+                   known[TOPIC_PREFIX], extra)
+
+    @property
+    def tag_map(self) -> dict[str, str]:
+        """Every tag of this key with a value, by its KIP-257 name (the inverse of `from_tags`)."""
+        out = {name: value for name, value in ((USER, self.user), (CLIENT_ID, self.client_id),
+                                               (CLIENT_ID_PREFIX, self.client_id_prefix),
+                                               (TOPIC, self.topic), (TOPIC_PREFIX, self.topic_prefix))
+               if value}
+        out.update(self.tags)
+        return out
+
+    @property
+    def tags_label(self) -> str:
+        """The callback's own tags as one label value, ``name=value,...`` (``""`` when none)."""
+        return ",".join(f"{k}={v}" for k, v in self.tags)
+
+
+_KNOWN_TAGS: Final = (USER, CLIENT_ID, CLIENT_ID_PREFIX, TOPIC, TOPIC_PREFIX)
 
 
 def sanitize_user(name: str) -> str:

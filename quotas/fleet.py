@@ -65,10 +65,12 @@ from quotas.entity import QuotaKind, SensorKey
 #: Report format version (`"v"` in the JSON); a reader refuses reports of any other version.
 #: 1: groups were ``[scope, kind, user, client_id, used, constrained]`` (no prefix or topic);
 #: 2: groups are ``[scope, [kind, user, client_id, client_id_prefix, topic, topic_prefix], used,
-#: constrained]``.
-REPORT_VERSION = 2
-#: The fields of a `SensorKey` on the wire, in order (version 2).
-KEY_FIELDS = ("kind", "user", "client_id", "client_id_prefix", "topic", "topic_prefix")
+#: constrained]``;
+#: 3: the key also carries the callback's own tags (KIP-257's tag map), a 7th field
+#: ``[[name, value], ...]``: a version-2 member would merge groups that differ only by them.
+REPORT_VERSION = 3
+#: The fields of a `SensorKey` on the wire, in order (version 3).
+KEY_FIELDS = ("kind", "user", "client_id", "client_id_prefix", "topic", "topic_prefix", "tags")
 DEFAULT_HEADROOM = 0.2
 
 
@@ -113,10 +115,11 @@ class UsageReport:
 
 
 def encode_report(report: UsageReport) -> bytes:
-    """Compact JSON, version 2::
+    """Compact JSON, version 3::
 
         {"v":2,"fleet":F,"member":M,"seq":N,"interval_ms":I,
-         "groups":[[scope,[kind,user,client_id,client_id_prefix,topic,topic_prefix],used_per_s,constrained],...]}
+         "groups":[[scope,[kind,user,client_id,client_id_prefix,topic,topic_prefix,[[tag,value],...]],
+                    used_per_s,constrained],...]}
 
     ``used_per_s`` is rounded to 3 decimals; ``constrained`` is 0 or 1."""
     groups = [[g.scope, _encode_key(g.key), round(g.used_per_s, 3), 1 if g.constrained else 0]
@@ -126,25 +129,30 @@ def encode_report(report: UsageReport) -> bytes:
                       separators=(",", ":")).encode()
 
 
-def _encode_key(key: SensorKey) -> list[str]:
-    return [key.kind.value, key.user, key.client_id, key.client_id_prefix, key.topic, key.topic_prefix]
+def _encode_key(key: SensorKey) -> list[object]:
+    return [key.kind.value, key.user, key.client_id, key.client_id_prefix, key.topic, key.topic_prefix,
+            [list(tag) for tag in key.tags]]
 
 
 _KINDS = {k.value: k for k in QuotaKind}
 
 
 def _decode_key(raw: object) -> SensorKey:
-    if not (isinstance(raw, list) and len(raw) == len(KEY_FIELDS) and all(isinstance(x, str) for x in raw)):
-        raise FleetReportError(f"bad key {raw!r}: want {len(KEY_FIELDS)} strings {KEY_FIELDS}")
+    if not (isinstance(raw, list) and len(raw) == len(KEY_FIELDS)
+            and all(isinstance(x, str) for x in raw[:-1]) and isinstance(raw[-1], list)
+            and all(isinstance(t, list) and len(t) == 2 and all(isinstance(x, str) for x in t)
+                    for t in raw[-1])):
+        raise FleetReportError(f"bad key {raw!r}: want {KEY_FIELDS}, strings and [[name, value], ...]")
     kind = _KINDS.get(raw[0])
     if kind is None:
         raise FleetReportError(f"unknown quota kind {raw[0]!r}")
-    return SensorKey(kind, raw[1], raw[2], raw[3], raw[4], raw[5])
+    tags = tuple(sorted((t[0], t[1]) for t in raw[-1]))
+    return SensorKey(kind, raw[1], raw[2], raw[3], raw[4], raw[5], tags)
 
 
 def decode_report(payload: bytes) -> UsageReport:
     """The inverse of `encode_report`. A report of another version raises
-    `FleetReportVersionError`; anything else that is not a version-2 report, `FleetReportError`."""
+    `FleetReportVersionError`; anything else that is not a version-3 report, `FleetReportError`."""
     try:
         raw = json.loads(payload)
     except (ValueError, UnicodeDecodeError) as exc:

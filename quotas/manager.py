@@ -27,7 +27,7 @@ from quotas.cluster import ClusterView
 from quotas.config import QuotaConfig
 from quotas.entity import ClientIdentity, QuotaEntity, QuotaKind, SensorKey
 from quotas.errors import QuotaConfigError
-from quotas.stats import METRIC_WINDOW, RateConfig, SampledAvgMax, SampledRate, TokenBucket
+from quotas.stats import METRIC_WINDOW, RateConfig, RecentSum, SampledAvgMax, SampledRate, TokenBucket
 from quotas.throttle import bucket_throttle_time_ms, throttle_time_ms
 
 #: Kafka's `INACTIVE_SENSOR_EXPIRATION_TIME_SECONDS`.
@@ -36,6 +36,8 @@ DEFAULT_SENSOR_IDLE_EXPIRY_MS = 3_600_000
 SENSOR_SWEEP_INTERVAL_MS = 30_000
 #: Under the token bucket a fetch asks for at most this much quota (`max_value_in_quota_window`).
 BUCKET_REQUEST_CAP_MS = 100
+#: Under the token bucket no second delivers more fetch bytes than the bound x this + the burst.
+PEAK_SECOND_MS = 1000
 
 _CAPPED_KINDS = frozenset(k for k in QuotaKind if k.caps_throttle)
 
@@ -132,8 +134,9 @@ class SensorSnapshot(NamedTuple):
 class _Sensor:
     """One sharing group's rate, its current bound and bookkeeping. Internal."""
 
-    __slots__ = ("base_bound", "bound", "bucket", "burst_s", "entity", "key", "last_record_ms", "rate",
-                 "shadow", "shadow_throttles", "share", "throttles", "touched_sweep_ms", "used_total")
+    __slots__ = ("base_bound", "bound", "bucket", "burst_s", "delivered", "entity", "key", "last_record_ms",
+                 "owed", "owed_ms", "peak_bound", "peak_ms", "rate", "shadow", "shadow_throttles", "share",
+                 "throttles", "touched_sweep_ms", "used_total")
 
     def __init__(self, key: SensorKey, rate: SampledRate, now_ms: int, sweep_ms: int) -> None:
         self.key = key
@@ -146,10 +149,19 @@ class _Sensor:
         self.base_bound: float | None = None  # the bound before the fleet share
         self.share = 1.0                      # this process's share of the bound (fleet)
         self.used_total = 0.0                 # everything recorded, for fleet usage reports
+        # windowed rate under a fleet share that rose (`QuotaManager._owe_raise`): what the window
+        # owes the fleet at `owed_ms`, repaid linearly over one retention window; and the highest
+        # bound in force within the last retention window (`peak_bound`, last in force at `peak_ms`)
+        self.owed = 0.0
+        self.owed_ms = 0
+        self.peak_bound: float | None = None
+        self.peak_ms = 0
         # rate_model token_bucket: the bucket (throttles from it; `rate` stays the metric, as in
         # KIP-599) and its burst in seconds of the bound. None under the windowed model.
         self.bucket: TokenBucket | None = None
         self.burst_s = 0.0
+        # token bucket, fetch: what was delivered in the last second (`admit_fetch`'s guard)
+        self.delivered: RecentSum | None = None
         self.entity: QuotaEntity | None = None
         self.shadow = False
         self.throttles = _ThrottleCounter()
@@ -242,6 +254,8 @@ class QuotaManager:
         sensor.used_total += value
         if sensor.bucket is not None and sensor.bound is not None:
             sensor.bucket.record(value, sensor.bound, sensor.bound * sensor.burst_s, now)
+        if value < 0 and sensor.delivered is not None:  # an emptied fetch was not delivered after all
+            sensor.delivered.take_back(-value, now)
         if self._observer is not None:
             self._observer.on_record(sensor.key, value, now)
 
@@ -250,10 +264,18 @@ class QuotaManager:
 
         The windowed rate records it and checks (Kafka: a throttled fetch is then answered empty
         and un-recorded by the caller). Under a token bucket a fetch is delivered while the
-        credits are not negative and then takes them below zero, as a produce does; a fetch that
-        arrives in debt is neither recorded nor delivered. (Emptying every fetch that does not
-        fit in the credits left would never serve a response larger than the burst, and a
-        broker returns a partition's first batch whole.)"""
+        credits are not negative and then takes them below zero, as a produce does (Kafka's
+        strict token bucket: check, then record); a fetch that arrives in debt is neither
+        recorded nor delivered. (Emptying every fetch that does not fit in the credits left would
+        never serve a response larger than the burst, and a broker returns a partition's first
+        batch whole.)
+
+        And under a token bucket a fetch is delivered only if the last second's deliveries plus
+        this one stay within ``bound x 1 s + burst`` (or the last second delivered nothing):
+        otherwise it is not recorded, and its throttle is the time until enough of that second
+        has passed (`RecentSum`). Without it, responses of about a second's quota (one 1 MiB
+        batch at 1 MiB/s) are each admitted at zero credits, arrive every ``S / Q`` < 1 s, and a
+        second holding two of them holds twice the quota."""
         kind = QuotaKind.FETCH
         now = self._clock.now_ms()
         if now - self._last_sweep_ms >= SENSOR_SWEEP_INTERVAL_MS:
@@ -261,11 +283,26 @@ class QuotaManager:
         if not self._enabled[kind]:
             return FetchAdmission(self._unlimited(kind, identity), recorded=True, throttle_is_debt=False)
         sensor = self._sensor(kind, identity, now)
-        bucket = sensor.bucket is not None and sensor.bound is not None
+        bound = sensor.bound
+        bucket = sensor.bucket is not None and bound is not None
         if bucket:
             before = self._decide(kind, sensor, now, count=False)
             if before.throttle_time_ms > 0:  # in debt already (a shadow decision has no throttle time)
                 return FetchAdmission(before, recorded=False, throttle_is_debt=False)
+            assert bound is not None
+            delivered = sensor.delivered
+            if delivered is None:
+                delivered = sensor.delivered = RecentSum(PEAK_SECOND_MS)
+            if not sensor.shadow:
+                most = bound * (PEAK_SECOND_MS / 1000.0 + sensor.burst_s)  # Q x 1 s + B
+                wait_ms = delivered.wait_ms(now, max(0.0, most - response_bytes))
+                if wait_ms > 0:
+                    sensor.throttles.add(wait_ms, now, self._metric_window)
+                    return FetchAdmission(
+                        ThrottleDecision(kind, sensor.key, wait_ms, before.observed, bound, False,
+                                         sensor.entity),
+                        recorded=False, throttle_is_debt=False)
+            delivered.add(response_bytes, now)
         self._record_on(sensor, response_bytes, now)
         return FetchAdmission(self._decide(kind, sensor, now), recorded=True, throttle_is_debt=bucket)
 
@@ -367,18 +404,27 @@ class QuotaManager:
         `busy`: groups other members are using. A sensor created here for one of them starts
         *spent*, as if it had run at its bound for the last window (`_start_spent`): the budget's
         recent past was used elsewhere, so a new sensor's credit (Kafka's young-rate padding, or a
-        full token bucket) would admit it a second time."""
+        full token bucket) would admit it a second time.
+
+        Under the windowed rate a share that *rises* would let the sensor admit at once what its
+        window says it did not use at the new bound, though the fleet used that budget (a member
+        that left, or whose demand dropped, had it): the raise is owed for one window instead
+        (`_owe_raise`)."""
         for share in (standby, *shares.values()):
             if not 0.0 < share <= 1.0:
                 raise ValueError(f"a share must be in (0, 1], got {share}")
         self._shares = dict(shares)
         self._standby_share = standby
         self._busy = busy
+        now = self._clock.now_ms()
         for sensor in self._sensors.values():
             share = self._shares.get(sensor.key, standby)
             if share != sensor.share:
+                old = sensor.bound
                 sensor.share = share
                 sensor.bound = None if sensor.base_bound is None else sensor.base_bound * share
+                if sensor.bucket is None:
+                    self._owe_raise(sensor, old, now)
 
     def fleet_usage(self) -> Iterator[FleetUsage]:
         """Per live sensor: everything recorded so far, throttles so far (enforced and shadow) and
@@ -504,6 +550,8 @@ class QuotaManager:
 
     def _decide(self, kind: QuotaKind, sensor: _Sensor, now: int, *, count: bool = True) -> ThrottleDecision:
         total, window_ms = sensor.rate.measure_parts(now)
+        if sensor.owed:
+            total += self._owed(sensor, now)
         observed = total / (window_ms / 1000.0)
         bound = sensor.bound
         bucket = sensor.bucket
@@ -529,6 +577,39 @@ class QuotaManager:
     def _unlimited(self, kind: QuotaKind, identity: ClientIdentity) -> ThrottleDecision:
         return ThrottleDecision(kind, self._callback.sensor_key(kind, identity), 0, 0.0, None,
                                 self._config.shadow_all, None)
+
+    def _owe_raise(self, sensor: _Sensor, old: float | None, now: int) -> None:
+        """A windowed sensor's bound moved from `old` to `sensor.bound` (a fleet share). On a rise
+        above the highest bound in force within the last retention window (W = samples x window),
+        the window's room between that bound and the new one was the fleet's, used by the members
+        that held it: the sensor owes ``(new - highest) x W`` (in the kind's unit), counted into its
+        measured total and repaid linearly over one W, as that usage would have aged out. So the
+        raise applies at once to what comes next, but no burst re-admits the past. Only a sensor
+        that recorded within the window owes (an idle one has no past to re-admit); the owed
+        amount is not recorded (metrics and fleet reports show what was admitted)."""
+        new = sensor.bound
+        retention = self._rate_config.retention_ms
+        if old is None or new is None:
+            sensor.peak_bound = None
+            return
+        peak = sensor.peak_bound
+        if peak is not None and now - sensor.peak_ms > retention:
+            peak = None
+        highest = old if peak is None else max(old, peak)
+        if new > highest and now - sensor.last_record_ms <= retention:
+            sensor.owed = self._owed(sensor, now) + (new - highest) * retention / 1000.0
+            sensor.owed_ms = now
+        if peak is None or old >= peak:
+            sensor.peak_bound, sensor.peak_ms = old, now  # `old` was in force until now
+
+    def _owed(self, sensor: _Sensor, now: int) -> float:
+        """What the sensor still owes (`_owe_raise`): repaid linearly over one retention window."""
+        retention = self._rate_config.retention_ms
+        left = 1.0 - (now - sensor.owed_ms) / retention
+        if left <= 0.0:
+            sensor.owed = 0.0
+            return 0.0
+        return sensor.owed * min(1.0, left)
 
     def _start_spent(self, sensor: _Sensor, now: int) -> None:
         """No credit for a new sensor of a group the fleet is using: a token bucket starts empty;

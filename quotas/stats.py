@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import enum
 import math
+from collections import deque
 from dataclasses import dataclass
 
 from quotas.errors import QuotaConfigError
@@ -209,6 +210,78 @@ class TokenBucket:
 
     def __repr__(self) -> str:
         return f"TokenBucket(credits={self._credits}, last_ms={self._last_ms})"
+
+
+class RecentSum:
+    """What was delivered in the last `span_ms` (a second): the token bucket's guard for whole
+    responses larger than its burst.
+
+    A bucket of burst B refilling at Q keeps every second within ``Q + B`` for requests smaller
+    than the credits they take. A fetch is charged on its response and admitted whole while the
+    credits are not negative, so one response larger than B lands at once: responses of about Q
+    bytes at a rate of Q arrive every ``S / Q`` < 1 s, and a second holding two holds 2 x Q. The
+    guard answers that second's promise directly: a response is admitted only if the second
+    before it plus the response stay within ``Q + B``, or if the second before it is empty (so a
+    response larger than ``Q + B`` still goes through, alone in its second).
+
+    `wait_ms` is how long until enough of the second has aged out for `room` more, rounded up to
+    a whole ms. Entries older than the span are dropped as time moves on, so it holds at most a
+    second of deliveries.
+    """
+
+    __slots__ = ("_events", "_span_ms", "_total")
+
+    def __init__(self, span_ms: int = 1000) -> None:
+        self._span_ms = span_ms
+        self._events: deque[tuple[int, float]] = deque()
+        self._total = 0.0
+
+    def add(self, value: float, now_ms: int) -> None:
+        self._expire(now_ms)
+        self._events.append((now_ms, value))
+        self._total += value
+
+    def take_back(self, value: float, now_ms: int) -> None:
+        """`value` was not delivered after all: the newest entry of that value goes (else the sum
+        is lowered by it, at `now_ms`)."""
+        events = self._events
+        if events and events[-1][1] == value:
+            events.pop()
+            self._total -= value
+            if not events:
+                self._total = 0.0
+        else:
+            self.add(-value, now_ms)
+
+    def total(self, now_ms: int) -> float:
+        """The sum delivered in ``(now - span, now]``."""
+        self._expire(now_ms)
+        return self._total if self._events else 0.0
+
+    def wait_ms(self, now_ms: int, room: float) -> int:
+        """The ms until the sum still inside the span is at most `room` (0: already)."""
+        self._expire(now_ms)
+        events = self._events
+        if not events or self._total <= room:
+            return 0
+        left = self._total
+        last = len(events) - 1
+        for i, (at_ms, value) in enumerate(events):
+            left -= value
+            if left <= room or i == last:  # once all have left, nothing is (no float residue)
+                return max(1, at_ms + self._span_ms - now_ms)  # this delivery leaves the span then
+        return self._span_ms  # unreachable: the loop returns at the last event
+
+    def _expire(self, now_ms: int) -> None:
+        events = self._events
+        cutoff = now_ms - self._span_ms
+        while events and events[0][0] <= cutoff:
+            self._total -= events.popleft()[1]
+        if not events:
+            self._total = 0.0  # no float drift carried into the next second
+
+    def __repr__(self) -> str:
+        return f"RecentSum(span_ms={self._span_ms}, total={self._total:g}, events={len(self._events)})"
 
 
 @dataclass(frozen=True, slots=True)

@@ -41,8 +41,22 @@ BURST_MS_KEY = "sluice.burst_ms"
 EACH_CLIENT_ID_KEY = "sluice.each_client_id"
 """1 = every client id of a client-id-prefix entity gets its own sensor (default: one shared)."""
 
+#: The quota-native admin draft's units, as Sluice keys (a plain key is Kafka's: per broker, or
+#: across every broker under ``quotas.scope: cluster``). `bps`: one budget of the entity across
+#: every broker behind this Sluice; `broker_bps`: a budget per broker, whatever the scope. Set
+#: beside the plain key on one entity, each is its own budget: the limit hit first throttles.
+BPS_KEYS: Mapping[str, QuotaKind] = MappingProxyType({
+    f"sluice.bps.{k.value}": k for k in (QuotaKind.PRODUCE, QuotaKind.FETCH)})
+BROKER_BPS_KEYS: Mapping[str, QuotaKind] = MappingProxyType({
+    f"sluice.broker_bps.{k.value}": k for k in (QuotaKind.PRODUCE, QuotaKind.FETCH)})
+
+SHARES_KEY = "sluice.shares"
+"""The draft's `shares` unit: the entity's shares of contested bandwidth, read by the
+`FairShareCallback` (which declares the capacity); for user and client-id entities."""
+
 KNOWN_KEYS: frozenset[str] = frozenset({*(k.value for k in QuotaKind), SHADOW_KEY, TOKEN_BUCKET_KEY,
-                                        BURST_MS_KEY, EACH_CLIENT_ID_KEY})
+                                        BURST_MS_KEY, EACH_CLIENT_ID_KEY, *BPS_KEYS, *BROKER_BPS_KEYS,
+                                        SHARES_KEY})
 
 _KINDS_BY_KEY = {k.value: k for k in QuotaKind}
 _STORE_KEYS = {"burst_ms": BURST_MS_KEY, "each_client_id": EACH_CLIENT_ID_KEY}
@@ -82,7 +96,7 @@ def validate_key_value(key: str, value: float) -> str | None:
         return f"Quota {key} must be greater than 0"
     if math.isinf(value):
         return f"Quota {key} must be finite"
-    kind = _KINDS_BY_KEY.get(key)
+    kind = _KINDS_BY_KEY.get(key) or BPS_KEYS.get(key) or BROKER_BPS_KEYS.get(key)
     if kind is not None and kind.is_byte_rate:
         if value >= _LONG_LIMIT:
             return f"Proposed value for {key} is too large for a LONG."
@@ -186,6 +200,62 @@ class QuotaTable(Mapping[QuotaEntity, Mapping[str, float]]):
                     (f"{entity.describe()}: " + _STORE_KEYS.get(k, k), r) for k, r in e.problems) from None
             entries.append(entry)
         return QuotaConfig(tuple(entries), shadow_all, window, rate_model, burst_ms)
+
+    def unit_configs(self, *, shadow_all: bool = False, window: RateConfig | None = None,
+                     rate_model: RateModel = RateModel.WINDOWED,
+                     burst_ms: int | None = None) -> tuple[QuotaConfig, QuotaConfig]:
+        """The draft's units as enforcement views: ``(bps, broker_bps)``, an entry per entity that
+        sets ``sluice.bps.*`` (one budget across every broker) or ``sluice.broker_bps.*`` (one per
+        broker), each with the entity's shadow flag and rate model. Raises `QuotaConfigError`
+        naming the entity and key for a topic entity (its budgets are the topic's already)."""
+        window = window or RateConfig()
+        out: list[list[QuotaEntry]] = [[], []]
+        problems: list[tuple[str, str]] = []
+        for entity, values in self.sorted_items():
+            for i, keys in enumerate((BPS_KEYS, BROKER_BPS_KEYS)):
+                kinds = {keys[k]: v for k, v in values.items() if k in keys}
+                if not kinds:
+                    continue
+                if entity.is_topic:
+                    problems.extend((f"{entity.describe()}: {k}", "is for client entities (a topic's "
+                                     "budgets are the topic's own)") for k in values if k in keys)
+                    continue
+                model = values.get(TOKEN_BUCKET_KEY)
+                burst = values.get(BURST_MS_KEY)
+                try:
+                    out[i].append(QuotaEntry(
+                        replace(entity, each_client_id=values.get(EACH_CLIENT_ID_KEY) == 1.0), kinds,
+                        shadow=values.get(SHADOW_KEY) == 1.0,
+                        rate_model=None if model is None else
+                        (RateModel.TOKEN_BUCKET if model == 1.0 else RateModel.WINDOWED),
+                        burst_ms=None if burst is None else int(burst)))
+                except QuotaConfigError as e:
+                    problems.extend((f"{entity.describe()}: " + _STORE_KEYS.get(k, k), r)
+                                    for k, r in e.problems)
+        if problems:
+            raise QuotaConfigError.of(problems)
+        return (QuotaConfig(tuple(out[0]), shadow_all, window, rate_model, burst_ms),
+                QuotaConfig(tuple(out[1]), shadow_all, window, rate_model, burst_ms))
+
+    def shares(self) -> dict[QuotaEntity, float]:
+        """``sluice.shares`` by entity (`SHARES_KEY`). Raises `QuotaConfigError` naming the entity
+        for one that is not a named user, client id or both (the fair share matches callers by
+        those)."""
+        out: dict[QuotaEntity, float] = {}
+        problems: list[tuple[str, str]] = []
+        for entity, values in self.sorted_items():
+            value = values.get(SHARES_KEY)
+            if value is None:
+                continue
+            if (entity.is_topic or entity.client_id_prefix is not None or entity.user is DEFAULT
+                    or entity.client_id is DEFAULT):
+                problems.append((f"{entity.describe()}: {SHARES_KEY}", "is for a named user, client id or "
+                                 "both (the fair share's callers)"))
+                continue
+            out[entity] = value
+        if problems:
+            raise QuotaConfigError.of(problems)
+        return out
 
     @classmethod
     def from_config(cls, config: QuotaConfig) -> QuotaTable:

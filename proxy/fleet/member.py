@@ -326,7 +326,7 @@ class FleetCollector(Collector):
                 overflow.setdefault((scope, key.kind.value), []).append(value)
                 continue
             share.add_metric([scope, key.kind.value, key.user, key.client_id, key.client_id_prefix, key.topic,
-                              key.topic_prefix], value)
+                              key.topic_prefix, key.tags_label], value)
         for (scope, kind), values in sorted(overflow.items()):
             share.add_metric([scope, kind, *[OVERFLOW] * (len(SHARE_LABELS) - 2)], sum(values) / len(values))
         yield share
@@ -337,9 +337,10 @@ class FleetCollector(Collector):
 
 
 #: `sluice_fleet_share`'s labels: the scope (`broker`), the kind and every tag of the `SensorKey`.
-SHARE_LABELS = ["broker", "kind", "user", "client_id", "client_id_prefix", "topic", "topic_prefix"]
+SHARE_LABELS = ["broker", "kind", "user", "client_id", "client_id_prefix", "topic", "topic_prefix", "tags"]
 
 
-def _group_order(group: Group) -> tuple[str, str, str, str, str, str, str]:
+def _group_order(group: Group) -> tuple[str, str, str, str, str, str, str, str]:
     scope, key = group
-    return (scope, key.kind.value, key.user, key.client_id, key.client_id_prefix, key.topic, key.topic_prefix)
+    return (scope, key.kind.value, key.user, key.client_id, key.client_id_prefix, key.topic, key.topic_prefix,
+            key.tags_label)

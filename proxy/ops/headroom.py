@@ -11,7 +11,8 @@ limit (``(limit - rate) / limit``: 1 idle, 0 at the limit, below 0 over it).
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from typing import Any
 
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
@@ -20,13 +21,13 @@ from proxy.ops.metrics import SeriesCap
 from quotas.clock import Clock
 from quotas.engine import QuotaEngine
 from quotas.entity import ClientIdentity, SensorKey
-from quotas.headroom import KIND_LABEL, KIND_UNIT, UsageEntry, UsageReport
+from quotas.headroom import KIND_LABEL, KIND_UNIT, EffectiveLimit, UsageEntry, UsageReport
 from quotas.manager import QuotaManager
 
 #: The path of the JSON document on the metrics port.
 USAGE_PATH = "/quotas/usage"
 EFFECTIVE_PATH = "/quotas/effective"
-_LABELS = ["kind", "broker", "user", "client_id", "topic"]
+_LABELS = ["kind", "broker", "user", "client_id", "topic", "tags"]
 
 
 Keep = Callable[[str, SensorKey], bool]  # (broker label, sensor): is it reported?
@@ -62,8 +63,9 @@ def usage_json(report: UsageReport) -> bytes:
 
 
 class HeadroomCollector(Collector):
-    """``sluice_quota_headroom_ratio{kind, broker, user, client_id, topic}`` for every sensor with
-    a limit (client sensors with ``topic=""``, topic sensors with ``user="" client_id=""``).
+    """``sluice_quota_headroom_ratio{kind, broker, user, client_id, topic, tags}`` for every sensor
+    with a limit (client sensors with ``topic=""``, topic sensors with ``user="" client_id=""``,
+    ``tags`` a callback's own tags).
 
     With `cap` (the `sluice_quota_*` series cap) a client sensor folded into the overflow there
     has no headroom series (a ratio does not add up over sensors), so client-id churn cannot grow
@@ -83,7 +85,7 @@ class HeadroomCollector(Collector):
             ratio = entry.headroom_ratio
             if ratio is not None:
                 family.add_metric([KIND_LABEL[entry.kind], entry.broker, entry.user, entry.client_id,
-                                   entry.topic], ratio)
+                                   entry.topic, entry.tags], ratio)
         yield family
 
 
@@ -91,16 +93,26 @@ def effective_json(engine: QuotaEngine, args: Mapping[str, str]) -> bytes:
     """The engine's limits in force for one caller (``user``, ``client_id``, optional ``topic``
     and ``broker``: a broker id, or the bootstrap listener's scope when absent) as JSON: per
     limit its scope, kind, unit, value in force, the configured (or callback) value, the storage
-    factor, the fleet share, its source and entity."""
+    factor, the fleet share, its source and entity, and the sharing group (the budget key's tags,
+    KIP-257's tag map: a callback's own tags too)."""
     identity = ClientIdentity.of(args.get("user") or None, args.get("client_id", ""))
     broker = args.get("broker")
     broker_id = int(broker) if broker is not None and broker.isdigit() else None
     limits = engine.effective(broker_id, identity, args.get("topic") or None)
-    return json.dumps({"caller": {"user": identity.principal, "client_id": identity.client_id},
-                       "topic": args.get("topic") or None,
-                       "limits": [{"scope": x.scope, "kind": x.kind.value, "unit": KIND_UNIT[x.kind],
-                                   "limit": x.limit, "configured": x.configured,
-                                   "storage_factor": x.storage_factor, "fleet_share": x.fleet_share,
-                                   "source": x.source, "shadow": x.shadow,
-                                   "entity": None if x.entity is None else x.entity.describe()}
-                                  for x in limits]}).encode()
+    return effective_doc({"user": identity.principal, "client_id": identity.client_id},
+                         args.get("topic") or None,
+                         [EffectiveLimit(x.scope, x.kind.value, KIND_UNIT[x.kind], x.limit, x.configured,
+                                         x.storage_factor, x.fleet_share, x.source, x.shadow,
+                                         None if x.entity is None else x.entity.describe(),
+                                         tags=x.key.tag_map, per=x.per)
+                          for x in limits])
+
+
+def effective_doc(caller: Mapping[str, str], topic: str | None, limits: Sequence[EffectiveLimit],
+                  workers: int | None = None) -> bytes:
+    """The ``/quotas/effective`` document; `workers` is N when the limits are the merge of N
+    workers' (`quotas.headroom.merge_worker_limits`)."""
+    doc: dict[str, Any] = {"caller": dict(caller), "topic": topic, "limits": [x.to_json() for x in limits]}
+    if workers is not None:
+        doc["workers"] = workers
+    return json.dumps(doc).encode()

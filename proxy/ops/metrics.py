@@ -32,7 +32,12 @@ from proxy.pumps.limits import (
 )
 from proxy.stages.quota import DecisionObserver
 from quotas.clock import Clock
-from quotas.connection_limits import CONNECTION_CREATION_RATE, MAX_CONNECTIONS, MAX_CONNECTIONS_PER_IP
+from quotas.connection_limits import (
+    CONNECTION_CREATION_RATE,
+    MAX_CONNECTIONS,
+    MAX_CONNECTIONS_PER_IP,
+    IpConnectionRates,
+)
 from quotas.engine import QuotaEngine
 from quotas.entity import QuotaKind, SensorKey
 from quotas.headroom import KIND_LABEL
@@ -53,7 +58,8 @@ _RATE_METRIC = {
     QuotaKind.CONSUMER_RECORD_RATE: ("sluice_quota_consumer_record_rate",
                                      "Fetched records per second, per quota sensor"),
 }
-_SENSOR_LABELS = ["broker", "user", "client_id"]
+#: a callback's own tags (KIP-257's tag map beyond user and client id) as one label, "" when none
+_SENSOR_LABELS = ["broker", "user", "client_id", "tags"]
 _TOPIC_LABELS = ["kind", "broker", "topic"]
 
 
@@ -161,7 +167,7 @@ class QuotaSensorCollector(Collector):
                 overflow.count((broker, key), stats.count if stats else 0,
                                shadow_stats.count if shadow_stats else 0)
                 continue
-            labels = [broker, key.user, _client_label(key)]
+            labels = [broker, key.user, _client_label(key), key.tags_label]
             klabels = [_KIND_NAME[key.kind], *labels]
             rates[key.kind].add_metric(labels, rate)
             bound = manager.quota_bound(key)
@@ -176,13 +182,13 @@ class QuotaSensorCollector(Collector):
                 shadow.add_metric(klabels, shadow_stats.count)
         overflow.forget_except(folded)
         for (broker, kind), rate in sorted(folded_rates.items(), key=_group_order):
-            rates[kind].add_metric([broker, OVERFLOW, OVERFLOW], rate)
+            rates[kind].add_metric([broker, OVERFLOW, OVERFLOW, OVERFLOW], rate)
         for (broker, kind), (total, largest, count) in sorted(folded_times.items(), key=_group_order):
-            t_avg.add_metric([_KIND_NAME[kind], broker, OVERFLOW, OVERFLOW], total / count)
-            t_max.add_metric([_KIND_NAME[kind], broker, OVERFLOW, OVERFLOW], largest)
+            t_avg.add_metric([_KIND_NAME[kind], broker, OVERFLOW, OVERFLOW, OVERFLOW], total / count)
+            t_max.add_metric([_KIND_NAME[kind], broker, OVERFLOW, OVERFLOW, OVERFLOW], largest)
         for family, counts in ((t_count, overflow.throttled), (shadow, overflow.shadow)):
             for (broker, kind), n in sorted(counts.items(), key=_group_order):
-                family.add_metric([_KIND_NAME[kind], broker, OVERFLOW, OVERFLOW], n)
+                family.add_metric([_KIND_NAME[kind], broker, OVERFLOW, OVERFLOW, OVERFLOW], n)
         yield from rates.values()
         yield from (limit, t_avg, t_max, t_count, shadow, sensors)
         yield CounterMetricFamily("sluice_metrics_series_folded",
@@ -365,8 +371,9 @@ class LimitsCollector(Collector):
     """Bounded resources (`proxy.pumps.limits`): hits by cause, bytes buffered for clients,
     admitted connections, and the limits in force."""
 
-    def __init__(self, limits: ConnectionLimits) -> None:
+    def __init__(self, limits: ConnectionLimits, ip_rates: IpConnectionRates | None = None) -> None:
         self._limits = limits
+        self._ip_rates = ip_rates  # the engine's KIP-612 per-IP rates
 
     def collect(self) -> Iterator[Metric]:
         limits = self._limits
@@ -385,7 +392,7 @@ class LimitsCollector(Collector):
                                 "(limits.max_connections bounds it)", value=limits.limiter.total)
         yield GaugeMetricFamily("sluice_limit_ip_rate_sensors",
                                 "Client IPs with a live connection_creation_rate sensor",
-                                value=limits.limiter.rates.sensor_count)
+                                value=0 if self._ip_rates is None else self._ip_rates.sensor_count)
         configured = GaugeMetricFamily("sluice_limit", "The limits in force", labels=["limit"])
         s = limits.settings
         for name, value in (("max_connections", limits.limiter.max_connections),

@@ -29,8 +29,11 @@ address (`proxy.pumps.principals.AuthSettings`) and by the SASL exchange (`proxy
 from __future__ import annotations
 
 import asyncio
+import fcntl
 import itertools
 import logging
+import sys
+import termios
 from collections.abc import Callable
 from typing import Any, cast
 
@@ -49,7 +52,7 @@ from proxy.pumps.muting import ChannelMuteState
 from proxy.pumps.read_gate import ReadGate
 from proxy.pumps.responses import ResponseOrder
 from proxy.pumps.sasl_mode import FrameHandler, SaslMode
-from proxy.pumps.services import ConnectionServices, Upstream, UpstreamLink
+from proxy.pumps.services import ConnectionServices, Opening, Upstream, UpstreamLink
 from proxy.pumps.throttle_timer import ThrottleTimer
 from proxy.pumps.upstreams import UpstreamTarget
 
@@ -131,8 +134,12 @@ class ClientConnection(asyncio.Protocol):
             self.close(f"no principal for the client certificate: {exc}")
             return
         self._gate.update()  # paused until the upstream is connected
-        task = asyncio.get_running_loop().create_task(self._services.connect_upstream(self, self._target))
+        loop = asyncio.get_running_loop()
+        task = loop.create_task(self._services.connect_upstream(self, self._target))
         task.add_done_callback(self._upstream_ready)
+        if self._services.draining:  # accepted as the drain began: bytes read past a PROXY header
+            self._gate.draining = True  # are handed over after this returns, so look after them
+            loop.call_soon(self.close_if_drained)
 
     def data_received(self, data: bytes) -> None:
         self._watchdog.last_active_ms = self._now_ms()
@@ -175,11 +182,24 @@ class ClientConnection(asyncio.Protocol):
         self._link.close()
 
     def begin_drain(self) -> None:
-        """Stop reading requests; close once every forwarded request has been answered."""
+        """SIGTERM: answer every request the client has sent, then close between requests.
+
+        Requests keep being read and handled while draining (a request that reached this host
+        is never dropped by the drain: one sent just before the signal may still be in the
+        socket, or buffered while the upstream connects); the connection closes at its first
+        moment with nothing in flight, nothing buffered and nothing unread in the socket, so a
+        client sees the close between two requests. The server closes what is left after
+        `drain_timeout_ms`."""
         self._gate.draining = True
         self._gate.update()
-        if len(self._inflight) == 0:
-            self.close()
+        self.close_if_drained()
+
+    def close_if_drained(self) -> None:
+        """Draining: close if the connection is between requests now."""
+        if (self.closed or len(self._inflight) or self._splitter.buffered_bytes
+                or unread_bytes(self._transport)):
+            return  # a response, a frame or the socket's next bytes will call this again
+        self.close()
 
     def _upstream_ready(self, task: asyncio.Task[Upstream | str]) -> None:
         if task.cancelled():
@@ -216,6 +236,8 @@ class ClientConnection(asyncio.Protocol):
         finally:
             self._processing = False
         gate.update()
+        if gate.draining:
+            self.close_if_drained()
 
     def _on_request(self, payload: bytes) -> None:
         try:
@@ -303,6 +325,19 @@ class ClientConnection(asyncio.Protocol):
     read_on = _read_on
 
 
+def unread_bytes(transport: asyncio.BaseTransport | None) -> int:
+    """Bytes the kernel holds unread on the connection's socket (FIONREAD; 0 when unknown)."""
+    sock = None if transport is None else transport.get_extra_info("socket")
+    fileno = getattr(sock, "fileno", None)
+    if fileno is None:
+        return 0
+    try:
+        buf = fcntl.ioctl(fileno(), termios.FIONREAD, b"\0\0\0\0")
+    except (OSError, ValueError):  # not a socket, or already closed
+        return 0
+    return int.from_bytes(buf, sys.byteorder, signed=True)
+
+
 def _expects_response(ctx: ConnectionContext, header: RequestHeader, payload: bytes) -> bool:
     """False for a Produce with acks=0 (no response will come)."""
     try:
@@ -342,6 +377,13 @@ def connection_factory(services: ConnectionServices) -> Callable[[UpstreamTarget
         def make(real: tuple[str, int] | None) -> asyncio.Protocol:
             return limits.gate(real, lambda: ClientConnection(services, target, real))
 
-        return services.listener.protocol_factory(make)
+        first = services.listener.protocol_factory(make)
+
+        def accepted() -> asyncio.Protocol:
+            protocol = first()
+            services.opening.add(cast(Opening, protocol))  # until it is a ClientConnection
+            return protocol
+
+        return accepted
 
     return for_target

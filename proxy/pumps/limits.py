@@ -156,13 +156,29 @@ class AdmissionGate(asyncio.Protocol):
         self._make = make
         self._timer: TimerHandle | None = None
         self._connection: asyncio.Protocol | None = None  # once admitted
+        self._transport: asyncio.Transport | None = None
+        self._decided = False  # admitted, refused, or lost
+
+    @property
+    def pending(self) -> bool:
+        """Accepted but not yet admitted (a TLS handshake, or held by a rate): a drain waits."""
+        return not self._decided or (self._connection is None and self._transport is not None
+                                     and not self._transport.is_closing())
+
+    def abort(self, reason: str) -> None:
+        log.debug("connection closed before it was admitted: %s", reason)
+        self._decided = True
+        if self._transport is not None:
+            self._transport.close()
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         tr = cast(asyncio.Transport, transport)
+        self._transport = tr
+        self._decided = True
         peer = self._real_address or transport.get_extra_info("peername")
         ip = _ip_of(peer)
         limits = self._limits
-        admission = limits.limiter.admit(ip, limits.clock.now_ms())
+        admission = limits.limiter.admit(ip)
         if admission.allowed:
             connection = self._make()
             connection.admitted_ip = ip  # type: ignore[attr-defined]  # released when it closes
@@ -173,7 +189,7 @@ class AdmissionGate(asyncio.Protocol):
         reason = admission.reason or "limit"
         limiter = limits.limiter
         if admission.throttle_ms > 0:
-            quota = limiter.rates.quota_for(ip)
+            quota = admission.quota
             limits.log.hit(reason, f"connections from {ip} over connection_creation_rate {quota:g}/s: held "
                                    f"{admission.throttle_ms} ms, then closed")
             tr.pause_reading()
@@ -195,6 +211,8 @@ class AdmissionGate(asyncio.Protocol):
         return False if self._connection is None else bool(self._connection.eof_received())
 
     def connection_lost(self, exc: Exception | None) -> None:
+        self._decided = True
+        self._transport = None
         if self._connection is not None:
             self._connection.connection_lost(exc)
         if self._timer is not None:

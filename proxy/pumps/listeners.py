@@ -68,6 +68,15 @@ class ProxyHeaderReader(asyncio.Protocol):
         self._buffer = bytearray()
         self._transport: asyncio.Transport | None = None
         self._timer: asyncio.TimerHandle | None = None
+        self._done = False  # handed over, refused or lost
+
+    @property
+    def pending(self) -> bool:
+        """Accepted, the header not read yet (a drain waits for the request that follows it)."""
+        return not self._done
+
+    def abort(self, reason: str) -> None:
+        self._refuse(reason)
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self._transport = transport  # type: ignore[assignment]  # uvloop's are not subclasses
@@ -83,6 +92,7 @@ class ProxyHeaderReader(asyncio.Protocol):
         if header is None:
             return
         self._cancel_timer()
+        self._done = True
         transport = self._transport
         assert transport is not None
         rest = bytes(self._buffer[header.consumed:])
@@ -100,6 +110,7 @@ class ProxyHeaderReader(asyncio.Protocol):
         return False
 
     def connection_lost(self, exc: Exception | None) -> None:
+        self._done = True
         self._cancel_timer()
 
     def _timed_out(self) -> None:
@@ -112,9 +123,11 @@ class ProxyHeaderReader(asyncio.Protocol):
         peer = transport.get_extra_info("peername")
         hook(HANDSHAKE_TIMEOUT, f"no PROXY protocol header from {_address(peer)} within "
                                 f"{self._settings.header_timeout_s * 1000:.0f} ms")
+        self._done = True
         transport.close()
 
     def _refuse(self, reason: str) -> None:
+        self._done = True
         self._cancel_timer()
         transport = self._transport
         if transport is None or transport.is_closing():

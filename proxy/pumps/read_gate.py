@@ -7,8 +7,8 @@ transport. Frames are not handled while:
 - the upstream connection is not up yet (`upstream_up`);
 - the channel is muted for a throttle (KIP-219), until the throttled response has been written
   and the delay has passed;
-- the upstream socket's write buffer is full (`backpressure`), or the proxy is draining
-  (`draining`), or the connection has closed (`closed`);
+- the upstream socket's write buffer is full (`backpressure`), or the connection has closed
+  (`closed`);
 - `max_in_flight_requests_per_connection` requests await their responses (Kafka itself reads one
   request per connection at a time; Sluice lets clients pipeline up to this many).
 
@@ -18,6 +18,9 @@ reconnects) is noticed at once and its upstream connection and buffers are freed
 the mute's end; what a client sends while muted waits unprocessed, one read at most, as it would
 in the socket. While a muted channel is not read, `PeerWatch` checks the socket's TCP state every
 second, so a client that pipelined before it went away (librdkafka) is noticed too.
+
+`draining` (SIGTERM) is not among them: what a client sends while Sluice drains is still read
+and answered, and the connection closes between requests (`ClientConnection.begin_drain`).
 """
 
 from __future__ import annotations
@@ -56,7 +59,8 @@ class ReadGate:
         self._close = close
         self._peer_watch = PeerWatch(call_later, self._peer_closed, self._peer_gone)
         self._transport: asyncio.Transport | None = None
-        self.upstream_up = self.backpressure = self.draining = self.closed = False
+        self.upstream_up = self.backpressure = self.closed = False
+        self.draining = False  # SIGTERM: frames still flow; after each response the connection may close
         self.paused = False                  # the transport's reading is paused
 
     def attach(self, transport: asyncio.Transport) -> None:
@@ -69,7 +73,7 @@ class ReadGate:
     def _open(self) -> bool:
         """Everything but the mute that lets frames in."""
         return (self.upstream_up and len(self._in_flight) < self._max_in_flight
-                and not (self.draining or self.backpressure or self.closed))
+                and not (self.backpressure or self.closed))
 
     def _socket_readable(self) -> bool:
         """A mute alone stops the socket only once something the client sent is buffered."""

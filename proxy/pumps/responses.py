@@ -6,7 +6,7 @@ still wait for the broker. `ResponseOrder` is that half of a client connection: 
 broker response to its in-flight slot, runs the response stages on it once (the one place they
 run, for whole responses and for the head of a streamed Fetch), starts the throttle they ask for,
 and writes every response whose turn has come. What happens after a write (a mute that may have
-ended, frames waiting, a drain that is complete) is the `ReadGate`'s and the connection's.
+ended, frames waiting, a drain that may end between requests) is the `ReadGate`'s and the connection's.
 """
 
 from __future__ import annotations
@@ -87,7 +87,7 @@ class ResponseOrder:
         pending.add_done_callback(done)
 
     def flush(self) -> None:
-        """Write the responses at the head whose turn has come; then read on, or end a drain."""
+        """Write the responses at the head whose turn has come; then read on (which also ends a drain)."""
         send, ctx, on_complete, clock = self._send, self._ctx, self._pipeline.on_complete, self._clock
         sent_any = False
         for entry in self._inflight.ready():
@@ -101,7 +101,5 @@ class ResponseOrder:
             on_complete(ctx, entry, clock.now_ms())
             sent_any = True
         gate = self._gate
-        if gate.draining and len(self._inflight) == 0:
-            self._close(None)
-        elif sent_any and (gate.paused or self._splitter.buffered_bytes):
-            self._read_on()  # a response left: a mute may have ended, or frames wait
+        if sent_any and (gate.paused or gate.draining or self._splitter.buffered_bytes):
+            self._read_on()  # a response left: a mute may have ended, frames wait, or a drain may end

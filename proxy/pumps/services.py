@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import ssl
+import weakref
 from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -42,6 +43,16 @@ class ServedConnection(UpstreamClient, Protocol):
     def mute_state(self) -> ChannelMuteState: ...
 
     def begin_drain(self) -> None: ...
+
+
+class Opening(Protocol):
+    """A connection's first protocol (`ProxyHeaderReader`, `AdmissionGate`) until it hands over."""
+
+    @property
+    def pending(self) -> bool:
+        """Accepted and still open, but not yet a served connection."""
+
+    def abort(self, reason: str) -> None: ...
 
 
 class Upstream(Protocol):
@@ -134,6 +145,10 @@ class ConnectionServices:
     connect_timeout_s: float = 10.0
     max_frame_bytes: int = 100 * 1024 * 1024
     connections: set[ServedConnection] = field(default_factory=set)
+    # accepted connections that are not yet a ServedConnection (PROXY header or TLS handshake
+    # not done, or held by a connection-rate limit): a drain waits for them as well
+    opening: weakref.WeakSet[Opening] = field(default_factory=weakref.WeakSet)
+    draining: bool = False  # SIGTERM: connections made from now on drain from their start
     on_open: Callable[[ServedConnection], None] | None = None
     on_close: Callable[[ServedConnection], None] | None = None
     auth: AuthSettings = field(default_factory=AuthSettings)            # principals (proxy.pumps.principals)

@@ -19,6 +19,7 @@ is advertised and the listener is tried again at the next Metadata, without logg
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import socket
 import ssl
@@ -26,6 +27,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from protocol.rewrite import BrokerAddress
+from proxy.pumps.accepting import Listener
 
 log = logging.getLogger("sluice.brokers")
 
@@ -62,6 +64,12 @@ class BrokerRegistry:
         self.upstream: dict[int, tuple[str, int]] = {}
         self.listen_ports: dict[int, int] = {}
         self.bind_failures: dict[int, BindFailure] = {}
+        self.listening = True  # False once the process drains: no new listener is opened
+
+    def stop_listening(self) -> None:
+        """A draining process opens no listener: a broker first seen now is advertised at its
+        deterministic port, where another instance behind the same load balancer serves it."""
+        self.listening = False
 
     def learn(self, original: BrokerAddress) -> None:
         known = self.upstream.get(original.node_id)
@@ -76,7 +84,8 @@ class BrokerRegistry:
         self.learn(original)
         port = self.listen_ports.get(original.node_id)
         if port is None:
-            port = self._open_listener(original.node_id)
+            port = self._open_listener(original.node_id) if self.listening else self._port_for_node(
+                original.node_id)
         return BrokerAddress(original.node_id, self._advertised_host, port)
 
     def upstream_address(self, node_id: int) -> tuple[str, int] | None:
@@ -126,17 +135,28 @@ class BrokerRegistry:
         return port
 
 
-def schedule_server(loop: asyncio.AbstractEventLoop, servers: list[asyncio.Server],
+def schedule_server(loop: asyncio.AbstractEventLoop, listeners: list[Listener],
                     factory: Callable[[UpstreamTarget], Callable[[], asyncio.Protocol]],
                     tls: ssl.SSLContext | None = None, tls_handshake_timeout_s: float | None = None
                     ) -> Callable[[socket.socket, UpstreamTarget], None]:
-    """A `start_listener` that serves an already-listening socket with asyncio."""
+    """A `start_listener` that serves an already-listening socket with asyncio (kept in
+    `listeners` at once, so that a drain that comes before asyncio serves it still stops it)."""
 
     def start(sock: socket.socket, target: UpstreamTarget) -> None:
+        listener = Listener(factory(target), tls, tls_handshake_timeout_s if tls is not None else None,
+                            sock=sock)
+        listeners.append(listener)
+
         async def serve() -> None:
-            servers.append(await loop.create_server(
-                factory(target), sock=sock, ssl=tls,
-                ssl_handshake_timeout=tls_handshake_timeout_s if tls is not None else None))
+            if listener.stopped:
+                return
+            server = await loop.create_server(
+                listener.factory, sock=sock, ssl=tls, ssl_handshake_timeout=listener.tls_handshake_timeout_s)
+            if listener.stopped:  # the drain came while asyncio was setting it up
+                with contextlib.suppress(OSError, ValueError):
+                    server.close()
+                return
+            listener.server = server
 
         task = loop.create_task(serve())
         task.add_done_callback(_log_failure)

@@ -33,7 +33,9 @@ from tests.harness.kafka import KafkaCluster, free_port
 from tests.harness.rawclient import RawKafkaSocket, fetch_request_v12
 from tests.harness.wait import eventually, wait_until
 
-pytestmark = [pytest.mark.integration, pytest.mark.image, pytest.mark.slow]
+# the image's build (in the module's first test's setup) is bounded by its own 1,200 s
+# (tests/harness/image.py); pytest's default 300 s stopped it on this machine at load 30
+pytestmark = [pytest.mark.integration, pytest.mark.image, pytest.mark.slow, pytest.mark.timeout(1500)]
 
 REPO = Path(__file__).resolve().parents[2]
 K8S = REPO / "deploy" / "kubernetes"

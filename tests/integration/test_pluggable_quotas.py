@@ -12,6 +12,7 @@ import json
 import signal
 import threading
 import time
+import urllib.request
 from pathlib import Path
 from typing import Any
 
@@ -82,6 +83,42 @@ def test_group_members_share_one_budget(kafka: KafkaCluster, tmp_path: Path) -> 
         assert 0.8 * MiB <= total <= 1.15 * MiB, total / MiB
         assert metrics.value("sluice_quota_limit", user="<group:payments>", kind="produce") == MiB
         assert metrics.value("sluice_quota_throttled_requests_total", user="<group:payments>", kind="produce")
+    finally:
+        sluice.stop()
+
+
+def test_a_callback_grouping_by_a_tag_of_its_own_holds_one_budget_and_shows_it(
+        kafka: KafkaCluster, tmp_path: Path) -> None:
+    """KIP-257's quotaMetricTags returns any tag map: `TeamQuotaCallback` groups app-a and svc-b
+    (no user, client id or prefix in common) by a ``team`` tag. They share one budget; job-c, of
+    another team, flows beside them; the metrics and ``/quotas/effective`` carry the tag."""
+    budget = 512 * KiB
+    sluice, metrics = start(kafka, tmp_path, {
+        "rate_model": "token_bucket", "burst_ms": 100,  # rates comparable over any whole span
+        "callback": {"class": "tests.harness.callbacks:TeamQuotaCallback", "config": {
+            "teams": {"app-a": "payments", "svc-b": "payments", "job-c": "search"},
+            "limits": {"payments": {"producer_byte_rate": budget},
+                       "search": {"producer_byte_rate": 4 * budget}}}}})
+    try:
+        topic = create_topic(kafka.bootstrap, unique_name("team"))
+        seconds = 10.0
+        results = flood_together(sluice.bootstrap, topic, ["app-a", "svc-b", "job-c"], seconds,
+                                 batch_bytes=16 * KiB)
+        # after the first second (the bucket's burst and the clients' start): one budget for the
+        # team within 0.8-1.15 (a shared bucket admits each connection's request whole before its
+        # check mutes it: two 16 KiB batches beside 512 KiB/s; the low side is the loaded machine)
+        team = sum(results[c].rate(1.0, seconds) for c in ("app-a", "svc-b"))
+        search = results["job-c"].rate(1.0, seconds)
+        print(f"team payments: {team / budget:.2f} x its budget; job-c (search): {search / budget:.2f} x")
+        assert 0.8 * budget <= team <= 1.15 * budget, team / budget
+        assert search > 1.3 * budget, search / budget      # not held by payments' budget
+        assert metrics.value("sluice_quota_limit", tags="team=payments", kind="produce") == budget
+        assert metrics.value("sluice_quota_limit", tags="team=search", kind="produce") == 4 * budget
+        with urllib.request.urlopen(f"http://127.0.0.1:{metrics.port}/quotas/effective?client_id=svc-b",
+                                    timeout=5) as r:
+            doc = json.loads(r.read())
+        (produce,) = [x for x in doc["limits"] if x["kind"] == "producer_byte_rate"]
+        assert produce["group"] == {"team": "payments"} and produce["limit"] == budget
     finally:
         sluice.stop()
 

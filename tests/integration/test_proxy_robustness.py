@@ -132,8 +132,7 @@ def test_sigterm_drains_in_flight_requests_then_exits(kafka: KafkaCluster, tmp_p
         with RawKafkaSocket(sluice.bootstrap) as raw:
             sent_at = time.monotonic()
             correlation_id = raw.send(fetch_request_v12(topic, max_wait_ms=2000))  # a long poll
-            time.sleep(0.3)
-            sluice.signal(signal.SIGTERM)
+            sluice.signal(signal.SIGTERM)  # at once: whether Sluice has forwarded it yet or not
             got_id, body = raw.recv(ApiKey.FETCH, 12)      # the in-flight fetch is still answered
             waited = time.monotonic() - sent_at
             assert got_id == correlation_id
@@ -144,7 +143,7 @@ def test_sigterm_drains_in_flight_requests_then_exits(kafka: KafkaCluster, tmp_p
         assert sluice.process.wait(20) == 0
         with pytest.raises(OSError):
             RawKafkaSocket(sluice.bootstrap, timeout_s=2)  # no longer accepting
-        assert sluice.wait_for_log("draining 1 connection(s), 1 request(s) in flight"), sluice.log()[-2000:]
+        assert sluice.wait_for_log("draining "), sluice.log()[-2000:]  # the one connection: open or queued
     finally:
         sluice.stop()
 

@@ -29,10 +29,13 @@ from proxy.admin.store import (
 from quotas import DEFAULT, QuotaEntity
 from quotas.entity import ENTITY_TYPES, QuotaKind
 from quotas.table import (
+    BPS_KEYS,
+    BROKER_BPS_KEYS,
     BURST_MS_KEY,
     EACH_CLIENT_ID_KEY,
     KNOWN_KEYS,
     SHADOW_KEY,
+    SHARES_KEY,
     TOKEN_BUCKET_KEY,
     QuotaChange,
     QuotaTable,
@@ -56,7 +59,10 @@ ENTITIES = [
 VALUES = {QuotaKind.PRODUCE.value: 1_048_576.0, QuotaKind.FETCH.value: 2_097_152.0,
           QuotaKind.REQUEST_PERCENTAGE.value: 250.0, QuotaKind.REQUEST_RATE.value: 500.0,
           QuotaKind.PRODUCER_RECORD_RATE.value: 1000.0, QuotaKind.CONSUMER_RECORD_RATE.value: 2000.0,
-          SHADOW_KEY: 1.0, TOKEN_BUCKET_KEY: 1.0, BURST_MS_KEY: 800.0, EACH_CLIENT_ID_KEY: 1.0}
+          SHADOW_KEY: 1.0, TOKEN_BUCKET_KEY: 1.0, BURST_MS_KEY: 800.0, EACH_CLIENT_ID_KEY: 1.0,
+          # the quota-native draft's units: bps (one budget across every broker), broker_bps
+          **{key: 4_194_304.0 for key in BPS_KEYS}, **{key: 3_145_728.0 for key in BROKER_BPS_KEYS},
+          SHARES_KEY: 3.0}  # and its shares of contested bandwidth
 
 
 def keys_for(entity: QuotaEntity) -> dict[str, float]:
@@ -65,6 +71,11 @@ def keys_for(entity: QuotaEntity) -> dict[str, float]:
         values.pop(EACH_CLIENT_ID_KEY)  # a setting of prefix entities only
     if entity.is_topic:
         values.pop(QuotaKind.REQUEST_PERCENTAGE.value)  # not attributable to a topic
+        for key in (*BPS_KEYS, *BROKER_BPS_KEYS):      # a topic's budgets are the topic's own
+            values.pop(key)
+    if (entity.is_topic or entity.client_id_prefix is not None or entity.user is DEFAULT
+            or entity.client_id is DEFAULT):
+        values.pop(SHARES_KEY)                          # a fair share's callers are named
     return values
 
 

@@ -26,13 +26,14 @@ from proxy.flow.pipeline import (
     ResponseOutcome,
     StageBase,
 )
-from proxy.pumps.connection import ClientConnection, ConnectionServices
+from proxy.pumps.connection import ClientConnection, ConnectionServices, unread_bytes
 from proxy.pumps.fetch_stream import STREAM_MIN_BYTES
 from proxy.pumps.peer_watch import PeerWatch
 from proxy.pumps.services import Upstream
 from proxy.pumps.upstream import UpstreamConnection
 from proxy.pumps.upstreams import BrokerRegistry, UpstreamTarget
 from quotas.clock import FakeClock
+from tests.harness.wait import eventually
 
 
 class FakeTransport:
@@ -369,6 +370,96 @@ async def test_drain_closes_once_the_last_response_has_gone() -> None:
     r = await rig()
     r.send(metadata_request(1))
     r.conn.begin_drain()
-    assert r.transport.paused and not r.transport.closed
+    assert not r.transport.closed
     r.broker(response(1))
     assert r.transport.frames() == [response(1)] and r.transport.closed
+
+
+async def test_an_idle_connection_closes_at_once_when_the_drain_begins() -> None:
+    r = await rig()
+    r.send(metadata_request(1))
+    r.broker(response(1))
+    r.conn.begin_drain()
+    assert r.transport.closed
+
+
+async def test_a_request_that_arrives_while_draining_is_answered_then_the_connection_closes() -> None:
+    r = await rig()
+    r.send(metadata_request(1))
+    r.conn.begin_drain()
+    r.send(metadata_request(2))                # sent before the client learnt of the drain
+    assert r.upstream.written == [metadata_request(1), metadata_request(2)]
+    r.broker(response(1))
+    assert not r.transport.closed              # request 2 is still in flight: not between requests
+    r.broker(response(2))
+    assert r.transport.frames() == [response(1), response(2)] and r.transport.closed
+
+
+async def test_a_request_read_before_the_upstream_is_up_is_answered_when_the_drain_begins() -> None:
+    """The cause of the load-balanced drain's lost long poll: SIGTERM came after the client's Fetch
+    had been read but before the connection's upstream was up, so nothing was in flight yet and the
+    drain closed the connection with the Fetch unanswered."""
+    clock = FakeClock(1_000)
+    timers = FakeTimers(clock)
+    upstream = FakeUpstream()
+    connected: asyncio.Future[Upstream | str] = asyncio.get_running_loop().create_future()
+
+    async def connect(client: ClientConnection, target: UpstreamTarget) -> Upstream | str:
+        return await connected
+
+    registry = BrokerRegistry("127.0.0.1", "127.0.0.1", lambda n: 0, lambda s, t: None)
+    services = ConnectionServices(pipeline=Pipeline([Scripted()]), registry=registry, clock=clock,
+                                  bootstrap=[], connect_upstream=connect, call_later=timers.call_later)
+    conn = ClientConnection(services, UpstreamTarget(1))
+    transport = FakeTransport()
+    conn.connection_made(transport)  # type: ignore[arg-type]
+    conn.data_received(struct.pack(">i", len(metadata_request(1))) + metadata_request(1))
+    conn.begin_drain()                         # SIGTERM: the upstream is still connecting
+    assert not transport.closed
+    connected.set_result(upstream)
+    await run_ready_callbacks()
+    await run_ready_callbacks()
+    assert upstream.written == [metadata_request(1)]
+    conn.on_upstream_frame(response(1))
+    assert transport.frames() == [response(1)] and transport.closed
+
+
+async def test_a_connection_made_while_draining_answers_what_came_with_it() -> None:
+    """A connection accepted as the drain began (from the accept queue, or its PROXY header read
+    late): the bytes that came with it are handed over after connection_made, and answered."""
+    r = await rig()
+    services = r.conn.services
+    services.draining = True
+    conn = ClientConnection(services, UpstreamTarget(1))
+    transport = FakeTransport()
+    conn.connection_made(transport)  # type: ignore[arg-type]
+    conn.data_received(struct.pack(">i", len(metadata_request(7))) + metadata_request(7))
+    await run_ready_callbacks()
+    await run_ready_callbacks()
+    assert not transport.closed and r.upstream.written[-1] == metadata_request(7)
+    conn.on_upstream_frame(response(7))
+    assert transport.frames() == [response(7)] and transport.closed
+
+
+async def test_a_connection_made_while_draining_with_nothing_sent_closes() -> None:
+    r = await rig()
+    services = r.conn.services
+    services.draining = True
+    conn = ClientConnection(services, UpstreamTarget(1))
+    transport = FakeTransport()
+    conn.connection_made(transport)  # type: ignore[arg-type]
+    await run_ready_callbacks()
+    assert transport.closed
+
+
+def test_unread_bytes_are_what_the_kernel_holds_for_the_socket() -> None:
+    a, b = socket.socketpair()
+    with a, b:
+        class Transport:
+            def get_extra_info(self, name: str) -> object:
+                return a if name == "socket" else None
+
+        assert unread_bytes(Transport()) == 0  # type: ignore[arg-type]
+        b.sendall(b"12345")
+        assert eventually(lambda: unread_bytes(Transport()), lambda n: n == 5) == 5  # type: ignore[arg-type]
+        assert unread_bytes(None) == 0 and unread_bytes(FakeTransport()) == 0  # type: ignore[arg-type]

@@ -255,17 +255,24 @@ def test_the_share_metric_is_labelled_with_the_whole_key_and_capped() -> None:
     keys = [SensorKey(QuotaKind.PRODUCE, "alice", "", client_id_prefix="etl-"),
             SensorKey(QuotaKind.PRODUCE, "alice", ""),
             SensorKey(QuotaKind.PRODUCE, "", "", topic="t"),
-            SensorKey(QuotaKind.PRODUCE, "", "", topic_prefix="logs.")]
+            SensorKey(QuotaKind.PRODUCE, "", "", topic_prefix="logs."),
+            SensorKey.from_tags(QuotaKind.PRODUCE, {"team": "payments"}),
+            SensorKey.from_tags(QuotaKind.PRODUCE, {"team": "search"})]
     m.decision = ShareDecision({("1", k): 0.1 * (i + 1) for i, k in enumerate(keys)}, 0.5, 2)
     shares = {labels: value for (name, labels), value in exported(m).items() if name == "sluice_fleet_share"}
-    # four groups, four series (before, the prefix and the user's own group shared one label set,
-    # and the two topic groups that of the whole fleet)
-    assert len(shares) == 4
+    # six groups, six series (before, the prefix and the user's own group shared one label set,
+    # the two topic groups that of the whole fleet, and two teams of a callback's own tag too)
+    assert len(shares) == 6
     assert shares[(("broker", "1"), ("kind", "producer_byte_rate"), ("user", "alice"), ("client_id", ""),
-                   ("client_id_prefix", "etl-"), ("topic", ""), ("topic_prefix", ""))] == pytest.approx(0.1)
+                   ("client_id_prefix", "etl-"), ("topic", ""), ("topic_prefix", ""), ("tags", ""))
+                  ] == pytest.approx(0.1)
     assert shares[(("broker", "1"), ("kind", "producer_byte_rate"), ("user", ""), ("client_id", ""),
-                   ("client_id_prefix", ""), ("topic", "t"), ("topic_prefix", ""))] == pytest.approx(0.3)
-    # under a cap of 2: two series of their own, the other two in one overflow series (mean share)
+                   ("client_id_prefix", ""), ("topic", "t"), ("topic_prefix", ""), ("tags", ""))
+                  ] == pytest.approx(0.3)
+    assert shares[(("broker", "1"), ("kind", "producer_byte_rate"), ("user", ""), ("client_id", ""),
+                   ("client_id_prefix", ""), ("topic", ""), ("topic_prefix", ""), ("tags", "team=search"))
+                  ] == pytest.approx(0.6)
+    # under a cap of 2: two series of their own, the other four in one overflow series (mean share)
     collector = FleetCollector(m, 2)
     samples = {(metric.name, tuple(s.labels.items())): s.value
                for metric in collector.collect() for s in metric.samples}
@@ -273,4 +280,4 @@ def test_the_share_metric_is_labelled_with_the_whole_key_and_capped() -> None:
     assert len(capped) == 3
     overflow = [v for labels, v in capped.items() if dict(labels)["user"] == "__overflow__"]
     assert len(overflow) == 1
-    assert samples[("sluice_fleet_share_series_folded", ())] == 2
+    assert samples[("sluice_fleet_share_series_folded", ())] == 4

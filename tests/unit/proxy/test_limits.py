@@ -29,13 +29,14 @@ from proxy.pumps.listeners import ListenerSettings
 from proxy.pumps.services import Upstream
 from proxy.pumps.upstreams import BrokerRegistry, UpstreamTarget
 from quotas.clock import FakeClock
+from quotas.config import QuotaConfig
 from quotas.connection_limits import (
     CONNECTION_CREATION_RATE,
     MAX_CONNECTIONS_PER_IP,
     BufferBudget,
     ConnectionLimiter,
-    IpConnectionRates,
 )
+from quotas.engine import QuotaEngine
 from tests.harness.tls import TestCA
 from tests.unit.proxy.test_connection import (
     FakeTimers,
@@ -105,7 +106,8 @@ def world(settings: LimitSettings = DEFAULTS, *, max_connections: int = 100, per
           rates: dict[str, float] | None = None, total_bytes: int = 1 << 30) -> World:
     clock = FakeClock(1_000)
     timers = FakeTimers(clock)
-    limiter = ConnectionLimiter(max_connections, per_ip, IpConnectionRates(rates or {}))
+    engine = QuotaEngine(QuotaConfig(), clock, ip_connection_rates=rates or {})
+    limiter = ConnectionLimiter(max_connections, per_ip, engine.new_connection)
     limits = ConnectionLimits(settings, limiter, BufferBudget(total_bytes), clock, timers.call_later)
     upstreams: list[PausableUpstream] = []
 
@@ -357,12 +359,13 @@ def test_sighup_applies_new_ip_rates_and_keeps_what_was_measured(caplog: pytest.
 
     caplog.set_level(logging.INFO, "sluice.server")
     server = ProxyServer(config(10), clock=FakeClock(0))
-    rates = server.limits.limiter.rates
-    assert all(rates.record("10.0.0.1", 0) == 0 for _ in range(100))  # 100 / 10 s = 10/s: allowed
+    limiter = server.limits.limiter  # asks the engine's verb
+    assert all(limiter.admit("10.0.0.1").allowed for _ in range(100))  # 100 / 10 s = 10/s: allowed
     server._reload_ip_rates(config(5))
     # the 100 already counted stay: 101 / 10 s = 10.1/s against 5/s, (10.1 - 5) / 5 x 10000 ms,
     # capped at one window: 1000 ms
-    assert rates.record("10.0.0.1", 0) == 1000
+    assert limiter.admit("10.0.0.1").throttle_ms == 1000
+    assert server.quotas.new_connection("10.0.0.1").bound == 5
     assert "connection_creation_rate per ip: <default>=5/s" in caplog.text
     server._reload_ip_rates(config(5, idle_ms=1_000))
     assert "limits: changes need a restart" in caplog.text

@@ -205,3 +205,163 @@ def test_effective_is_what_enforcement_applies_under_callback_cluster_storage_an
     assert bounds == sorted(x.limit for x in limits.values())
     # (1200 - 1000) / 1000 x 10 000 ms = 2 000 ms: the smallest limit in force throttles
     assert v.throttle_ms == 2000
+
+
+# ---- KIP-257: a callback's own tag map --------------------------------------------------------
+
+def team_engine(clock: FakeClock | None = None) -> QuotaEngine:
+    from tests.harness.callbacks import TeamQuotaCallback
+
+    def teams(broker_id: int | None) -> TeamQuotaCallback:
+        return TeamQuotaCallback(broker_id=broker_id, teams={"app-a": "payments", "svc-b": "payments",
+                                                             "job-c": "search"},
+                                 limits={"payments": {"producer_byte_rate": 1000},
+                                         "search": {"producer_byte_rate": 4000}})
+
+    return QuotaEngine(QuotaConfig(), clock or FakeClock(),
+                       Plugins(class_path="tests.harness.callbacks:TeamQuotaCallback", factory=teams))
+
+
+def test_a_callback_may_group_by_a_tag_of_its_own() -> None:
+    e = team_engine()
+    a, b, c = (ClientIdentity("", cid) for cid in ("app-a", "svc-b", "job-c"))
+    # app-a and svc-b are one budget (team payments, 1 000 B/s) though neither a user, a client id
+    # nor a prefix ties them: 6 000 + 6 000 B over a fresh window of 10 s = 1 200 B/s,
+    # (1200 - 1000) / 1000 x 10 000 ms = 2 000 ms
+    assert e.produce(1, a, 6000, None).throttle_ms == 0              # 600 B/s
+    v = e.produce(1, b, 6000, None)
+    assert v.throttle_ms == 2000
+    payments = SensorKey.from_tags(QuotaKind.PRODUCE, {"team": "payments"})
+    assert {d.key for d in v.decisions if d.kind is QuotaKind.PRODUCE} == {payments}
+    # job-c is another team's budget: 12 000 B / 10 s = 1 200 B/s under 4 000
+    assert e.produce(1, c, 12_000, None).throttle_ms == 0
+    # the budget key carries the tag map: reported to the fleet and shared by it like any other
+    budgets = {(scope, u.key) for scope, m in e.budgets() for u in m.fleet_usage() if u.base_bound}
+    assert ("1", payments) in budgets
+    assert ("1", SensorKey.from_tags(QuotaKind.PRODUCE, {"team": "search"})) in budgets
+    assert payments.tag_map == {"team": "payments"} and payments.tags_label == "team=payments"
+    e.for_broker(1).set_shares({payments: 0.5}, 1.0)
+    # a share of 0.5: bound 500 B/s; (1200 - 500) / 500 x 10 000 ms = 14 000 ms, capped under a
+    # fleet share at the whole quota window (11 x 1 000 ms)
+    assert e.produce(1, a, 0, None).throttle_ms == 11_000
+    # and `effective` (describe --effective, /quotas/effective) answers with the same key
+    (limit,) = [x for x in e.effective(1, a) if x.kind is QuotaKind.PRODUCE]
+    assert (limit.key, limit.configured, limit.fleet_share, limit.limit, limit.source) == (
+        payments, 1000, 0.5, 500, "callback")
+
+
+def test_the_tag_map_reaches_the_metrics_as_a_label_under_the_cap() -> None:
+    from prometheus_client import CollectorRegistry
+
+    from proxy.ops.metrics import QuotaSensorCollector
+
+    clock = FakeClock()
+    e = team_engine(clock)
+    for cid in ("app-a", "job-c"):
+        e.produce(1, ClientIdentity("", cid), 100, None)
+    registry = CollectorRegistry()
+    registry.register(QuotaSensorCollector(e, clock))
+    limits = {s.labels["tags"]: s.value for m in registry.collect() if m.name == "sluice_quota_limit"
+              for s in m.samples}
+    assert limits == {"team=payments": 1000.0, "team=search": 4000.0}
+    # under a cap of one series per metric the second team folds into the overflow series
+    capped = CollectorRegistry()
+    capped.register(QuotaSensorCollector(e, clock, max_series_per_metric=1))
+    rates = [s.labels["tags"] for m in capped.collect() if m.name == "sluice_quota_produce_byte_rate"
+             for s in m.samples]
+    assert "__overflow__" in rates and len(rates) <= 2, rates
+
+
+# ---- the quota-native draft's units: bps, broker_bps and the plain key on one entity ---------
+
+def test_the_draft_units_on_one_entity_are_each_a_budget_and_the_first_hit_throttles() -> None:
+    from quotas.entity import QuotaEntity
+    from quotas.table import QuotaTable
+
+    app = QuotaEntity(client_id="app")
+    table = QuotaTable({app: {"producer_byte_rate": 4000, "sluice.broker_bps.producer_byte_rate": 2000,
+                              "sluice.bps.producer_byte_rate": 3000}})
+    e = QuotaEngine(table.to_config(), FakeClock(), Plugins())
+    e.set_unit_entries(*table.unit_configs())
+    who = ClientIdentity("", "app")
+    # through broker 1, 25 000 B over a fresh 10 s window = 2 500 B/s: over broker_bps (2 000),
+    # (2500 - 2000) / 2000 x 10 000 ms = 2 500 ms; under bps (3 000) and the plain key (4 000)
+    v = e.produce(1, who, 25_000, None)
+    by_bound = {d.bound: d.would_throttle_ms for d in v.decisions if d.kind is QuotaKind.PRODUCE}
+    assert by_bound == {4000: 0, 2000: 2500, 3000: 0} and v.throttle_ms == 2500
+    # through broker 2, another 10 000 B: broker 2's own budgets see 1 000 B/s, but the cluster's
+    # bps budget holds both brokers' 35 000 B = 3 500 B/s: (3500 - 3000) / 3000 x 10 000 = 1 667
+    v2 = e.produce(2, who, 10_000, None)
+    assert v2.throttle_ms == 1667
+    # effective: all three, with where each applies and where it came from
+    limits = {x.source: (x.limit, x.per, x.scope) for x in e.effective(1, who) if x.kind is QuotaKind.PRODUCE}
+    assert limits == {"entry": (4000, "broker", "1"), "broker_bps": (2000, "broker", "1:broker_bps"),
+                      "bps": (3000, "cluster", "cluster")}
+    # every one is reported (the fleet shares each), under its own scope label
+    scopes = {scope for scope, m in e.budgets() for u in m.fleet_usage() if u.base_bound}
+    assert {"1", "2", "cluster", "1:broker_bps", "2:broker_bps"} <= scopes
+    # removing the unit keys removes their budgets
+    plain = QuotaTable({app: {"producer_byte_rate": 4000}})
+    e.set_unit_entries(*plain.unit_configs())
+    assert {x.source for x in e.effective(1, who)} == {"entry"}
+
+
+def test_unit_keys_are_validated_as_byte_rates_and_refused_on_topics() -> None:
+    import pytest as _pytest
+
+    from quotas.entity import QuotaEntity
+    from quotas.errors import QuotaConfigError
+    from quotas.table import QuotaTable, validate_key_value
+
+    assert validate_key_value("sluice.bps.producer_byte_rate", 1024) is None
+    assert validate_key_value("sluice.broker_bps.consumer_byte_rate", 0.5) == \
+        "sluice.broker_bps.consumer_byte_rate cannot be a fractional value."
+    assert validate_key_value("sluice.bps.request_rate", 5) == \
+        "Invalid configuration key sluice.bps.request_rate"
+    with _pytest.raises(QuotaConfigError, match=r"topic 't': sluice\.bps\.producer_byte_rate"):
+        QuotaTable({QuotaEntity(topic="t"): {"sluice.bps.producer_byte_rate": 1000}}).unit_configs()
+
+
+def test_shares_set_through_the_store_split_a_fair_share_capacity() -> None:
+    from quotas.builtin import FairShareCallback
+    from quotas.entity import QuotaEntity
+    from quotas.table import QuotaTable
+
+    def fair(broker_id: int | None) -> FairShareCallback:
+        return FairShareCallback(broker_id=broker_id, capacity={"producer_byte_rate": 3000})
+
+    e = QuotaEngine(QuotaConfig(), FakeClock(), Plugins(class_path="quotas.builtin:FairShareCallback",
+                                                       factory=fair))
+    a, b = ClientIdentity("", "a"), ClientIdentity("", "b")
+    e.produce(1, a, 10, None)
+    e.produce(1, b, 10, None)
+
+    def limit(who: ClientIdentity) -> float:
+        (x,) = [x for x in e.effective(1, who) if x.kind is QuotaKind.PRODUCE]
+        return x.limit
+
+    assert (limit(a), limit(b)) == (1500, 1500)    # one share each: 3 000 / 2
+    # the draft's shares unit, as the admin API stores it: a has 2 shares, so 3 000 x 2 / 3
+    table = QuotaTable({QuotaEntity(client_id="a"): {"sluice.shares": 2}})
+    e.set_entity_shares(table.shares())
+    assert (limit(a), limit(b)) == (2000, 1000)
+    # a manager created later (another broker) gets them too
+    e.produce(2, a, 10, None)
+    e.produce(2, b, 10, None)
+    (x,) = [x for x in e.effective(2, a) if x.kind is QuotaKind.PRODUCE]
+    assert x.limit == 2000
+    e.set_entity_shares({})
+    assert (limit(a), limit(b)) == (1500, 1500)
+
+
+def test_shares_are_for_named_users_and_client_ids() -> None:
+    import pytest as _pytest
+
+    from quotas.entity import DEFAULT, QuotaEntity
+    from quotas.errors import QuotaConfigError
+    from quotas.table import QuotaTable
+
+    with _pytest.raises(QuotaConfigError, match=r"client-id <default>: sluice\.shares"):
+        QuotaTable({QuotaEntity(client_id=DEFAULT): {"sluice.shares": 2}}).shares()
+    assert QuotaTable({QuotaEntity(user="u", client_id="c"): {"sluice.shares": 0.5}}).shares() == {
+        QuotaEntity(user="u", client_id="c"): 0.5}

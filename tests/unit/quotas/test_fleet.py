@@ -47,26 +47,33 @@ def test_a_report_carries_the_whole_budget_key_byte_for_byte() -> None:
     prefix = SensorKey(QuotaKind.PRODUCE, "alice", "", client_id_prefix="etl-")
     topic = SensorKey(QuotaKind.FETCH, "", "", topic="t")
     topics = SensorKey(QuotaKind.PRODUCER_RECORD_RATE, "", "", topic_prefix="logs.")
+    team = SensorKey.from_tags(QuotaKind.PRODUCE, {"team": "payments", "region": "eu"})
     r = UsageReport("f1", "s-0/p42", 9, 500, (GroupUsage("1", prefix, 1048576.25, True),
                                               GroupUsage("all", topic, 0.0, False),
-                                              GroupUsage("cluster", topics, 12.3456, False)))
+                                              GroupUsage("cluster", topics, 12.3456, False),
+                                              GroupUsage("1", team, 5.0, False)))
     assert encode_report(r) == (
-        b'{"v":2,'                  # format version: 2 carries the whole SensorKey
+        b'{"v":3,'                  # format version: 3 carries the whole SensorKey and a callback's tags
         b'"fleet":"f1",'            # fleet id: reports of another fleet are ignored
         b'"member":"s-0/p42",'      # member name: instance[/worker]/pid, new at every start
         b'"seq":9,'                 # per member, increasing: an older report is ignored
         b'"interval_ms":500,'       # the member's report interval
         b'"groups":['
-        # [scope, [kind, user, client_id, client_id_prefix, topic, topic_prefix], used/s, constrained]
-        b'["1",["producer_byte_rate","alice","","etl-","",""],1048576.25,1],'
-        b'["all",["consumer_byte_rate","","","","t",""],0.0,0],'
+        # [scope, [kind, user, client_id, client_id_prefix, topic, topic_prefix, [[tag, value]...]],
+        #  used/s, constrained]
+        b'["1",["producer_byte_rate","alice","","etl-","","",[]],1048576.25,1],'
+        b'["all",["consumer_byte_rate","","","","t","",[]],0.0,0],'
         # used/s is rounded to 3 decimals
-        b'["cluster",["producer_record_rate","","","","","logs."],12.346,0]'
+        b'["cluster",["producer_record_rate","","","","","logs.",[]],12.346,0],'
+        # a callback's own tags (KIP-257's tag map), sorted by name
+        b'["1",["producer_byte_rate","","","","","",[["region","eu"],["team","payments"]]],5.0,0]'
         b']}')
     back = decode_report(encode_report(r))
-    assert [gr.key for gr in back.groups] == [prefix, topic, topics]
+    assert [gr.key for gr in back.groups] == [prefix, topic, topics, team]
     # a user's prefix group and the user's own group are different groups on every member
     assert prefix != SensorKey(QuotaKind.PRODUCE, "alice", "")
+    # and two teams are two groups, though every other tag is empty
+    assert team != SensorKey.from_tags(QuotaKind.PRODUCE, {"team": "search", "region": "eu"})
 
 
 def test_reports_of_another_version_are_refused_by_reason_never_misread() -> None:
@@ -76,34 +83,43 @@ def test_reports_of_another_version_are_refused_by_reason_never_misread() -> Non
     with pytest.raises(FleetReportVersionError) as old:
         decode_report(v1)
     assert old.value.reason == "old_version" and old.value.version == 1
-    # a future version (say, one whose key carries a tag map) is not read as this one
-    v3 = (b'{"v":3,"fleet":"f","member":"m","seq":1,"interval_ms":500,'
-          b'"groups":[["1",["producer_byte_rate","","app","","","",{"team":"x"}],1,0]]}')
+    # a version-2 member's key has no tags: its groups of two teams would be one
+    v2 = (b'{"v":2,"fleet":"f","member":"m","seq":1,"interval_ms":500,'
+          b'"groups":[["1",["producer_byte_rate","","app","","",""],1,0]]}')
+    with pytest.raises(FleetReportVersionError) as older:
+        decode_report(v2)
+    assert older.value.reason == "old_version" and older.value.version == 2
+    # a future version is not read as this one
+    v4 = (b'{"v":4,"fleet":"f","member":"m","seq":1,"interval_ms":500,'
+          b'"groups":[["1",["producer_byte_rate","","app","","","",[],"x"],1,0]]}')
     with pytest.raises(FleetReportVersionError) as new:
-        decode_report(v3)
+        decode_report(v4)
     assert new.value.reason == "unknown_version"
-    for version in (b'"2"', b"2.0", b"true", b"null"):
+    for version in (b'"3"', b"3.0", b"true", b"null"):
         with pytest.raises(FleetReportVersionError) as odd:
             decode_report(b'{"v":' + version + b',"fleet":"f","member":"m","seq":1,"interval_ms":500,'
                           b'"groups":[]}')
         assert odd.value.reason == "unknown_version"
 
 
-V2 = b'{"v":2,"fleet":"f","member":"m","seq":1,"interval_ms":500,"groups":[%s]}'
+V3 = b'{"v":3,"fleet":"f","member":"m","seq":1,"interval_ms":500,"groups":[%s]}'
 
 
 @pytest.mark.parametrize("payload", [
-    b"", b"\xff", b"[]", b'{"fleet":"f"}', b'{"v":2}',
-    b'{"v":2,"fleet":"f","member":"m","seq":1,"interval_ms":0,"groups":[]}',
-    b'{"v":2,"fleet":"f","member":"m","seq":"1","interval_ms":500,"groups":[]}',
-    V2 % b'["1",["nope","","","","",""],1,0]',                         # unknown kind
-    V2 % b'["1",["producer_byte_rate","","","","",""],-1,0]',          # negative usage
-    V2 % b'["1",["producer_byte_rate","","","","",""],1,2]',           # constrained not 0/1
-    V2 % b'["1",["producer_byte_rate","","app"],1,0]',                 # a version-1-sized key
-    V2 % b'["1",["producer_byte_rate","","","","","",""],1,0]',        # a key with a field more
-    V2 % b'["1",["producer_byte_rate","","",null,"",""],1,0]',         # a tag that is not a string
-    V2 % b'["1","producer_byte_rate","","app",1,0]',                   # a version-1 group
-    V2 % b'["1"]',
+    b"", b"\xff", b"[]", b'{"fleet":"f"}', b'{"v":3}',
+    b'{"v":3,"fleet":"f","member":"m","seq":1,"interval_ms":0,"groups":[]}',
+    b'{"v":3,"fleet":"f","member":"m","seq":"1","interval_ms":500,"groups":[]}',
+    V3 % b'["1",["nope","","","","","",[]],1,0]',                      # unknown kind
+    V3 % b'["1",["producer_byte_rate","","","","","",[]],-1,0]',       # negative usage
+    V3 % b'["1",["producer_byte_rate","","","","","",[]],1,2]',        # constrained not 0/1
+    V3 % b'["1",["producer_byte_rate","","app"],1,0]',                 # a version-1-sized key
+    V3 % b'["1",["producer_byte_rate","","","","",""],1,0]',           # a version-2 key (no tags)
+    V3 % b'["1",["producer_byte_rate","","","","","",[],""],1,0]',     # a key with a field more
+    V3 % b'["1",["producer_byte_rate","","",null,"","",[]],1,0]',      # a tag that is not a string
+    V3 % b'["1",["producer_byte_rate","","","","","",{"team":"x"}],1,0]',  # tags not as pairs
+    V3 % b'["1",["producer_byte_rate","","","","","",[["team"]]],1,0]',    # a pair of one
+    V3 % b'["1","producer_byte_rate","","app",1,0]',                   # a version-1 group
+    V3 % b'["1"]',
 ])
 def test_garbage_is_a_malformed_report(payload: bytes) -> None:
     with pytest.raises(FleetReportError) as exc:
@@ -394,3 +410,60 @@ def test_shares_must_be_positive() -> None:
     m = QuotaManager(config(Q), FakeClock())
     with pytest.raises(ValueError):
         m.set_shares({KEY: 0.0}, standby=1.0)
+
+
+def steady(m: QuotaManager, clock: FakeClock, who: ClientIdentity, rate: float, seconds: int) -> None:
+    for _ in range(seconds):
+        m.record_and_check(QuotaKind.PRODUCE, who, rate)
+        clock.advance(1000)
+
+
+def test_a_raised_share_does_not_readmit_the_window_under_the_windowed_rate() -> None:
+    """A member that held 1/4 and used it, raised to 1/2 (another member left): the 11 s window
+    says it used 250 000 B/s of a 500 000 B/s bound, so without owing it could admit
+    (500 000 - 250 000) x 11 s = 2.75 MB at once, though the member that left used that budget.
+    The raise is owed, (1/2 - 1/4) x 1 MB/s x 11 s = 2.75 MB, repaid over the next 11 s."""
+    who = ClientIdentity.of("ANONYMOUS", "app")
+    clock = FakeClock(100_000)
+    m = QuotaManager(config(Q), clock, sticky_quotas_enabled=False)
+    m.set_shares({KEY: 0.25}, standby=0.25)
+    steady(m, clock, who, 250_000, 12)
+    before = m.check(QuotaKind.PRODUCE, who).observed
+    assert before == pytest.approx(250_000, rel=0.1)
+    m.set_shares({KEY: 0.5}, standby=0.25)
+    d = m.check(QuotaKind.PRODUCE, who)
+    # the owed 2.75 MB over the window's length (its measured total's divisor) on top
+    assert d.bound == pytest.approx(500_000) and d.observed == pytest.approx(before + 250_000, rel=0.1)
+    burst = m.record_and_check(QuotaKind.PRODUCE, who, 2_000_000)
+    assert burst.throttle_time_ms > 0
+    # the metric and the fleet are told only what was admitted
+    (usage,) = m.fleet_usage()
+    assert usage.used_total == pytest.approx(12 * 250_000 + 2_000_000)
+    # a client at the new bound from now on is not held back once the owed part is repaid
+    clock.advance(11_000)
+    steady(m, clock, who, 500_000, 11)
+    assert m.check(QuotaKind.PRODUCE, who).throttle_time_ms == 0
+    # a rise back to a bound held within the window owes nothing: 1/2 -> 1/3 -> 1/2
+    m.set_shares({KEY: 1 / 3}, standby=0.25)
+    clock.advance(1000)
+    m.set_shares({KEY: 0.5}, standby=0.25)
+    assert m.check(QuotaKind.PRODUCE, who).observed == pytest.approx(500_000, rel=0.1)
+
+
+def test_a_raised_share_owes_nothing_idle_or_under_the_token_bucket() -> None:
+    who = ClientIdentity.of("ANONYMOUS", "app")
+    clock = FakeClock(100_000)
+    m = QuotaManager(config(Q), clock, sticky_quotas_enabled=False)
+    m.record_and_check(QuotaKind.PRODUCE, who, 1)
+    clock.advance(20_000)  # idle for more than the window: nothing to re-admit
+    m.set_shares({KEY: 0.25}, standby=0.25)
+    m.set_shares({KEY: 0.5}, standby=0.25)
+    assert m.check(QuotaKind.PRODUCE, who).observed < 1
+    cfg = QuotaConfig.from_dict({"rate_model": "token_bucket", "burst_ms": 1000,
+                                 "entries": [{"client_id": "app", "producer_byte_rate": Q}]})
+    bucket = QuotaManager(cfg, clock, sticky_quotas_enabled=False)
+    bucket.set_shares({KEY: 0.25}, standby=0.25)
+    steady(bucket, clock, who, 250_000, 12)
+    bucket.set_shares({KEY: 0.5}, standby=0.25)
+    # the bucket refills at the new rate from the credits it holds; nothing owed
+    assert bucket.record_and_check(QuotaKind.PRODUCE, who, 250_000).throttle_time_ms == 0

@@ -39,10 +39,16 @@ def test_entry_labels_follow_the_sensor_tags_and_round_trip_through_json() -> No
     doc = UsageReport(11_000, "broker", (prefix, topic)).to_json()
     assert doc["entries"][0] == {
         "broker": "1", "kind": "produce", "key": "producer_byte_rate", "user": "alice", "client_id": "etl-*",
-        "topic": "", "unit": "bytes/s", "rate": 10.0, "limit": 100.0, "headroom": 90.0, "headroom_ratio": 0.9,
+        "topic": "", "tags": "", "unit": "bytes/s", "rate": 10.0, "limit": 100.0, "headroom": 90.0,
+        "headroom_ratio": 0.9,
         "base_limit": 200.0, "share": 0.5, "storage_factor": 0.8, "shadow": False,
         "entity": {"user": "alice", "client-id": None}}
     assert doc["entries"][1]["limit"] is None and doc["entries"][1]["headroom_ratio"] is None
+    # a callback's own tag (KIP-257's tag map): two teams are two entries, through JSON too
+    teams = [UsageEntry.of_sensor("1", SensorKey.from_tags(P, {"team": t}), 1.0, 10.0) for t in ("a", "b")]
+    assert [e.tags for e in teams] == ["team=a", "team=b"] and teams[0].group != teams[1].group
+    back = UsageReport.from_json(UsageReport(11_000, "broker", tuple(teams)).to_json())
+    assert [e.tags for e in back.entries] == ["team=a", "team=b"]
     back = UsageReport.from_json(json.loads(json.dumps(doc)))
     assert back == UsageReport(11_000, "broker", (prefix, topic))
     with pytest.raises(UsageFormatError):
@@ -102,3 +108,21 @@ def test_unlimited_sensors_stay_unlimited_when_merged() -> None:
                                    for i in (0, 1)}, workers=2)
     (entry,) = merged.entries
     assert (entry.rate, entry.limit, entry.headroom_ratio, merged.scope) == (4.0, None, None, "cluster")
+
+
+def test_worker_limits_merge_into_the_instance_part_of_each_budget() -> None:
+    from quotas.headroom import EffectiveLimit, WorkerLimit, merge_worker_limits
+
+    def limit(value: float, share: float, source: str = "entry") -> EffectiveLimit:
+        return EffectiveLimit("bootstrap", "producer_byte_rate", "bytes/s", value, 1000.0, 0.5, share, source,
+                              False, "client-id 'a'")
+
+    # storage factor 0.5: the budget is 500; worker 0 active (0.8), worker 1 on standby (0.5):
+    # the sum (650) exceeds the budget, so the instance's limit is the budget, its share 1
+    (merged, topic) = merge_worker_limits({0: [limit(400.0, 0.8), limit(100.0, 0.2, "topic")],
+                                           1: [limit(250.0, 0.5), limit(150.0, 0.3, "topic")]})
+    assert (merged.limit, merged.fleet_share) == (500.0, 1.0)
+    assert merged.workers == (WorkerLimit(0, 400.0, 0.8), WorkerLimit(1, 250.0, 0.5))
+    # below the budget (another instance of the fleet holds the rest): the sum, and its share
+    assert (topic.limit, topic.fleet_share) == (250.0, 0.5)
+    assert EffectiveLimit.from_json(merged.to_json()) == merged

@@ -267,3 +267,22 @@ def test_avg_max_ring_reuses_samples() -> None:
     # Three slots (N+1) hold samples starting at 7000, 8000 and 9000; the first one's last event
     # (7500) is N x W = 2 s old at 9500, so it is purged: 8000, 8500, 9000 and 9500 remain.
     assert stat.measure(9_500) == (8750.0, 9500.0, 4)
+
+
+def test_recent_sum_keeps_one_span_and_says_when_there_is_room() -> None:
+    from quotas.stats import RecentSum
+
+    recent = RecentSum(1000)
+    recent.add(300, 0)
+    recent.add(500, 400)
+    assert recent.total(999) == 800
+    assert recent.total(1000) == 500          # the one at 0 leaves at 0 + 1000 (the span is (now-1000, now])
+    recent.add(200, 1000)
+    # 700 in the span; room for 300: the 500 of t=400 must leave, at 1400
+    assert recent.wait_ms(1000, 300) == 400
+    assert recent.wait_ms(1000, 700) == 0
+    # room 0: all of it must leave; the last at 1000 leaves at 2000
+    assert recent.wait_ms(1000, 0) == 1000
+    recent.take_back(200, 1000)
+    assert recent.total(1000) == 500
+    assert recent.total(5000) == 0

@@ -245,9 +245,71 @@ def test_admit_fetch_delivers_while_the_credits_are_not_negative_and_records_not
     clock.advance(200)  # refilled to -300: in debt, so neither recorded nor delivered
     second = manager.admit_fetch(WHO, 600)
     assert not second.recorded and not second.throttle_is_debt and second.decision.throttle_time_ms == 300
-    clock.advance(300)  # back at 0: delivered again, down to -600
+    clock.advance(300)  # t=500, back at 0; but the second before holds 600, and 600 + 600 > Q x 1 s + B
     third = manager.admit_fetch(WHO, 600)
-    assert third.recorded and third.decision.throttle_time_ms == 600
+    assert not third.recorded and third.decision.throttle_time_ms == 500   # until t=0 leaves it
+    clock.advance(500)  # t=1000: credits min(100, 0 + 500) = 100, delivered, down to -500
+    fourth = manager.admit_fetch(WHO, 600)
+    assert fourth.recorded and fourth.decision.throttle_time_ms == 500
+
+
+def test_no_second_delivers_more_than_the_quota_and_the_burst_with_responses_near_a_second_of_quota(
+) -> None:
+    """The overshoot of one 1 MiB batch per fetch at 1 MiB/s, in its arithmetic. Q = 1000 B/s,
+    B = 100 ms of Q = 100 B, every response S = 940 B (a broker returns a partition's first batch
+    whole, whatever max_bytes asks).
+
+    Without the guard: t=0 credits 100 -> -840, debt 840 ms; t=840 credits 0 -> delivered, -940;
+    t=1780 ... responses every 940 ms, so the second [0, 1000) holds 2 x 940 = 1.88 x Q.
+    With it: at t=840 the second before holds 940 and 940 + 940 > Q x 1 s + B = 1100, so the fetch
+    is not recorded and waits until the delivery at t=0 leaves the second: 1000 - 840 = 160 ms."""
+    clock = FakeClock(START_MS)
+    manager = QuotaManager(QuotaConfig.from_dict({"rate_model": "token_bucket", "burst_ms": 100, "entries": [
+        {"client_id": "c", "consumer_byte_rate": 1000}]}), clock)
+    first = manager.admit_fetch(WHO, 940)
+    assert first.recorded and first.throttle_is_debt and first.decision.throttle_time_ms == 840
+    clock.advance(840)
+    early = manager.admit_fetch(WHO, 940)
+    assert not early.recorded and not early.throttle_is_debt
+    assert early.decision.throttle_time_ms == 160
+    clock.advance(160)  # t=1000: the first has left the second; credits min(100, 0 + 160) = 100
+    second = manager.admit_fetch(WHO, 940)
+    assert second.recorded and second.decision.throttle_time_ms == 840
+    # the un-recorded early fetch gave nothing away: over 10 s of a client fetching as soon as it is
+    # let, no 1000 ms span holds more than Q x 1 s + B, and every second gets one response
+    deliveries = [START_MS, START_MS + 1000]
+    while clock.now_ms() < START_MS + 10_000:
+        admission = manager.admit_fetch(WHO, 940)
+        if admission.recorded:
+            deliveries.append(clock.now_ms())
+        clock.advance(max(1, admission.decision.throttle_time_ms))
+    for i, at in enumerate(deliveries):
+        in_second = sum(940 for d in deliveries[i:] if d < at + 1000)
+        assert in_second <= 1000 + 100, (at, deliveries)
+    assert len(deliveries) >= 10
+
+
+def test_a_response_larger_than_the_quota_and_burst_still_goes_through_alone_in_its_second() -> None:
+    # S = 3000 B > Q x 1 s + B = 1100: delivered when the second before it is empty (credits >= 0),
+    # so a consumer of batches larger than a second's quota is slowed, never starved
+    clock = FakeClock(START_MS)
+    manager = QuotaManager(QuotaConfig.from_dict({"rate_model": "token_bucket", "burst_ms": 100, "entries": [
+        {"client_id": "c", "consumer_byte_rate": 1000}]}), clock)
+    assert manager.admit_fetch(WHO, 3000).decision.throttle_time_ms == 2900   # 100 - 3000 = -2900
+    clock.advance(2900)
+    assert manager.admit_fetch(WHO, 3000).recorded
+
+
+def test_an_emptied_fetch_is_taken_back_from_the_second_too() -> None:
+    # the engine un-records a fetch it empties for another reason (records, requests): the guard
+    # must not count it as delivered
+    clock = FakeClock(START_MS)
+    manager = QuotaManager(QuotaConfig.from_dict({"rate_model": "token_bucket", "burst_ms": 1000, "entries": [
+        {"client_id": "c", "consumer_byte_rate": 1000}]}), clock)
+    assert manager.admit_fetch(WHO, 900).recorded       # credits 1000 -> 100
+    manager.unrecord(F, WHO, 900)                         # emptied after all: back to 1000
+    # were the 900 still counted, 900 + 1500 > 2000 (Q x 1 s + B) would hold this one back
+    assert manager.admit_fetch(WHO, 1500).recorded
 
 
 def test_admit_fetch_under_the_windowed_rate_records_and_checks_as_kafka_does() -> None:
