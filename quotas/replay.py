@@ -238,7 +238,8 @@ def sensor_model(config: QuotaConfig, kind: QuotaKind, clients: Iterable[ClientI
                  topics: bool) -> SensorModel | None:
     """The one sensor every client in `clients` is counted in for `kind` under `config`, when
     `SensorDecider` decides for it as the engine would (client quotas of a `FAST_KINDS` kind, one
-    sharing group with a positive bound, not shadow); None otherwise (the engine decides)."""
+    sharing group with a positive bound, not shadow, not a token bucket's fetch); None otherwise
+    (the engine decides)."""
     if topics or kind not in FAST_KINDS:
         return None
     engine = QuotaEngine(only(config, kind, topics=False), FakeClock(0))
@@ -254,6 +255,8 @@ def sensor_model(config: QuotaConfig, kind: QuotaKind, clients: Iterable[ClientI
         return None
     entity = decision.entity
     shape = config.bucket_of(None if entity is None else config.get(entity))
+    if shape is not None and kind is QuotaKind.FETCH:
+        return None  # a token bucket's fetch also waits for the last second's deliveries: the engine's
     return SensorModel(kind, decision.bound, config.window, None if shape is None else shape.burst_ms)
 
 
