@@ -489,13 +489,13 @@ def _summarize(ts: Any, value: Any, records: Any, out: ReplayColumns) -> _Replay
     active = throttled + int((~inside).sum())
     span_s = max(end_ms - int(ts[0]), 1) / 1000.0
     ms = np.sort(t_ms.astype(np.float64))
-    demand = float(sum(value.tolist()))
+    demand = float(value.sum())
     got = value - remaining
-    admitted = float(sum(got.tolist()))
+    admitted = float(got.sum())
     done = admitted_ms != NOT_ADMITTED
     waits = admitted_ms[done] - ts[done]
     share = np.divide(got, value, out=np.ones_like(got), where=value != 0)
-    total_records = float(sum(records.tolist()))
+    total_records = float(records.sum())
     summary = {
         "active_seconds": active, "throttled_seconds": throttled, "throttles": len(ms),
         "throttle_total_ms": int(np.maximum(np.minimum(t_at + t_ms, end_ms) - t_at, 0).sum()),
@@ -504,15 +504,22 @@ def _summarize(ts: Any, value: Any, records: Any, out: ReplayColumns) -> _Replay
         "throttle_max_ms": float(ms[-1]) if len(ms) else math.nan,
         "demand_per_s": demand / span_s, "admitted_per_s": admitted / span_s,
         "records_demand_per_s": total_records / span_s,
-        "records_admitted_per_s": float(sum((records * share).tolist())) / span_s,
+        "records_admitted_per_s": float((records * share).sum()) / span_s,
         "deferred": demand - admitted, "max_backlog": float(r.max_backlog),
         "max_wait_ms": int(waits.max()) if len(waits) else 0,
         "throttled_share": throttled / active if active else 0.0}
-    seconds = admitted_ms[done] // 1000
-    per_second: dict[int, float] = {}
-    for second, v in zip(seconds.tolist(), got[done].tolist(), strict=True):
-        per_second[second] = per_second.get(second, 0.0) + v
-    return _Replayed(summary, per_second, _muted_per_second(t_at, t_ms, end_ms))
+    return _Replayed(summary, _per_second(admitted_ms[done] // 1000, got[done]),
+                     _muted_per_second(t_at, t_ms, end_ms))
+
+
+def _per_second(seconds: Any, values: Any) -> dict[int, float]:
+    """{second: the sum of its values} (for the plot)."""
+    import numpy as np
+
+    if not len(seconds):
+        return {}
+    unique, where = np.unique(seconds, return_inverse=True)
+    return dict(zip(unique.tolist(), np.bincount(where, weights=values).tolist(), strict=True))
 
 
 _ARROW_TYPES = {"string": "string", "long": "int64", "double": "float64", "int": "int32"}
@@ -533,33 +540,44 @@ def simulate_group(table: pa.Table, setup: SimulationSetup, *, topics: bool) -> 
     import pyarrow.compute as pc
 
     plan, baseline = setup.configs()
-    # a total order, so that ties in ts_ms replay the same however Spark partitioned the input
-    table = table.sort_by([(c, "ascending") for c in ("ts_ms", "principal", "client_id", "topic", "value")])
 
-    def col(name: str, dtype: Any, fill: Any = 0) -> Any:
-        return np.ascontiguousarray(pc.fill_null(table.column(name), fill).to_numpy(zero_copy_only=False),
-                                    dtype=dtype)
+    def ranked(column: Any) -> tuple[Any, list[Any]]:
+        """Each row's value as its rank among the column's distinct values (sorted), and those."""
+        encoded = pc.dictionary_encode(column).combine_chunks()
+        names = encoded.dictionary.to_pylist()
+        order = sorted(range(len(names)), key=lambda k: names[k])
+        rank = np.empty(len(names), dtype=np.int32)
+        rank[order] = np.arange(len(names), dtype=np.int32)
+        return rank[encoded.indices.to_numpy(zero_copy_only=False)], [names[k] for k in order]
 
-    ts, value = col("ts_ms", np.int64), col("value", np.float64)
-    records, flagged = col("records", np.int64), col("recorded_throttled", np.bool_, False)
     who = pc.binary_join_element_wise(pc.fill_null(table.column("principal"), ""),
                                       pc.fill_null(table.column("client_id"), ""), "\x00")
-    encoded = pc.dictionary_encode(who).combine_chunks()
-    client = np.ascontiguousarray(encoded.indices.to_numpy(zero_copy_only=False), dtype=np.int32)
-    identities = [ClientIdentity.of(*(str(x).split("\x00", 1) if x else ("", "")))
-                  for x in encoded.dictionary.to_pylist()]
+    client, names = ranked(who)
+    topic_rank, _ = ranked(pc.fill_null(table.column("topic"), ""))
+    # a total order, so that ties in ts_ms replay the same however Spark partitioned the input
+    raw_ts = pc.fill_null(table.column("ts_ms"), 0).to_numpy(zero_copy_only=False)
+    raw_value = pc.fill_null(table.column("value"), 0.0).to_numpy(zero_copy_only=False)
+    order = np.lexsort((raw_value, topic_rank, client, raw_ts))
+
+    def col(name: str, dtype: Any, fill: Any = 0) -> Any:
+        raw = pc.fill_null(table.column(name), fill).to_numpy(zero_copy_only=False)
+        return np.ascontiguousarray(raw[order], dtype=dtype)
+
+    ts, value = np.ascontiguousarray(raw_ts[order], dtype=np.int64), np.ascontiguousarray(raw_value[order],
+                                                                                           dtype=np.float64)
+    records, flagged = col("records", np.int64), col("recorded_throttled", np.bool_, False)
+    client = np.ascontiguousarray(client[order], dtype=np.int32)
+    identities = [ClientIdentity.of(*(str(x).split("\x00", 1) if x else ("", ""))) for x in names]
     response = np.ascontiguousarray(_response_ms(ts, col("response_ms", np.int64), client, len(identities)),
                                     dtype=np.int64)
     key = str(table.column("quota_key")[0].as_py())
     kind = QuotaKind(key)
     end_ms = max(int(ts[-1]) + 1, setup.end_ms or 0)
-    topic = table.column("topic").to_pylist() if topics else None
+    topic = table.column("topic").take(pa.array(order)).to_pylist() if topics else None
     sides = {side: _summarize(ts, value, records, replay_columns(
                  ts, client, value, response, identities, config, kind, topic=topic, topics=topics,
                  end_ms=end_ms)) for side, config in (("plan", plan), ("base", baseline))}
-    demand: dict[int, float] = {}
-    for second, v in zip((ts // 1000).tolist(), value.tolist(), strict=True):
-        demand[second] = demand.get(second, 0.0) + v
+    demand = _per_second(ts // 1000, value)
     plan_side, base_side = sides["plan"], sides["base"]
     # every second from the first to the last that has anything (a second with nothing is 0)
     known = set(demand) | set(plan_side.admitted_per_second) | set(base_side.admitted_per_second)
