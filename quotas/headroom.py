@@ -261,3 +261,92 @@ def select(entries: Iterable[UsageEntry], user: str | None = None, client_id: st
     if user is None and client_id is None and topic is None:
         return list(entries)
     return [e for e in entries if caller(e) or of_topic(e)]
+
+
+# ------------------------------------------------------------------ /quotas/effective
+
+
+@dataclass(frozen=True, slots=True)
+class WorkerLimit:
+    """One worker's part of a merged limit in force (``--workers N``)."""
+
+    worker: int
+    limit: float
+    fleet_share: float
+
+
+@dataclass(frozen=True, slots=True)
+class EffectiveLimit:
+    """One limit in force for a caller, as ``GET /quotas/effective`` carries it (the engine's
+    `LimitInForce`): ``limit = configured x storage_factor x fleet_share``. `kind` is the quota
+    key (``producer_byte_rate``); `entity` the matched entry's description."""
+
+    scope: str
+    kind: str
+    unit: str
+    limit: float
+    configured: float
+    storage_factor: float
+    fleet_share: float
+    source: str
+    shadow: bool
+    entity: str | None
+    workers: tuple[WorkerLimit, ...] = field(default=())
+    #: the sharing group's tag map (KIP-257's ``quotaMetricTags``, a callback's own tags too)
+    tags: Mapping[str, str] = field(default_factory=dict)
+    #: ``broker``: the budget is per broker; ``cluster``: one across the cluster (the draft's ``bps``)
+    per: str = "broker"
+
+    @property
+    def group(self) -> tuple[str, str, str, str | None, tuple[tuple[str, str], ...], str]:
+        """What identifies one budget across the workers of an instance."""
+        return (self.scope, self.kind, self.source, self.entity, tuple(sorted(self.tags.items())), self.per)
+
+    def to_json(self) -> dict[str, Any]:
+        out: dict[str, Any] = {
+            "scope": self.scope, "kind": self.kind, "unit": self.unit, "limit": self.limit,
+            "configured": self.configured, "storage_factor": self.storage_factor,
+            "fleet_share": self.fleet_share, "source": self.source, "shadow": self.shadow,
+            "entity": self.entity, "group": dict(self.tags), "per": self.per}
+        if self.workers:
+            out["workers"] = [{"worker": w.worker, "limit": w.limit, "fleet_share": w.fleet_share}
+                              for w in self.workers]
+        return out
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> EffectiveLimit:
+        try:
+            workers = tuple(WorkerLimit(int(w["worker"]), float(w["limit"]), float(w["fleet_share"]))
+                            for w in data.get("workers", ()))
+            entity = data["entity"]
+            return cls(str(data["scope"]), str(data["kind"]), str(data["unit"]), float(data["limit"]),
+                       float(data["configured"]), float(data["storage_factor"]), float(data["fleet_share"]),
+                       str(data["source"]), bool(data["shadow"]), None if entity is None else str(entity),
+                       workers, {str(k): str(v) for k, v in (data.get("group") or {}).items()},
+                       str(data.get("per", "broker")))
+        except (KeyError, TypeError, ValueError) as exc:
+            raise UsageFormatError(f"not a limit in force: {exc!r}") from None
+
+
+def merge_worker_limits(answers: Mapping[int, Sequence[EffectiveLimit]]) -> list[EffectiveLimit]:
+    """``--workers N``: one limit per budget of the instance, from each worker's limits in force.
+
+    As for usage (`merge_worker_reports`): the workers of one instance hold shares of one budget
+    (``configured x storage_factor``), so the instance's limit is the sum of the workers' limits,
+    never more than the budget (an idle worker's standby share makes the sum exceed it), and its
+    `fleet_share` is that limit over the budget. Each worker's part is kept in `workers`."""
+    groups: dict[tuple[str, str, str, str | None, tuple[tuple[str, str], ...], str],
+                 list[tuple[int, EffectiveLimit]]] = {}
+    for index in sorted(answers):
+        for part in answers[index]:
+            groups.setdefault(part.group, []).append((index, part))
+    out = []
+    for parts in groups.values():
+        first = parts[0][1]
+        budget = first.configured * first.storage_factor
+        total = math.fsum(x.limit for _, x in parts)
+        limit = min(total, budget)
+        out.append(replace(first, limit=limit, fleet_share=limit / budget if budget > 0 else 1.0,
+                           shadow=any(x.shadow for _, x in parts),
+                           workers=tuple(WorkerLimit(i, x.limit, x.fleet_share) for i, x in parts)))
+    return out

@@ -136,7 +136,8 @@ class _Sensor:
     """One sharing group's rate, its current bound and bookkeeping. Internal."""
 
     __slots__ = ("base_bound", "bound", "bucket", "burst_s", "delivered", "entity", "key", "last_record_ms",
-                 "rate", "shadow", "shadow_throttles", "share", "throttles", "touched_sweep_ms", "used_total")
+                 "owed", "owed_ms", "peak_bound", "peak_ms", "rate", "shadow", "shadow_throttles", "share",
+                 "throttles", "touched_sweep_ms", "used_total")
 
     def __init__(self, key: SensorKey, rate: SampledRate, now_ms: int, sweep_ms: int) -> None:
         self.key = key
@@ -149,6 +150,13 @@ class _Sensor:
         self.base_bound: float | None = None  # the bound before the fleet share
         self.share = 1.0                      # this process's share of the bound (fleet)
         self.used_total = 0.0                 # everything recorded, for fleet usage reports
+        # windowed rate under a fleet share that rose (`QuotaManager._owe_raise`): what the window
+        # owes the fleet at `owed_ms`, repaid linearly over one retention window; and the highest
+        # bound in force within the last retention window (`peak_bound`, last in force at `peak_ms`)
+        self.owed = 0.0
+        self.owed_ms = 0
+        self.peak_bound: float | None = None
+        self.peak_ms = 0
         # rate_model token_bucket: the bucket (throttles from it; `rate` stays the metric, as in
         # KIP-599) and its burst in seconds of the bound. None under the windowed model.
         self.bucket: TokenBucket | None = None
@@ -397,18 +405,27 @@ class QuotaManager:
         `busy`: groups other members are using. A sensor created here for one of them starts
         *spent*, as if it had run at its bound for the last window (`_start_spent`): the budget's
         recent past was used elsewhere, so a new sensor's credit (Kafka's young-rate padding, or a
-        full token bucket) would admit it a second time."""
+        full token bucket) would admit it a second time.
+
+        Under the windowed rate a share that *rises* would let the sensor admit at once what its
+        window says it did not use at the new bound, though the fleet used that budget (a member
+        that left, or whose demand dropped, had it): the raise is owed for one window instead
+        (`_owe_raise`)."""
         for share in (standby, *shares.values()):
             if not 0.0 < share <= 1.0:
                 raise ValueError(f"a share must be in (0, 1], got {share}")
         self._shares = dict(shares)
         self._standby_share = standby
         self._busy = busy
+        now = self._clock.now_ms()
         for sensor in self._sensors.values():
             share = self._shares.get(sensor.key, standby)
             if share != sensor.share:
+                old = sensor.bound
                 sensor.share = share
                 sensor.bound = None if sensor.base_bound is None else sensor.base_bound * share
+                if sensor.bucket is None:
+                    self._owe_raise(sensor, old, now)
 
     def fleet_usage(self) -> Iterator[FleetUsage]:
         """Per live sensor: everything recorded so far, throttles so far (enforced and shadow) and
@@ -534,6 +551,8 @@ class QuotaManager:
 
     def _decide(self, kind: QuotaKind, sensor: _Sensor, now: int, *, count: bool = True) -> ThrottleDecision:
         total, window_ms = sensor.rate.measure_parts(now)
+        if sensor.owed:
+            total += self._owed(sensor, now)
         observed = total / (window_ms / 1000.0)
         bound = sensor.bound
         bucket = sensor.bucket
@@ -559,6 +578,39 @@ class QuotaManager:
     def _unlimited(self, kind: QuotaKind, identity: ClientIdentity) -> ThrottleDecision:
         return ThrottleDecision(kind, self._callback.sensor_key(kind, identity), 0, 0.0, None,
                                 self._config.shadow_all, None)
+
+    def _owe_raise(self, sensor: _Sensor, old: float | None, now: int) -> None:
+        """A windowed sensor's bound moved from `old` to `sensor.bound` (a fleet share). On a rise
+        above the highest bound in force within the last retention window (W = samples x window),
+        the window's room between that bound and the new one was the fleet's, used by the members
+        that held it: the sensor owes ``(new - highest) x W`` (in the kind's unit), counted into its
+        measured total and repaid linearly over one W, as that usage would have aged out. So the
+        raise applies at once to what comes next, but no burst re-admits the past. Only a sensor
+        that recorded within the window owes (an idle one has no past to re-admit); the owed
+        amount is not recorded (metrics and fleet reports show what was admitted)."""
+        new = sensor.bound
+        retention = self._rate_config.retention_ms
+        if old is None or new is None:
+            sensor.peak_bound = None
+            return
+        peak = sensor.peak_bound
+        if peak is not None and now - sensor.peak_ms > retention:
+            peak = None
+        highest = old if peak is None else max(old, peak)
+        if new > highest and now - sensor.last_record_ms <= retention:
+            sensor.owed = self._owed(sensor, now) + (new - highest) * retention / 1000.0
+            sensor.owed_ms = now
+        if peak is None or old >= peak:
+            sensor.peak_bound, sensor.peak_ms = old, now  # `old` was in force until now
+
+    def _owed(self, sensor: _Sensor, now: int) -> float:
+        """What the sensor still owes (`_owe_raise`): repaid linearly over one retention window."""
+        retention = self._rate_config.retention_ms
+        left = 1.0 - (now - sensor.owed_ms) / retention
+        if left <= 0.0:
+            sensor.owed = 0.0
+            return 0.0
+        return sensor.owed * min(1.0, left)
 
     def _start_spent(self, sensor: _Sensor, now: int) -> None:
         """No credit for a new sensor of a group the fleet is using: a token bucket starts empty;

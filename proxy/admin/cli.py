@@ -12,8 +12,11 @@ AlterClientQuotas through `protocol.quota_client`:
                            [--add producer_byte_rate=1048576,...] [--delete consumer_byte_rate,...]
                            [--validate-only]
 
-`describe` resolves the effective quota of a caller client-side, from every configured entry, with
-the precedence enforcement uses (`quotas.effective`, i.e. `DefaultQuotaCallback`).
+`describe` with the proxy's metrics port (`--url`, or SLUICE_METRICS_URL) prints each quota of the
+caller as the running engine enforces it (``GET /quotas/effective``: the callback or entry, the
+cluster entries, the storage factor and the fleet share applied). Without it, it resolves the
+stored entries client-side with Kafka's precedence (`quotas.effective`): what the entries say,
+before any callback, cluster entry, storage factor or fleet share.
 `describe --effective --url` asks the running proxy's engine (``GET /quotas/effective``) for every
 limit in force for the caller: the value enforced, its unit, the configured or callback value, the
 storage factor, the fleet share and its source; it equals enforcement by construction.
@@ -322,9 +325,10 @@ def _sort_key(components: Sequence[Component]) -> tuple[object, ...]:
                                                 "enforces it (--url): value, unit, configured or callback "
                                                 "value, storage factor, fleet share and source")
 @click.option("--url", envvar="SLUICE_METRICS_URL", metavar="http://HOST:PORT",
-              help="with --usage or --effective: the proxy's metrics port (or SLUICE_METRICS_URL); "
-                   "--bootstrap-server "
-                   "is not used then; ignored without --usage")
+              help="the proxy's metrics port (or SLUICE_METRICS_URL): plain describe then prints the "
+                   "limits the engine enforces (callback, cluster entries, storage factor, fleet "
+                   "share applied) instead of resolving the stored entries; needed by --usage and "
+                   "--effective; --bootstrap-server is not used then")
 @connection_options
 def describe_command(names: str | None, include_overrides: bool, usage: bool, effective: bool,
                      url: str | None, **conn_args: Any) -> None:
@@ -348,6 +352,14 @@ def describe_command(names: str | None, include_overrides: bool, usage: bool, ef
         if not url:
             raise Usage("--usage needs --url http://HOST:PORT (the proxy's metrics port)")
         _describe_usage(url, who, conn_args["output"], conn_args["timeout_s"])
+        return
+    if url:
+        if include_overrides:
+            raise Usage("--include-overrides resolves the stored entries: give it without --url "
+                        "(and without SLUICE_METRICS_URL)")
+        if not who:
+            raise Usage("--names: give user=NAME, client-id=NAME and/or topic=NAME")
+        _describe_in_force(url, who, conn_args["output"], conn_args["timeout_s"])
         return
     conn = _connection(**conn_args)
     if not who:
@@ -434,8 +446,8 @@ def _describe_usage(url: str, who: Mapping[str, str], output: str, timeout_s: fl
     click.echo(f"(rates over the last {report.window_ms} ms, scope {report.scope}{workers})")
 
 
-def _describe_effective(url: str, who: Mapping[str, str], output: str, timeout_s: float) -> None:
-    """`describe --effective`: the engine's limits in force for the caller (``/quotas/effective``)."""
+def _fetch_effective(url: str, who: Mapping[str, str], output: str, timeout_s: float) -> dict[str, Any]:
+    """The running proxy's ``/quotas/effective`` document for the caller; exits 1 if unreadable."""
     query = urllib.parse.urlencode({"user": who.get(USER, ""), "client_id": who.get(CLIENT_ID, ""),
                                     **({"topic": who[TOPIC]} if TOPIC in who else {})})
     target = url.rstrip("/").removesuffix(USAGE_PATH) + EFFECTIVE_PATH + "?" + query
@@ -443,7 +455,7 @@ def _describe_effective(url: str, who: Mapping[str, str], output: str, timeout_s
         if not url.startswith(("http://", "https://")):
             raise ValueError(f"--url: {url!r} is not an http:// or https:// URL")
         with urllib.request.urlopen(target, timeout=timeout_s) as response:
-            doc = json.loads(response.read().decode())
+            return dict(json.loads(response.read().decode()))
     except (OSError, ValueError) as exc:
         reason = exc.reason if isinstance(exc, urllib.error.URLError) else exc
         message = f"cannot read {target}: {reason}"
@@ -452,6 +464,43 @@ def _describe_effective(url: str, who: Mapping[str, str], output: str, timeout_s
         else:
             click.echo(f"Error: {message}", err=True)
         sys.exit(1)
+
+
+def _describe_in_force(url: str, who: Mapping[str, str], output: str, timeout_s: float) -> None:
+    """Plain `describe` with the proxy's metrics port known (`--url`, or SLUICE_METRICS_URL): each
+    quota that applies to the caller as the engine enforces it (``/quotas/effective``): the value
+    in force (callback or entry, storage factor, fleet share) and where it came from."""
+    doc = _fetch_effective(url, who, output, timeout_s)
+    limits = doc["limits"]
+    if output == "json":
+        def quota(x: Mapping[str, Any]) -> dict[str, Any]:
+            return {"key": x["kind"], "value": x["limit"], "unit": x["unit"], "scope": x["scope"],
+                    "source": x["source"], "entity": x["entity"], "configured": x["configured"],
+                    "storage_factor": x["storage_factor"], "fleet_share": x["fleet_share"],
+                    "shadow": x["shadow"]}
+        out: dict[str, Any] = {"caller": doc["caller"], "in_force": True,
+                               "quotas": [quota(x) for x in limits if x["source"] != "topic"]}
+        if TOPIC in who:
+            out["topic"] = who[TOPIC]
+            out["topic_quotas"] = [quota(x) for x in limits if x["source"] == "topic"]
+        _emit(out)
+        return
+    for x in limits:
+        parts = [f"{x['source']} {x['configured']:g}"]
+        if x["storage_factor"] != 1:
+            parts.append(f"storage factor {x['storage_factor']:g}")
+        if x["fleet_share"] != 1:
+            parts.append(f"fleet share {x['fleet_share']:.3g}")
+        where = "" if x["entity"] is None else f" {x['entity']}"
+        topic = (" (topic: applies beside the caller's own; the larger throttle wins)"
+                 if x["source"] == "topic" else "")
+        shadow = " (shadow)" if x["shadow"] else ""
+        click.echo(f"{x['kind']}={x['limit']:g} [{x['scope']}: {' x '.join(parts)}]{where}{topic}{shadow}")
+
+
+def _describe_effective(url: str, who: Mapping[str, str], output: str, timeout_s: float) -> None:
+    """`describe --effective`: the engine's limits in force for the caller (``/quotas/effective``)."""
+    doc = _fetch_effective(url, who, output, timeout_s)
     if output == "json":
         _emit(doc)
         return

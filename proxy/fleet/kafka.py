@@ -7,7 +7,8 @@ worth one interval, so nothing needs compaction). Each member produces with acks
 that joins hears the fleet at once), with a consumer that never joins a group. A background thread
 polls the consumer; `drain` hands over what arrived. The channel counts as down when a produce
 fails or when nothing, not even this member's own report, has come back for `silence_ms`; it is
-then retried in the background and comes back by itself.
+then retried in the background (reconnecting at least every third of `silence_ms`, so the members
+come back together) and comes back by itself.
 """
 
 from __future__ import annotations
@@ -33,7 +34,13 @@ class KafkaExchange(Inbox):
         self._silence_s = silence_ms / 1000
         self._retention_ms = retention_ms
         self._replication_factor = replication_factor
-        self._common = {"bootstrap.servers": bootstrap, **(kafka_config or {})}
+        # librdkafka backs off reconnecting up to 10 s by default: after the exchange's broker
+        # returns, one member could then come back seconds after the others, which would time it
+        # out (member_timeout_ms after their own return) and take its share. Retrying at least
+        # every third of the silence period brings every member back within it.
+        backoff_ms = str(max(100, silence_ms // 3))
+        self._common = {"bootstrap.servers": bootstrap, "reconnect.backoff.ms": "100",
+                        "reconnect.backoff.max.ms": backoff_ms, **(kafka_config or {})}
         self._setup_timeout_s = setup_timeout_s
         super().__init__()
         self._last_received = 0.0

@@ -11,7 +11,8 @@ limit (``(limit - rate) / limit``: 1 idle, 0 at the limit, below 0 over it).
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from typing import Any
 
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
@@ -20,7 +21,7 @@ from proxy.ops.metrics import SeriesCap
 from quotas.clock import Clock
 from quotas.engine import QuotaEngine
 from quotas.entity import ClientIdentity, SensorKey
-from quotas.headroom import KIND_LABEL, KIND_UNIT, UsageEntry, UsageReport
+from quotas.headroom import KIND_LABEL, KIND_UNIT, EffectiveLimit, UsageEntry, UsageReport
 from quotas.manager import QuotaManager
 
 #: The path of the JSON document on the metrics port.
@@ -98,12 +99,20 @@ def effective_json(engine: QuotaEngine, args: Mapping[str, str]) -> bytes:
     broker = args.get("broker")
     broker_id = int(broker) if broker is not None and broker.isdigit() else None
     limits = engine.effective(broker_id, identity, args.get("topic") or None)
-    return json.dumps({"caller": {"user": identity.principal, "client_id": identity.client_id},
-                       "topic": args.get("topic") or None,
-                       "limits": [{"scope": x.scope, "kind": x.kind.value, "unit": KIND_UNIT[x.kind],
-                                   "limit": x.limit, "configured": x.configured,
-                                   "storage_factor": x.storage_factor, "fleet_share": x.fleet_share,
-                                   "source": x.source, "shadow": x.shadow,
-                                   "entity": None if x.entity is None else x.entity.describe(),
-                                   "group": x.key.tag_map, "per": x.per}
-                                  for x in limits]}).encode()
+    return effective_doc({"user": identity.principal, "client_id": identity.client_id},
+                         args.get("topic") or None,
+                         [EffectiveLimit(x.scope, x.kind.value, KIND_UNIT[x.kind], x.limit, x.configured,
+                                         x.storage_factor, x.fleet_share, x.source, x.shadow,
+                                         None if x.entity is None else x.entity.describe(),
+                                         tags=x.key.tag_map, per=x.per)
+                          for x in limits])
+
+
+def effective_doc(caller: Mapping[str, str], topic: str | None, limits: Sequence[EffectiveLimit],
+                  workers: int | None = None) -> bytes:
+    """The ``/quotas/effective`` document; `workers` is N when the limits are the merge of N
+    workers' (`quotas.headroom.merge_worker_limits`)."""
+    doc: dict[str, Any] = {"caller": dict(caller), "topic": topic, "limits": [x.to_json() for x in limits]}
+    if workers is not None:
+        doc["workers"] = workers
+    return json.dumps(doc).encode()

@@ -17,6 +17,8 @@ Sluice port with SO_REUSEPORT, so the kernel spreads new connections over them. 
   the workers' own answers combined (`proxy.ops.http.HealthReport`: 200, or 207 naming what is degraded);
   `/quotas/usage` is the workers' usage reports merged per sharing group
   (`quotas.headroom.merge_worker_reports`: rates summed, the limit the instance's part of the budget);
+  `/quotas/effective` is every worker's limits in force for the caller, merged the same way
+  (`quotas.headroom.merge_worker_limits`);
 * runs the workers' relay for usage reports (`proxy.fleet.local.HubServer`), whose socket path
   each worker finds in `SLUICE_WORKER_HUB`.
 
@@ -38,7 +40,8 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator, Sequence
+import urllib.parse
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -49,13 +52,19 @@ from prometheus_client.registry import Collector
 from proxy.config import ConfigError, ProxyConfig
 from proxy.fleet.local import ENV_HUB, ENV_INDEX, HubServer
 from proxy.ops.connections import BearerToken, merge_workers
-from proxy.ops.headroom import USAGE_PATH, usage_json
+from proxy.ops.headroom import EFFECTIVE_PATH, USAGE_PATH, effective_doc, usage_json
 from proxy.ops.http import HealthReport, MetricsEndpoint
 from proxy.workers.merge import merge_expositions, render
 from proxy.workers.policy import RestartBackoff, worker_argv
 from proxy.workers.ports import Reservation, close_quietly, reserve_ports
 from proxy.workers.status import ENV_LISTEN_PORT, ENV_STATUS_FD, WorkerStatus, announce_ready, parse_status
-from quotas.headroom import UsageFormatError, UsageReport, merge_worker_reports
+from quotas.headroom import (
+    EffectiveLimit,
+    UsageFormatError,
+    UsageReport,
+    merge_worker_limits,
+    merge_worker_reports,
+)
 
 log = logging.getLogger("sluice.workers")
 
@@ -123,7 +132,7 @@ class Supervisor:
             self._token = BearerToken.configured(endpoint)
             self._metrics = MetricsEndpoint(self.scrape, self.health, {USAGE_PATH: self.usage},
                                             connections=self.connections if endpoint.enabled else None,
-                                            token=self._token)
+                                            token=self._token, query_routes={EFFECTIVE_PATH: self.effective})
             await self._metrics.start(self.config.metrics.host, self.config.metrics.port)
             log.info("metrics of all workers on http://%s:%d/metrics", self.config.metrics.host,
                      self._metrics.port)
@@ -284,6 +293,25 @@ class Supervisor:
             except (ValueError, UsageFormatError) as exc:
                 log.warning("worker %d: bad usage report: %s", index, exc)
         return usage_json(merge_worker_reports(reports, len(self.workers)))
+
+    async def effective(self, args: Mapping[str, str]) -> bytes:
+        """`/quotas/effective?...`: every up worker's limits in force for the caller, asked with the
+        same query and merged per budget (`quotas.headroom.merge_worker_limits`: the instance's
+        limit is the sum of its workers' shares of the budget; each worker's part is kept)."""
+        path = EFFECTIVE_PATH + "?" + urllib.parse.urlencode(dict(args))
+        answers: dict[int, list[EffectiveLimit]] = {}
+        caller: dict[str, str] = {"user": args.get("user", ""), "client_id": args.get("client_id", "")}
+        for index, text in (await self._ask_workers(path)).items():
+            if text is None:
+                continue
+            try:
+                doc = json.loads(text)
+                answers[index] = [EffectiveLimit.from_json(x) for x in doc["limits"]]
+                caller = {str(k): str(v) for k, v in doc["caller"].items()}
+            except (ValueError, KeyError, TypeError, AttributeError, UsageFormatError) as exc:
+                log.warning("worker %d: bad /quotas/effective answer: %s", index, exc)
+        return effective_doc(caller, args.get("topic") or None, merge_worker_limits(answers),
+                             len(self.workers))
 
     async def connections(self) -> bytes:
         """`/connections`: every worker's list, each entry with its `worker` (`merge_workers`)."""

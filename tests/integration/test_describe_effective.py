@@ -17,6 +17,7 @@ land in the span at most once (0.25 / 11 = 2.3 %) and one 64 KiB request past it
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -29,6 +30,9 @@ from tests.harness.kafka import REPO, KafkaCluster, free_port
 from tests.harness.metrics import Metrics
 from tests.harness.quotas import PERIOD_S, WINDOW, KiB, MiB
 from tests.harness.sluice import SluiceProcess
+from tests.harness.wait import wait_until
+
+GiB = 1024 * MiB
 
 pytestmark = [pytest.mark.integration]
 
@@ -113,3 +117,80 @@ def test_the_draft_units_set_together_through_the_admin_api_are_each_enforced_an
         assert 0.95 <= ratio <= 1.05, f"{ratio:.3f}"
     finally:
         sluice.stop()
+
+
+def test_plain_describe_prints_the_limit_enforced_under_every_factor(kafka: KafkaCluster,
+                                                                    tmp_path: Path) -> None:
+    """Plain `describe` (with the metrics port) prints the engine's limits in force, so under a
+    callback (a group of 2 MiB/s), a cluster entry (1 MiB/s), a storage factor below 1 and a fleet
+    share (two instances, one producer through each, both held) it equals `sluice_quota_limit`
+    and the rate observed. It used to resolve the stored entries with `DefaultQuotaCallback`: it
+    printed nothing for this caller (no entry names it), whatever was enforced.
+
+    The storage factor: a soft and a hard `available_bytes_below` limit 8 GiB either side of the
+    broker's free space, so about 0.5 (polled once at start: the factor stays put). The fleet
+    share: both members constrained on both groups, 1/2 each. The producer is held at the smaller
+    limit; the bound is that of test_describe_effective_equals_the_metric_and_the_observed_rate
+    (token bucket, burst 250 ms, 11 s after the first 5.5 s, in which the shares settle), widened
+    to 10 % for the share's exchange (each member's share is fresh from the other's report every
+    500 ms, and both stay at 1/2 while both are held)."""
+    free = shutil.disk_usage(kafka.nodes[0].directory).free
+    store_topic, fleet_id = unique_name("_sluice_quotas"), unique_name("fleet")
+    fleet_topic = unique_name("fleet-reports")
+    members = []
+    for i in range(2):
+        port = free_port()
+        sluice = SluiceProcess(kafka.bootstrap, tmp_path / f"sluice-{i}", config={
+            "listen": f"127.0.0.1:{free_port()}", "metrics": {"port": port}, "instance": f"d-{i}",
+            "quotas": {"window": WINDOW, "scope": "cluster", "rate_model": "token_bucket", "burst_ms": 250,
+                       "callback": {"class": "quotas.builtin:GroupQuotaCallback",
+                                    "config": {"groups": [{"name": "pay", "client_ids": ["app"],
+                                                           "producer_byte_rate": 2 * MiB}]}},
+                       "cluster_entries": [{"client_id": "app", "producer_byte_rate": MiB}]},
+            "store": {"type": "kafka", "topic": store_topic},
+            "storage": {"check_interval_ms": 600_000, "fallback_factor": 1.0, "limits": [
+                {"type": "available_bytes_below", "soft": free + 8 * GiB, "hard": free - 8 * GiB}]},
+            "fleet": {"id": fleet_id, "topic": fleet_topic, "report_interval_ms": 500,
+                      "member_timeout_ms": 1500}})
+        members.append((sluice, Metrics(port), port))
+        sluice.start()
+    try:
+        for _, metrics, _ in members:
+            wait_until(lambda m=metrics: m.value("sluice_fleet_members") == 2, 30,  # type: ignore[misc]
+                       "two fleet members")
+        factor = members[0][1].value("sluice_storage_throttle_factor")
+        assert factor is not None and 0.2 < factor < 0.8, factor
+        topic = create_topic(kafka.bootstrap, unique_name("plain"))
+        timelines = [load.Timeline() for _ in members]
+        load.run_together([lambda s=s, t=t: load.confluent_flood(  # type: ignore[misc]
+            s.bootstrap, topic, PERIOD_S + MEASURED_S, client_id="app", record_size=1000,
+            batch_bytes=64 * KiB, timeline=t) for (s, _, _), t in zip(members, timelines, strict=True)], 120)
+        sluice, metrics, port = members[0]
+        observed = timelines[0].rate(PERIOD_S, PERIOD_S + MEASURED_S)
+        # read after the run: with two members a group's share is 1/2 whether both are active on it
+        # (both held) or it is idle here (the standby share, 1 / 2 live members)
+        args = ["quotas", "describe", "--url", f"http://127.0.0.1:{port}", "--names", "client-id=app"]
+        doc = json.loads(subprocess.run([sys.executable, "-m", "proxy", *args, "--output", "json"], cwd=REPO,
+                                        capture_output=True, text=True, timeout=30, check=True).stdout)
+        text = subprocess.run([sys.executable, "-m", "proxy", *args], cwd=REPO, capture_output=True,
+                              text=True, timeout=30, check=True).stdout
+        quotas = {q["source"]: q for q in doc["quotas"] if q["key"] == "producer_byte_rate"}
+        callback, cluster = quotas["callback"], quotas["cluster_entries"]
+        for q in (callback, cluster):
+            assert q["storage_factor"] == pytest.approx(factor) and q["fleet_share"] < 1
+            assert q["value"] == pytest.approx(q["configured"] * q["storage_factor"] * q["fleet_share"])
+            assert f"producer_byte_rate={q['value']:g} [" in text
+        assert (callback["configured"], cluster["configured"]) == (2 * MiB, MiB)
+        # the metric shows the same limits on the sensors enforcement used
+        assert metrics.value("sluice_quota_limit", broker="cluster", client_id="app",
+                             kind="produce") == pytest.approx(cluster["value"])
+        assert metrics.value("sluice_quota_limit", user="<group:pay>", kind="produce",
+                             broker=callback["scope"]) == pytest.approx(callback["value"])
+        ratio = observed / min(callback["value"], cluster["value"])
+        print(f"plain describe: callback {callback['value']:.0f} (share {callback['fleet_share']:.3f}), "
+              f"cluster {cluster['value']:.0f} (share {cluster['fleet_share']:.3f}), storage factor "
+              f"{factor:.3f}; observed {observed:.0f} B/s = {ratio:.3f} x the smaller")
+        assert 0.9 <= ratio <= 1.1, f"{ratio:.3f}"
+    finally:
+        for s, _, _ in members:
+            s.stop()

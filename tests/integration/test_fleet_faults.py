@@ -25,6 +25,7 @@ from tests.harness.metrics import Metrics
 from tests.harness.quotas import PERIOD_S, WINDOW, KiB, MiB
 from tests.harness.sluice import SluiceProcess
 from tests.harness.wait import eventually, wait_until
+from tests.integration.test_pluggable_quotas import spread_topic
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -80,7 +81,11 @@ def make_fleet(tmp_path: Path) -> Iterator[Any]:
         store_topic = unique_name("_sluice_quotas")
         for i in range(3):
             port = free_port()
+            # a SIGTERMed instance drains for at most 3 s (a saturating producer always has a request
+            # in flight, so the drain would run to the 30 s default): the issue's restart, "started
+            # again on its ports 3 s later"
             config = {"listen": listen_address(), "metrics": {"port": port}, "instance": f"sluice-{i}",
+                      "drain_timeout_ms": 3000,
                       "quotas": {"window": WINDOW, "entries": ENTRIES, **(quotas or {})},
                       "store": {"type": "kafka", "topic": store_topic},
                       "fleet": {"report_interval_ms": 500, "member_timeout_ms": 1500, **fleet}}
@@ -152,6 +157,119 @@ def window_rates(timeline: load.Timeline, from_s: float, to_s: float, span_s: fl
 
 
 # ------------------------------------------------------------------------------------ the exchange lost
+
+def test_the_exchange_lost_after_formation_keeps_one_budget(kafka_cluster3: KafkaCluster,
+                                                            make_fleet: Any) -> None:
+    """Fails on main before the frozen membership: each member timed the others out before it
+    noticed the exchange itself was silent, and the fleet admitted 1.81 x the budget for the
+    outage. After the return the fleet must hold one budget again within 3 s: no member may time
+    another out because their exchange clients came back at different times."""
+    cluster = kafka_cluster3
+    exchange_node, data_node = 2, 1
+    fleet_topic = spread_topic(cluster.bootstrap, [[exchange_node]])  # replication 1, on node 2 only
+    data_topic = spread_topic(cluster.bootstrap, [[data_node]])
+    fleet = make_fleet(cluster, {"id": unique_name("fleet"), "topic": fleet_topic})
+    producers = Producers([m.bootstrap for m in fleet.members], data_topic, 180)
+    shares = ShareSampler(fleet, producers)
+    killed = False
+    try:
+        wait_until(lambda: producers.now_s() >= PERIOD_S + 2, 30, "the fresh clients' first period")
+        kill_s = producers.now_s()
+        cluster.kill_node(exchange_node)
+        killed = True
+        for m in fleet.members:
+            wait_until(lambda m=m: m.metrics.value("sluice_fleet_fallback") == 1, 15,  # type: ignore[misc]
+                       "every member in its fallback")
+        # every member still splits by three: nobody was timed out while the exchange was silent
+        assert [m.metrics.value("sluice_fleet_members") for m in fleet.members] == [3, 3, 3]
+        wait_until(lambda: producers.now_s() >= kill_s + 3 * PERIOD_S, 60, "three periods of outage")
+        restart_s = producers.now_s()
+        cluster.restart_node(exchange_node, timeout_s=120)  # slow on a loaded machine
+        killed = False
+        for m in fleet.members:
+            wait_until(lambda m=m: m.metrics.value("sluice_fleet_fallback") == 0, 60,  # type: ignore[misc]
+                       "the exchange back on every member")
+        back_s = producers.now_s()
+        assert [m.metrics.value("sluice_fleet_members") for m in fleet.members] == [3, 3, 3]
+        after_s = (back_s + 3, back_s + 3 + AFTER_PERIODS * PERIOD_S)
+        wait_until(lambda: producers.now_s() >= after_s[1], 60, "three periods after the return")
+        timelines = producers.stop()
+    finally:
+        shares.stop()
+        producers.stop()
+        if killed:
+            cluster.restart_node(exchange_node, timeout_s=120)  # slow on a loaded machine
+    for i, t in enumerate(timelines):  # per second, per producer, for a post-mortem
+        print(f"producer {i} KiB/s from {kill_s - 3:.0f} s: "
+              + " ".join(f"{r / KiB:.0f}" for _, r in window_rates(t, kill_s - 3, after_s[1], 1.0, 1.0)))
+    print(f"exchange killed at {kill_s:.1f} s, restarted at {restart_s:.1f} s, back on every member at "
+          f"{back_s:.1f} s; share moves: {shares.moves() or 'none'}")
+    outage = sum(t.cycle_rate(kill_s, restart_s) for t in timelines)
+    after = sum(t.cycle_rate(*after_s) for t in timelines)
+    print(f"exchange lost after formation: {outage / MiB:.3f} MiB/s over the {restart_s - kill_s:.1f} s "
+          f"outage; {after / MiB:.3f} MiB/s from 3 s after its return ({back_s - restart_s:.1f} s after "
+          f"the restart began) (one budget: 1 MiB/s)")
+    # Before, during and after the outage every member holds a third: before, all three are
+    # constrained (water-filling gives 1/3 each); during, the fallback splits by the frozen count
+    # (3); after, each member leaves its fallback when it hears the exchange again (within one
+    # 500 ms interval of its clients reconnecting, which the exchange retries at least every
+    # member_timeout / 3 = 500 ms), so all three are back within 1 s of one another, inside the
+    # 1.5 s member timeout that counts from a member's own return: nobody is timed out, and no
+    # share moves. The 3 s margin covers that second plus one interval.
+    assert shares.worst_after(restart_s) <= 1 / 3 + 1e-3, shares.moves()
+    # A windowed rate holding a third admits a third over each whole throttle cycle (a burst of
+    # about one 5.5 s window's worth, then a mute: a cycle of about 6 s here). So each producer is
+    # judged over its own whole cycles (`cycle_rate`, which raises if fewer than two start in the
+    # span): spans of three periods (16.5 s) hold two whole cycles while a cycle is under 8.25 s.
+    # (Over two periods, 11 s, a span holds one cycle start or two by phase, and the old fallback
+    # to a plain rate then counted one burst in 11 s: 0.765-0.81 x measured with the shares at a
+    # third throughout.) The bound: each cycle ends with at most one 64 KiB request admitted past
+    # its check and paid for in the next cycle, 3 x 64 KiB over >= 6 s of one MiB/s = 3 %, and the
+    # 0.25 s bins place a cycle's ends within one trickle bin (< 1 %): 10 %, test_fleet's bound.
+    assert 0.9 * QUOTA <= outage <= 1.1 * QUOTA, f"{outage / QUOTA:.3f} x the budget during the outage"
+    assert 0.9 * QUOTA <= after <= 1.1 * QUOTA, f"{after / QUOTA:.3f} x the budget after the return"
+
+
+#: Periods measured after the exchange's return (see the bound's comment).
+AFTER_PERIODS = 3
+
+
+class ShareSampler:
+    """Every 250 ms, every member's `sluice_fleet_share` of the producers' group (its standby share
+    while it holds none of its own); keeps the changes."""
+
+    def __init__(self, fleet: Fleet, producers: Producers) -> None:
+        self._fleet = fleet
+        self._producers = producers
+        self.samples: list[tuple[float, int, float]] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        last: dict[int, float] = {}
+        while not self._stop.wait(0.25):
+            for i, m in enumerate(self._fleet.members):
+                try:
+                    share = m.metrics.value("sluice_fleet_share", client_id="fleet-app")
+                    if share is None:
+                        share = m.metrics.value("sluice_fleet_standby_share")
+                except OSError:
+                    continue
+                if share is not None and last.get(i) != share:
+                    last[i] = share
+                    self.samples.append((self._producers.now_s(), i, share))
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(5)
+
+    def worst_after(self, from_s: float) -> float:
+        return max((s for t, _, s in self.samples if t >= from_s), default=0.0)
+
+    def moves(self) -> str:
+        return ", ".join(f"{t:.1f} s member {i}: {s:.3f}" for t, i, s in self.samples)
+
 
 # ------------------------------------------------------------------------------------ rolling restart
 

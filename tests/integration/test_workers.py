@@ -244,3 +244,41 @@ def test_workers_die_with_a_killed_supervisor(kafka: KafkaCluster, tmp_path: Pat
         assert eventually(alive, lambda left: not left, timeout_s=30) == []
     finally:
         proc.stop()
+
+
+def test_the_supervisor_answers_quotas_effective_from_its_workers(kafka: KafkaCluster,
+                                                                  tmp_path: Path) -> None:
+    """`--workers 2`: the supervisor's `/quotas/effective` (404 before) is every worker's engine
+    answer merged per budget. The two workers share the budget through the local fleet; idle, each
+    holds the standby share 1/2, so the instance's limit is 2 x 1/2 of 1 MB/s, and each worker's
+    part equals that worker's own `sluice_quota_limit` for the sensor."""
+    port = free_port()
+    proc = SluiceProcess(kafka.bootstrap, tmp_path / "sluice", config(port, tmp_path / "access", 1_000_000),
+                         workers=2).start()
+    try:
+        url = f"http://127.0.0.1:{port}/quotas/effective?client_id=wk-flood"
+
+        def effective() -> dict[str, Any]:
+            with urllib.request.urlopen(url, timeout=10) as r:
+                assert r.status == 200
+                return dict(json.loads(r.read().decode()))
+
+        doc = eventually(effective, lambda d: len(d["limits"]) == 1 and len(d["limits"][0]["workers"]) == 2,
+                         timeout_s=30)
+        (limit,) = doc["limits"]
+        assert doc["workers"] == 2 and doc["caller"]["client_id"] == "wk-flood"
+        assert (limit["kind"], limit["source"], limit["configured"]) == ("producer_byte_rate", "entry", 1e6)
+        parts = {w["worker"]: w["limit"] for w in limit["workers"]}
+        assert parts == {0: 5e5, 1: 5e5}
+        assert limit["limit"] == sum(parts.values()) == 1e6 and limit["fleet_share"] == 1.0
+        instance = Instance(proc, port, tmp_path / "access")
+        metric = {int(lbl["worker"]): v for lbl, v in instance.samples("sluice_quota_limit")
+                  if lbl.get("client_id") == "wk-flood" and lbl.get("kind") == "produce"}
+        assert metric == parts
+        # /quotas/usage merges the same sensor from both workers
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/quotas/usage", timeout=10) as r:
+            usage = json.loads(r.read().decode())
+        (entry,) = [e for e in usage["entries"] if e["client_id"] == "wk-flood" and e["kind"] == "produce"]
+        assert entry["limit"] == 1e6 and sorted(w["worker"] for w in entry["workers"]) == [0, 1]
+    finally:
+        proc.stop()

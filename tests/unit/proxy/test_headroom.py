@@ -239,8 +239,9 @@ def test_describe_usage_fails_cleanly(monkeypatch: pytest.MonkeyPatch) -> None:
     result = CliRunner().invoke(main, ["quotas", "describe", "--usage"])
     assert result.exit_code == 2 and "--usage needs --url" in result.output
     result = CliRunner().invoke(main, ["quotas", "describe", "--names", "user=a"],
-                                env={"SLUICE_METRICS_URL": "http://h:1"})  # without --usage: the store's view
-    assert result.exit_code == 2 and "--bootstrap-server" in result.output
+                                env={"SLUICE_METRICS_URL": "http://h:1"})  # plain: the engine's answer
+    assert result.exit_code == 1
+    assert "cannot read http://h:1/quotas/effective?user=a&client_id=: connection refused" in result.output
     fake_usage(monkeypatch, {"version": 7})
     result = CliRunner().invoke(main, ["quotas", "describe", "--usage", "--url", "http://h:1",
                                        "--output", "json"])
@@ -262,3 +263,31 @@ def test_headroom_series_follow_the_metrics_cap() -> None:
     assert len(samples(registry, "sluice_quota_produce_byte_rate")) == 3  # c0, c1 and the overflow
     # /quotas/usage is not capped: it answers about every sensor
     assert len(usage_report(managers, clock).entries) == 5
+
+
+def test_plain_describe_with_a_metrics_url_prints_the_engine_limits(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Plain `describe` with --url prints each limit in force from ``/quotas/effective`` (not
+    the stored entries resolved client-side): value in force, and what it is made of."""
+    doc = {"caller": {"user": "ANONYMOUS", "client_id": "app"}, "topic": "t", "limits": [
+        {"scope": "bootstrap", "kind": "producer_byte_rate", "unit": "bytes/s", "limit": 262144.0,
+         "configured": 1048576.0, "storage_factor": 0.5, "fleet_share": 0.5, "source": "callback",
+         "shadow": False, "entity": None},
+        {"scope": "bootstrap", "kind": "producer_byte_rate", "unit": "bytes/s", "limit": 1000.0,
+         "configured": 1000.0, "storage_factor": 1.0, "fleet_share": 1.0, "source": "topic",
+         "shadow": False, "entity": "topic 't'"}]}
+    opened = fake_usage(monkeypatch, doc)
+    result = CliRunner().invoke(main, ["quotas", "describe", "--url", "http://h:1", "--names",
+                                       "client-id=app,topic=t"])
+    assert result.exit_code == 0, result.output
+    assert opened == ["http://h:1/quotas/effective?user=&client_id=app&topic=t"]
+    lines = result.output.splitlines()
+    assert lines[0] == ("producer_byte_rate=262144 [bootstrap: callback 1.04858e+06 x storage factor 0.5 "
+                        "x fleet share 0.5]")
+    assert lines[1].startswith("producer_byte_rate=1000 [bootstrap: topic 1000] topic 't' (topic:")
+    out = json.loads(CliRunner().invoke(main, ["quotas", "describe", "--url", "http://h:1", "--names",
+                                               "client-id=app,topic=t", "--output", "json"]).output)
+    assert [q["value"] for q in out["quotas"]] == [262144.0]
+    assert [q["value"] for q in out["topic_quotas"]] == [1000.0]
+    result = CliRunner().invoke(main, ["quotas", "describe", "--url", "http://h:1", "--names",
+                                       "client-id=app", "--include-overrides"])
+    assert result.exit_code == 2 and "--include-overrides" in result.output

@@ -410,3 +410,60 @@ def test_shares_must_be_positive() -> None:
     m = QuotaManager(config(Q), FakeClock())
     with pytest.raises(ValueError):
         m.set_shares({KEY: 0.0}, standby=1.0)
+
+
+def steady(m: QuotaManager, clock: FakeClock, who: ClientIdentity, rate: float, seconds: int) -> None:
+    for _ in range(seconds):
+        m.record_and_check(QuotaKind.PRODUCE, who, rate)
+        clock.advance(1000)
+
+
+def test_a_raised_share_does_not_readmit_the_window_under_the_windowed_rate() -> None:
+    """A member that held 1/4 and used it, raised to 1/2 (another member left): the 11 s window
+    says it used 250 000 B/s of a 500 000 B/s bound, so without owing it could admit
+    (500 000 - 250 000) x 11 s = 2.75 MB at once, though the member that left used that budget.
+    The raise is owed, (1/2 - 1/4) x 1 MB/s x 11 s = 2.75 MB, repaid over the next 11 s."""
+    who = ClientIdentity.of("ANONYMOUS", "app")
+    clock = FakeClock(100_000)
+    m = QuotaManager(config(Q), clock, sticky_quotas_enabled=False)
+    m.set_shares({KEY: 0.25}, standby=0.25)
+    steady(m, clock, who, 250_000, 12)
+    before = m.check(QuotaKind.PRODUCE, who).observed
+    assert before == pytest.approx(250_000, rel=0.1)
+    m.set_shares({KEY: 0.5}, standby=0.25)
+    d = m.check(QuotaKind.PRODUCE, who)
+    # the owed 2.75 MB over the window's length (its measured total's divisor) on top
+    assert d.bound == pytest.approx(500_000) and d.observed == pytest.approx(before + 250_000, rel=0.1)
+    burst = m.record_and_check(QuotaKind.PRODUCE, who, 2_000_000)
+    assert burst.throttle_time_ms > 0
+    # the metric and the fleet are told only what was admitted
+    (usage,) = m.fleet_usage()
+    assert usage.used_total == pytest.approx(12 * 250_000 + 2_000_000)
+    # a client at the new bound from now on is not held back once the owed part is repaid
+    clock.advance(11_000)
+    steady(m, clock, who, 500_000, 11)
+    assert m.check(QuotaKind.PRODUCE, who).throttle_time_ms == 0
+    # a rise back to a bound held within the window owes nothing: 1/2 -> 1/3 -> 1/2
+    m.set_shares({KEY: 1 / 3}, standby=0.25)
+    clock.advance(1000)
+    m.set_shares({KEY: 0.5}, standby=0.25)
+    assert m.check(QuotaKind.PRODUCE, who).observed == pytest.approx(500_000, rel=0.1)
+
+
+def test_a_raised_share_owes_nothing_idle_or_under_the_token_bucket() -> None:
+    who = ClientIdentity.of("ANONYMOUS", "app")
+    clock = FakeClock(100_000)
+    m = QuotaManager(config(Q), clock, sticky_quotas_enabled=False)
+    m.record_and_check(QuotaKind.PRODUCE, who, 1)
+    clock.advance(20_000)  # idle for more than the window: nothing to re-admit
+    m.set_shares({KEY: 0.25}, standby=0.25)
+    m.set_shares({KEY: 0.5}, standby=0.25)
+    assert m.check(QuotaKind.PRODUCE, who).observed < 1
+    cfg = QuotaConfig.from_dict({"rate_model": "token_bucket", "burst_ms": 1000,
+                                 "entries": [{"client_id": "app", "producer_byte_rate": Q}]})
+    bucket = QuotaManager(cfg, clock, sticky_quotas_enabled=False)
+    bucket.set_shares({KEY: 0.25}, standby=0.25)
+    steady(bucket, clock, who, 250_000, 12)
+    bucket.set_shares({KEY: 0.5}, standby=0.25)
+    # the bucket refills at the new rate from the credits it holds; nothing owed
+    assert bucket.record_and_check(QuotaKind.PRODUCE, who, 250_000).throttle_time_ms == 0

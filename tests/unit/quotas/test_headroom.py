@@ -108,3 +108,21 @@ def test_unlimited_sensors_stay_unlimited_when_merged() -> None:
                                    for i in (0, 1)}, workers=2)
     (entry,) = merged.entries
     assert (entry.rate, entry.limit, entry.headroom_ratio, merged.scope) == (4.0, None, None, "cluster")
+
+
+def test_worker_limits_merge_into_the_instance_part_of_each_budget() -> None:
+    from quotas.headroom import EffectiveLimit, WorkerLimit, merge_worker_limits
+
+    def limit(value: float, share: float, source: str = "entry") -> EffectiveLimit:
+        return EffectiveLimit("bootstrap", "producer_byte_rate", "bytes/s", value, 1000.0, 0.5, share, source,
+                              False, "client-id 'a'")
+
+    # storage factor 0.5: the budget is 500; worker 0 active (0.8), worker 1 on standby (0.5):
+    # the sum (650) exceeds the budget, so the instance's limit is the budget, its share 1
+    (merged, topic) = merge_worker_limits({0: [limit(400.0, 0.8), limit(100.0, 0.2, "topic")],
+                                           1: [limit(250.0, 0.5), limit(150.0, 0.3, "topic")]})
+    assert (merged.limit, merged.fleet_share) == (500.0, 1.0)
+    assert merged.workers == (WorkerLimit(0, 400.0, 0.8), WorkerLimit(1, 250.0, 0.5))
+    # below the budget (another instance of the fleet holds the rest): the sum, and its share
+    assert (topic.limit, topic.fleet_share) == (250.0, 0.5)
+    assert EffectiveLimit.from_json(merged.to_json()) == merged
