@@ -11,6 +11,8 @@ admission and un-record). Every result must be identical: floats compared bit fo
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -57,6 +59,20 @@ def test_the_selector_uses_the_compiled_twins_unless_told_otherwise() -> None:
         assert fastpath.SampledRateImpl is impl.SampledRate
         assert fastpath.TokenBucketImpl is impl.TokenBucket
         assert manager.SampledRateImpl is impl.SampledRate
+
+
+@pytest.mark.parametrize(("pure_env", "expected"), [("1", "pure"), ("yes", "pure"), ("", "compiled")])
+def test_sluice_pure_python_picks_the_reference_stats(pure_env: str, expected: str) -> None:
+    compiled()
+    env = {**os.environ, "SLUICE_PURE_PYTHON": pure_env}
+    code = ("from quotas import fastpath, manager, stats; "
+            "print(fastpath.IMPLEMENTATION, manager.SampledRateImpl is stats.SampledRate, "
+            "fastpath.describe())")
+    out = subprocess.run([sys.executable, "-c", code], env=env, check=True, capture_output=True, text=True,
+                         timeout=60).stdout.split(maxsplit=2)
+    assert out[0] == expected
+    assert out[1] == str(expected == "pure")
+    assert out[2].startswith("compiled (quotas._speedups)" if expected == "compiled" else "pure Python")
 
 
 # --- the stats alone ------------------------------------------------------------------------------
