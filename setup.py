@@ -50,7 +50,8 @@ def _extensions() -> list[Extension]:
         _say_no_extension("Cython is not installed (it is a build requirement in pyproject.toml)")
         return []
     return cythonize(
-        [Extension("protocol._speedups", ["protocol/_speedups.pyx"])],
+        [Extension("protocol._speedups", ["protocol/_speedups.pyx"]),
+         Extension("quotas._speedups", ["quotas/_speedups.pyx"])],
         compiler_directives={"language_level": "3"},
         quiet=True,
     )
