@@ -45,7 +45,13 @@ The bound, ±10 % (derived for these numbers; the rates are the run's whole span
   the mute ends on a loaded machine (seen: ~6 ms per throttle at a load average of 25 on 2 cores;
   ~230 throttles of a producer give 1.5 s less throttle time in ~20 s: -7 % on its throttle total,
   +4 % on its rate). The replay cannot know the load of a later run; this is the term that grows
-  with it, and the one that leaves the least room (-8.0 % seen at load 25).
+  with it, and the one that leaves the least room (-8.0 % seen at load 25; at load 19 to 30, with
+  `yes` on a core besides, run 2's producers were muted 17.4 s where 20.1 s were predicted: -14 %,
+  outside the bound, while the consumer agreed to 1 %). A run 1 recorded at that load is worse:
+  the broker answered every produce of the bursty client after >= 362 ms (1 to 3 ms in its run
+  2), so its response time, which a produce's mute adds (KIP-219), was taken as 362 ms and its
+  predicted time muted came out at 5.1 s against 17.2 s. This test holds on a machine with room
+  for a broker; it does not under the suite's heaviest load.
 Together under 8 % on a quiet machine; ±10 % leaves room, and a wrong model (no mute, no backlog,
 no un-record) misses by far more: a flooder that is not muted would be
 admitted at its 150 KiB/s demand.
