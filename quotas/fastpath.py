@@ -17,38 +17,21 @@ reference classes. `IMPLEMENTATION` says which one is in use ("compiled" or "pur
 
 from __future__ import annotations
 
-import importlib
-import os
-from types import ModuleType
 from typing import Final, cast
 
+from contracts.compiled import choose
 from quotas import stats
-
-PURE_PYTHON_ENV: Final = "SLUICE_PURE_PYTHON"
-"""Set to 1 (true, yes) to run the pure-Python stats even when the compiled ones are built."""
 
 _TWINS: Final = ("SampledRate", "TokenBucket")
 
-
-def _pure_requested() -> bool:
-    return os.environ.get(PURE_PYTHON_ENV, "").strip().lower() in ("1", "true", "yes")
-
-
-def _load_compiled() -> ModuleType | None:
-    """quotas._speedups, or None if it is not built or was built from an older .pyx."""
-    try:
-        module = importlib.import_module("quotas._speedups")
-    except ImportError:
-        return None
-    return module if all(hasattr(module, name) for name in _TWINS) else None
-
-
-COMPILED_MODULE: Final = _load_compiled()
+_CHOICE: Final = choose("quotas._speedups", _TWINS)
+COMPILED_MODULE: Final = _CHOICE.compiled_module
 """quotas._speedups if it was built (whatever SLUICE_PURE_PYTHON says: the tests use both), else None."""
+IMPLEMENTATION: Final = _CHOICE.implementation
+describe: Final = _CHOICE.describe
+"""One line for the start-up log: which quota stats run, and why when they are the pure ones."""
 
-IMPLEMENTATION: Final = "compiled" if COMPILED_MODULE is not None and not _pure_requested() else "pure"
-
-_impl = COMPILED_MODULE if IMPLEMENTATION == "compiled" else None
+_impl = _CHOICE.active
 
 # The compiled classes have the reference's constructors, methods and results (tests/unit/differential).
 SampledRateImpl: Final = cast(type[stats.SampledRate],
@@ -56,12 +39,3 @@ SampledRateImpl: Final = cast(type[stats.SampledRate],
 TokenBucketImpl: Final = cast(type[stats.TokenBucket],
                               stats.TokenBucket if _impl is None else _impl.TokenBucket)
 
-
-def describe() -> str:
-    """One line for the start-up log: which quota stats run, and why when they are the pure ones."""
-    if IMPLEMENTATION == "compiled":
-        return "compiled (quotas._speedups)"
-    if COMPILED_MODULE is not None:
-        return "pure Python (SLUICE_PURE_PYTHON is set)"
-    return ("pure Python (quotas._speedups is not built, or is older than quotas/_speedups.pyx: "
-            "run `pip install -e .` with a C compiler present to use the compiled one)")

@@ -32,14 +32,13 @@ Every decision goes through ONE seam, `_Enforcer`, the only code that calls the 
 
 from __future__ import annotations
 
-import importlib
 import math
-import os
 from array import array
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any, Final
 
+from contracts.compiled import choose
 from quotas.clock import FakeClock
 from quotas.config import QuotaConfig
 from quotas.engine import QuotaEngine
@@ -217,21 +216,10 @@ class SharingGroups:
         return decision.key if decision.bound is not None else None
 
 
-def _pure_requested() -> bool:
-    return os.environ.get("SLUICE_PURE_PYTHON", "").strip().lower() in ("1", "true", "yes")
-
-
-def _load_compiled() -> Any:
-    try:
-        return importlib.import_module("quotas._replay_speedups")
-    except ImportError:
-        return None
-
-
-COMPILED_MODULE: Final = _load_compiled()
+_CHOICE: Final = choose("quotas._replay_speedups")
+COMPILED_MODULE: Final = _CHOICE.compiled_module
 """quotas._replay_speedups if it was built (whatever SLUICE_PURE_PYTHON says: the tests use both)."""
-
-IMPLEMENTATION: Final = "compiled" if COMPILED_MODULE is not None and not _pure_requested() else "pure"
+IMPLEMENTATION: Final = _CHOICE.implementation
 
 
 def sensor_model(config: QuotaConfig, kind: QuotaKind, clients: Iterable[ClientIdentity], *,
@@ -301,10 +289,11 @@ def replay_columns(ts_ms: Column, client: Column, value: Column, response_ms: Co
     if len(ts_ms) and not topics:
         model = sensor_model(config, kind, identities, topics=topics)
         if model is not None:
-            if IMPLEMENTATION == "compiled":
-                out = COMPILED_MODULE.replay_sensor(_typed(ts_ms, "q"), _typed(client, "i"),
-                                                    _typed(value, "d"), _typed(response_ms, "q"), end_ms,
-                                                    from_response, coalesce, model)
+            compiled = _CHOICE.active
+            if compiled is not None:
+                out = compiled.replay_sensor(_typed(ts_ms, "q"), _typed(client, "i"),
+                                             _typed(value, "d"), _typed(response_ms, "q"), end_ms,
+                                             from_response, coalesce, model)
                 path = "compiled"
             else:
                 out = replay_sensor(ts_ms, client, value, response_ms, end_ms, from_response, coalesce, model)
