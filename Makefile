@@ -19,7 +19,7 @@ demo: setup
 unexport PYTHONDONTWRITEBYTECODE
 
 # The unit and differential suites on the pure-Python data plane (the main run takes the compiled one
-# where it was built): protocol.fastpath reads SLUICE_PURE_PYTHON once, at import, so they are a
+# where it was built): contracts/compiled.py reads SLUICE_PURE_PYTHON once, at import, so they are a
 # pytest run of their own.
 PURE := SLUICE_PURE_PYTHON=1 $(PYTEST) -q tests/unit
 

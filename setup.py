@@ -1,4 +1,5 @@
-"""Builds the compiled data plane (protocol/_speedups.pyx, Cython) when it can.
+"""Builds the compiled data plane (protocol/_speedups.pyx), the quota stats (quotas/_speedups.pyx)
+and the replay's loop (quotas/_replay_speedups.pyx), with Cython, when it can.
 
 Everything else is in pyproject.toml. The extension is optional: without a C compiler (or without
 Cython) `pip install` still succeeds, says so clearly, and Sluice runs its pure-Python data plane,
@@ -50,7 +51,12 @@ def _extensions() -> list[Extension]:
         _say_no_extension("Cython is not installed (it is a build requirement in pyproject.toml)")
         return []
     return cythonize(
-        [Extension("protocol._speedups", ["protocol/_speedups.pyx"])],
+        [Extension("protocol._speedups", ["protocol/_speedups.pyx"]),
+         Extension("quotas._speedups", ["quotas/_speedups.pyx"]),
+         # the replay's loop (quotas/replay_loop.py's twin): its float arithmetic must be the
+         # reference's, operation for operation, so no fused multiply-adds
+         Extension("quotas._replay_speedups", ["quotas/_replay_speedups.pyx"],
+                   extra_compile_args=["-ffp-contract=off"])],
         compiler_directives={"language_level": "3"},
         quiet=True,
     )

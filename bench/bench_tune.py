@@ -283,11 +283,14 @@ def plot(runs: Sequence[dict[str, Any]], path: Path, log_format: str) -> None:
     fig, ax = plt.subplots(figsize=(7, 4.2))
     ax.plot(n, [r["job_s"] for r in runs], "o-", label="recommendation job")
     ax.plot(n, [r["baseline_s"] for r in runs], "s--", label="bare aggregation (baseline)")
+    if all("simulate_s" in r for r in runs):
+        ax.plot(n, [r["simulate_s"] for r in runs], "^-", label="tune simulate (plan + baseline replay)")
+        ax.axhline(30, color="#C44E52", linestyle=":", label="simulate target at 10M: 30 s")
     ax.axhline(10 if log_format == "parquet" else 30, color="grey", linestyle=":",
                label=f"target at 10M: {10 if log_format == 'parquet' else 30} s")
     ax.set_xlabel(f"million records ({'Parquet' if log_format == 'parquet' else 'JSON lines'})")
     ax.set_ylabel("seconds on local[2]")
-    ax.set_title("sluice tune: recommendation vs bare aggregation")
+    ax.set_title("sluice tune: recommendation and simulation vs bare aggregation")
     ax.grid(alpha=0.3)
     ax.legend()
     fig.tight_layout()

@@ -16,44 +16,28 @@ here; `IMPLEMENTATION` says which one is in use ("compiled" or "pure").
 
 from __future__ import annotations
 
-import importlib
-import os
 from collections.abc import Callable
-from types import ModuleType
 from typing import Final, cast
 
+from contracts.compiled import PURE_PYTHON_ENV, choose
 from protocol import framing, headers, produce, records, throttle
 from protocol.headers import RequestHeader
 
-PURE_PYTHON_ENV: Final = "SLUICE_PURE_PYTHON"
-"""Set to 1 (true, yes) to run the pure-Python data plane even when the compiled one is built."""
-
-
-def _pure_requested() -> bool:
-    return os.environ.get(PURE_PYTHON_ENV, "").strip().lower() in ("1", "true", "yes")
-
+__all__ = ["PURE_PYTHON_ENV"]  # re-exported: the switch's name, for the config's list of known variables
 
 _TWINS: Final = ("FrameSplitter", "read_request_header", "read_response_correlation_id", "read_produce_acks",
                   "throttle_time_offset", "plan_throttle_patch", "patch_throttle_time",
                   "fetch_response_partitions", "count_records")
 
 
-def _load_compiled() -> ModuleType | None:
-    """protocol._speedups, or None if it is not built or was built from an older .pyx (a stale
-    build lacks a twin: the pure path runs until `pip install -e .` rebuilds it)."""
-    try:
-        module = importlib.import_module("protocol._speedups")
-    except ImportError:
-        return None
-    return module if all(hasattr(module, name) for name in _TWINS) else None
-
-
-COMPILED_MODULE: Final = _load_compiled()
+_CHOICE: Final = choose("protocol._speedups", _TWINS)
+COMPILED_MODULE: Final = _CHOICE.compiled_module
 """protocol._speedups if it was built (whatever SLUICE_PURE_PYTHON says: the tests use both), else None."""
+IMPLEMENTATION: Final = _CHOICE.implementation
+describe: Final = _CHOICE.describe
+"""One line for the start-up log: which data plane runs, and why when it is the pure one."""
 
-IMPLEMENTATION: Final = "compiled" if COMPILED_MODULE is not None and not _pure_requested() else "pure"
-
-_impl = COMPILED_MODULE if IMPLEMENTATION == "compiled" else None
+_impl = _CHOICE.active
 
 # The compiled callables have the reference's signatures and behaviour (tests/unit/differential).
 FrameSplitter: Final = cast(type[framing.FrameSplitter],
@@ -80,12 +64,3 @@ fetch_response_partitions: Final = cast(
 count_records: Final = cast(Callable[[bytes, int, int], int | None],
                             records.count_records if _impl is None else _impl.count_records)
 
-
-def describe() -> str:
-    """One line for the start-up log: which data plane runs, and why when it is the pure one."""
-    if IMPLEMENTATION == "compiled":
-        return "compiled (protocol._speedups)"
-    if COMPILED_MODULE is not None:
-        return "pure Python (SLUICE_PURE_PYTHON is set)"
-    return ("pure Python (protocol._speedups is not built, or is older than protocol/_speedups.pyx: "
-            "run `pip install -e .` with a C compiler present to use the compiled one)")

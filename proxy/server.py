@@ -55,6 +55,7 @@ from proxy.stages.connection_stats import ConnectionStatsStage
 from proxy.stages.quota import DecisionObserver, QuotaStage
 from proxy.stages.topic_resolver import TopicIdResolver
 from proxy.stages.topic_usage import TopicNames
+from quotas import fastpath as quota_fastpath
 from quotas.clock import Clock, SystemClock
 from quotas.connection_limits import BufferBudget, ConnectionLimiter
 from quotas.engine import QuotaEngine
@@ -183,7 +184,7 @@ class ProxyServer:
         self.bootstrap_address = (sock[0], sock[1])
         log.info("Sluice listening on %s:%d (%s) for %s", sock[0], sock[1], describe_listener(config),
                  ",".join(str(a) for a in config.upstream.bootstrap))
-        log.info("data plane: %s", fastpath.describe())
+        log.info("data plane: %s; quota stats: %s", fastpath.describe(), quota_fastpath.describe())
         if config.metrics.port is not None:
             inventory, token = self.inventory, BearerToken.configured(config.connections_endpoint)
             degraded: list[Degraded] = [self.quota_service.problems]

@@ -26,6 +26,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 from quotas.errors import QuotaConfigError, join_key
+from quotas.fastpath import SampledRateImpl
 from quotas.stats import RateConfig, SampledRate
 
 #: The entity name of the per-IP default (`<default>`), as in Kafka's `ip` quota entity.
@@ -115,7 +116,7 @@ class IpConnectionRates:
         self._sweep(now_ms)
         sensor = self._sensors.get(ip)
         if sensor is None:
-            sensor = self._sensors[ip] = SampledRate(self._window)
+            sensor = self._sensors[ip] = SampledRateImpl(self._window)
         self._last_ms[ip] = now_ms
         sensor.record(1.0, now_ms)
         total, window_ms = sensor.measure_parts(now_ms)

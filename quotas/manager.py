@@ -27,6 +27,7 @@ from quotas.cluster import ClusterView
 from quotas.config import QuotaConfig
 from quotas.entity import ClientIdentity, QuotaEntity, QuotaKind, SensorKey
 from quotas.errors import QuotaConfigError
+from quotas.fastpath import SampledRateImpl, TokenBucketImpl
 from quotas.stats import METRIC_WINDOW, RateConfig, RecentSum, SampledAvgMax, SampledRate, TokenBucket
 from quotas.throttle import bucket_throttle_time_ms, throttle_time_ms
 
@@ -538,7 +539,7 @@ class QuotaManager:
                 sensor = self._retired.pop(key, None) if self._retired else None
                 fresh = sensor is None
                 if sensor is None:
-                    sensor = _Sensor(key, SampledRate(self._rate_config), now, self._last_sweep_ms)
+                    sensor = _Sensor(key, SampledRateImpl(self._rate_config), now, self._last_sweep_ms)
                 else:
                     sensor.touched_sweep_ms = self._last_sweep_ms  # now at the end of the dict
                 self._bind_limit(sensor)
@@ -645,7 +646,7 @@ class QuotaManager:
             sensor.bucket = None
         else:  # a bucket that already exists keeps its credits (clipped to a smaller burst)
             if sensor.bucket is None:
-                sensor.bucket = TokenBucket()
+                sensor.bucket = TokenBucketImpl()
             sensor.burst_s = shape.burst_ms / 1000.0
 
     def _install(self, callback: QuotaCallback) -> None:

@@ -32,16 +32,26 @@ Every decision goes through ONE seam, `_Enforcer`, the only code that calls the 
 
 from __future__ import annotations
 
-import heapq
 import math
-from collections import deque
+from array import array
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
+from typing import Any, Final
 
+from contracts.compiled import choose
 from quotas.clock import FakeClock
 from quotas.config import QuotaConfig
 from quotas.engine import QuotaEngine
 from quotas.entity import ClientIdentity, QuotaKind, SensorKey
+from quotas.manager import DEFAULT_SENSOR_IDLE_EXPIRY_MS
+from quotas.replay_loop import (
+    FAST_KINDS,
+    NOT_ADMITTED,
+    LoopResult,
+    SensorModel,
+    replay_sensor,
+    run_loop,
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -206,12 +216,101 @@ class SharingGroups:
         return decision.key if decision.bound is not None else None
 
 
-class _Client:
-    __slots__ = ("muted_until_ms", "queue")
+_CHOICE: Final = choose("quotas._replay_speedups")
+COMPILED_MODULE: Final = _CHOICE.compiled_module
+"""quotas._replay_speedups if it was built (whatever SLUICE_PURE_PYTHON says: the tests use both)."""
+IMPLEMENTATION: Final = _CHOICE.implementation
 
-    def __init__(self) -> None:
-        self.queue: deque[int] = deque()
-        self.muted_until_ms = -(2**62)
+
+def sensor_model(config: QuotaConfig, kind: QuotaKind, clients: Iterable[ClientIdentity], *,
+                 topics: bool) -> SensorModel | None:
+    """The one sensor every client in `clients` is counted in for `kind` under `config`, when
+    `SensorDecider` decides for it as the engine would (client quotas of a `FAST_KINDS` kind, one
+    sharing group with a positive bound, not shadow, not a token bucket's fetch); None otherwise
+    (the engine decides)."""
+    if topics or kind not in FAST_KINDS:
+        return None
+    engine = QuotaEngine(only(config, kind, topics=False), FakeClock(0))
+    manager = engine.for_broker(None)
+    keys = set()
+    decision = None
+    for who in clients:
+        decision = manager.check(kind, who)
+        keys.add(decision.key)
+    if decision is None or len(keys) != 1 or decision.bound is None or decision.shadow:
+        return None
+    if not decision.bound > 0:
+        return None
+    entity = decision.entity
+    shape = config.bucket_of(None if entity is None else config.get(entity))
+    if shape is not None and kind is QuotaKind.FETCH:
+        return None  # a token bucket's fetch also waits for the last second's deliveries: the engine's
+    return SensorModel(kind, decision.bound, config.window, None if shape is None else shape.burst_ms)
+
+
+def _typed(column: Sequence[Any], code: str) -> Any:
+    """A column as a buffer of C `code` values (an array of them already is one)."""
+    try:
+        view = memoryview(column)  # type: ignore[arg-type]
+    except TypeError:
+        return array(code, column)
+    return column if view.itemsize == array(code).itemsize and view.ndim == 1 else array(code, column)
+
+
+@dataclass(frozen=True, slots=True)
+class ReplayColumns:
+    """`replay_columns`' answer, per arrival in the sorted input: `LoopResult`'s columns, and
+    which path decided (`compiled`, `pure`: one sensor's arithmetic; `engine`)."""
+
+    result: LoopResult
+    end_ms: int
+    path: str
+
+
+Column = Any
+"""A column: a sequence, or a buffer of C values (an `array.array`, a NumPy array)."""
+
+
+def replay_columns(ts_ms: Column, client: Column, value: Column, response_ms: Column,
+                   identities: Sequence[ClientIdentity], config: QuotaConfig,
+                   kind: QuotaKind, *, topic: Sequence[str | None] | None = None, topics: bool = False,
+                   end_ms: int) -> ReplayColumns:
+    """The replay over columns sorted by `ts_ms` (ties replay in the given order): `client`
+    indexes `identities`; `topic` (with `topics`) names each arrival's topic. One sharing group
+    in one sensor is decided by its arithmetic (`quotas.replay_loop.SensorDecider`, compiled when
+    built), anything else by the engine; both with the same loop."""
+    from_response = kind in _PRODUCE_KINDS  # KIP-219: the delay starts when the response is sent
+    coalesce = kind in _FETCH_KINDS
+    if not len(only(config, kind, topics=topics)):  # no quota of the kind: nothing ever waits
+        return ReplayColumns(LoopResult([t if t < end_ms else NOT_ADMITTED for t in ts_ms],
+                                        [0.0 if t < end_ms else float(v)
+                                         for t, v in zip(ts_ms, value, strict=True)],
+                                        [], [], [], 0.0, 0), end_ms, "unlimited")
+    if len(ts_ms) and not topics:
+        model = sensor_model(config, kind, identities, topics=topics)
+        if model is not None:
+            compiled = _CHOICE.active
+            if compiled is not None:
+                out = compiled.replay_sensor(_typed(ts_ms, "q"), _typed(client, "i"),
+                                             _typed(value, "d"), _typed(response_ms, "q"), end_ms,
+                                             from_response, coalesce, model)
+                path = "compiled"
+            else:
+                out = replay_sensor(ts_ms, client, value, response_ms, end_ms, from_response, coalesce, model)
+                path = "pure"
+            # a sensor idle for longer than the engine keeps one is dropped and starts afresh:
+            # the engine decides such a recording
+            if out.max_idle_ms <= DEFAULT_SENSOR_IDLE_EXPIRY_MS:
+                return ReplayColumns(out, end_ms, path)
+    enforcer = _Enforcer(config, kind, topics=topics)
+
+    def decide(now_ms: int, who: int, head: int, asked: float) -> tuple[int, float]:
+        decision = enforcer.decide(now_ms, identities[who], None if topic is None else topic[head], asked)
+        return decision.throttle_ms, decision.delivered
+
+    out = run_loop(ts_ms, client, value, response_ms, end_ms, from_response=from_response,
+                   coalesce=coalesce, decide=decide)
+    return ReplayColumns(out, end_ms, "engine")
 
 
 def replay(arrivals: Sequence[Arrival], config: QuotaConfig, kind: QuotaKind, *,
@@ -228,80 +327,31 @@ def replay(arrivals: Sequence[Arrival], config: QuotaConfig, kind: QuotaKind, *,
         return ReplayResult(tuple(Admission(i, a.ts_ms, a.ts_ms, float(a.value), float(a.value))
                                   if a.ts_ms < end_ms else Admission(i, a.ts_ms, None, 0.0, float(a.value))
                                   for i, a in enumerate(arrivals)), (), end_ms, 0.0)
-    enforcer = _Enforcer(config, kind, topics=topics)
-    coalesce = kind in _FETCH_KINDS
-    from_response = kind in _PRODUCE_KINDS  # KIP-219: the delay starts when the response is sent
-    clients: dict[ClientIdentity, _Client] = {}
-    admitted_ms: list[int | None] = [None] * len(arrivals)
-    remaining = [float(a.value) for a in arrivals]
-    throttles: list[Throttle] = []
-    backlog_events: list[tuple[int, int, float]] = []  # (ms, 0 arrive / 1 admit, +-value)
-
-    # The heap holds (time the client's head can be decided, sequence, client); arrivals not yet
-    # in a queue are fed in time order, so a decision never runs ahead of an arrival before it.
-    heap: list[tuple[int, int, ClientIdentity]] = []
-    seq = 0
-    nxt = 0
-
-    def schedule(who: ClientIdentity, state: _Client) -> None:
-        nonlocal seq
-        head = arrivals[state.queue[0]].ts_ms
-        heapq.heappush(heap, (max(head, state.muted_until_ms), seq, who))
-        seq += 1
-
-    while nxt < len(order) or heap:
-        due = heap[0][0] if heap else None
-        if nxt < len(order) and (due is None or arrivals[order[nxt]].ts_ms <= due):
-            i = order[nxt]
-            nxt += 1
-            a = arrivals[i]
-            backlog_events.append((a.ts_ms, 0, a.value))
-            state = clients.get(a.client)
-            if state is None:
-                state = clients[a.client] = _Client()
-            state.queue.append(i)
-            if len(state.queue) == 1:
-                schedule(a.client, state)
-            continue
-        at_ms, _, who = heapq.heappop(heap)
-        if at_ms >= end_ms:
-            continue  # not decided within the recording: stays queued (deferred)
-        state = clients[who]
-        i = state.queue[0]
-        a = arrivals[i]
-        asked = remaining[i]
-        if coalesce:  # a fetch returns what is there: everything this client waits for, to the cap
-            asked = sum(remaining[j] for j in state.queue if arrivals[j].ts_ms <= at_ms)
-        decision = enforcer.decide(at_ms, a.client, a.topic, asked)
-        if decision.throttle_ms > 0:
-            throttles.append(Throttle(at_ms, decision.throttle_ms, i))
-            state.muted_until_ms = at_ms + (a.response_ms if from_response else 0) + decision.throttle_ms
-        delivered = decision.delivered
-        if delivered > 0:
-            backlog_events.append((at_ms, 1, -delivered))
-        while delivered > 0 and state.queue:  # oldest first
-            j = state.queue[0]
-            part = min(delivered, remaining[j])
-            remaining[j] -= part
-            delivered -= part
-            if remaining[j] <= 1e-9:
-                remaining[j] = 0.0
-                admitted_ms[j] = at_ms
-                state.queue.popleft()
-        if state.queue:
-            schedule(who, state)
-
-    # The backlog at an instant: arrived by then and not admitted by then (one millisecond's
-    # arrivals and admissions net out before it is measured).
-    backlog_events.sort(key=lambda e: e[0])
-    backlog = peak = 0.0
-    for k, (at, _, delta) in enumerate(backlog_events):
-        backlog += delta
-        if k + 1 == len(backlog_events) or backlog_events[k + 1][0] != at:
-            peak = max(peak, backlog)
-    admissions = tuple(Admission(i, a.ts_ms, admitted_ms[i], a.value - remaining[i], a.value)
+    index: dict[ClientIdentity, int] = {}
+    identities: list[ClientIdentity] = []
+    clients: list[int] = []
+    for i in order:  # a client is a connection: one queue, whatever the topics of its requests
+        who = arrivals[i].client
+        if who not in index:
+            index[who] = len(identities)
+            identities.append(who)
+        clients.append(index[who])
+    out = replay_columns([arrivals[i].ts_ms for i in order], clients,
+                         [float(arrivals[i].value) for i in order],
+                         [arrivals[i].response_ms for i in order], identities, config, kind,
+                         topic=[arrivals[i].topic for i in order], topics=topics, end_ms=end_ms).result
+    admitted: list[int | None] = [None] * len(arrivals)
+    remaining = [0.0] * len(arrivals)
+    for k, i in enumerate(order):
+        at = out.admitted_ms[k]
+        admitted[i] = None if at == NOT_ADMITTED else int(at)
+        remaining[i] = float(out.remaining[k])
+    throttles = tuple(Throttle(int(at), int(ms), order[int(k)])
+                      for at, ms, k in zip(out.throttle_at_ms, out.throttle_ms, out.throttle_arrival,
+                                           strict=True))
+    admissions = tuple(Admission(i, a.ts_ms, admitted[i], a.value - remaining[i], a.value)
                        for i, a in enumerate(arrivals))
-    return ReplayResult(admissions, tuple(throttles), end_ms, peak)
+    return ReplayResult(admissions, throttles, end_ms, float(out.max_backlog))
 
 
 # ------------------------------------------------------------------------------ summaries
@@ -310,8 +360,14 @@ def replay(arrivals: Sequence[Arrival], config: QuotaConfig, kind: QuotaKind, *,
 class ReplaySummary:
     """One replay in numbers. Rates are per second over the entity's recorded span (first arrival
     to `end_ms`); a throttled second is one that overlaps a mute (a throttle's ``[at, at + ms)``;
-    the access log gives the same from `ts_ms` and `throttle_time_ms`); throttle statistics are
-    over the throttling decisions (NaN when there were none)."""
+    the access log gives the same from `ts_ms` and `throttle_time_ms`); an active second is one
+    with an arrival or a throttled one (a mute holds a client that would have sent: a recording
+    made under a quota has no request in a second its client spent muted), so the throttled
+    seconds are never more than the active ones; `throttle_total_ms` is the time muted within
+    the recording (each mute up to `end_ms`: what a throttle decided near the end holds the client
+    after it is no part of the recording, and how much of it falls after the end depends on the
+    phase of the last mute, up to a whole one); the other throttle statistics are over the
+    throttling decisions, whole (NaN when there were none)."""
 
     active_seconds: int
     span_s: float
@@ -357,9 +413,15 @@ def muted_seconds(throttles: Iterable[Throttle], end_ms: int) -> set[int]:
     return seconds
 
 
+def muted_ms(throttles: Iterable[Throttle], end_ms: int) -> int:
+    """The throttles' time up to `end_ms`: each mute ``[at, at + throttle)`` cut at the end."""
+    return sum(max(min(t.at_ms + t.throttle_ms, end_ms) - t.at_ms, 0) for t in throttles)
+
+
 def summarize(arrivals: Sequence[Arrival], result: ReplayResult) -> ReplaySummary:
     """Numbers of one replay of `arrivals` (see `ReplaySummary`)."""
-    seconds = {a.ts_ms // 1000 for a in arrivals}
+    muted = muted_seconds(result.throttles, result.end_ms)
+    seconds = {a.ts_ms // 1000 for a in arrivals} | muted
     start_ms = min((a.ts_ms for a in arrivals), default=result.end_ms)
     span_s = max(result.end_ms - start_ms, 1) / 1000.0
     ms = [float(t.throttle_ms) for t in result.throttles]
@@ -368,8 +430,8 @@ def summarize(arrivals: Sequence[Arrival], result: ReplayResult) -> ReplaySummar
     waits = [w for w in (a.wait_ms for a in result.admissions) if w is not None]
     return ReplaySummary(
         active_seconds=len(seconds), span_s=span_s,
-        throttled_seconds=len(muted_seconds(result.throttles, result.end_ms)),
-        throttles=len(ms), throttle_total_ms=int(sum(ms)),
+        throttled_seconds=len(muted),
+        throttles=len(ms), throttle_total_ms=muted_ms(result.throttles, result.end_ms),
         throttle_mean_ms=sum(ms) / len(ms) if ms else math.nan,
         throttle_p50_ms=percentile(ms, 0.5), throttle_p99_ms=percentile(ms, 0.99),
         throttle_max_ms=max(ms) if ms else math.nan,

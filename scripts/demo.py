@@ -321,6 +321,10 @@ def simulate() -> None:
         say(f"   the simulation failed:\n{done.stderr[-2000:]}")
         return
     say("\n".join(f"   {line}" for line in done.stdout.strip().splitlines()))
+    say("   (active seconds are those with a request or a mute, so throttled seconds never exceed them; a\n"
+        "   second admitted far above the quota under the windowed rate is Kafka's window: once a burst's\n"
+        "   samples are older than samples x size, a client with a backlog is admitted up to\n"
+        "   (samples - 1) x size of quota at once, and over the whole run it gets the quota)")
     for png in sorted((OUT / "plan" / "simulation").glob("*.png")):
         say(f"   plot: {png}")
 

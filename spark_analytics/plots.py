@@ -107,25 +107,33 @@ def plot_plan(rows: Sequence[Mapping[str, Any]], path: Path, *, percentile_label
 
 def plot_simulation(points: Sequence[Sequence[float]], path: Path, *, title: str,
                     censored: bool = False) -> Path:
-    """One sharing group's replay: per second the demand, what the baseline and the plan admitted
-    (top), and the throttle time they gave (bottom). `points` rows are [second, demand,
-    admitted under the plan, admitted under the baseline, plan throttle ms, baseline throttle ms]."""
+    """One sharing group's replay, per whole second (every second of the span; a second with
+    nothing is 0): the demand, what the baseline and the plan admitted (top), and the share of
+    the second its clients spent muted under each (bottom, 0 to 1). `points` rows are [second,
+    demand, admitted under the plan, admitted under the baseline, plan muted ms, baseline muted
+    ms]. Steps, not lines: a value holds for its whole second. Under Kafka's windowed rate a
+    client idle (or its burst's samples expired) for a whole window is admitted up to
+    (samples - 1) x window of quota at once, so a second far above the quota is expected there."""
     plt = _pyplot()
     from matplotlib.ticker import FuncFormatter
 
     t0 = points[0][0] if points else 0
     x = [p[0] - t0 for p in points]
     fig, (top, bottom) = plt.subplots(2, 1, figsize=(10, 5.5), sharex=True, height_ratios=(2, 1))
-    top.plot(x, [p[1] for p in points], label="demand (recorded)", color="#8C8C8C", linewidth=1.2)
-    top.plot(x, [p[3] for p in points], label="admitted, baseline", color="#4C72B0", linewidth=1.2)
-    top.plot(x, [p[2] for p in points], label="admitted, plan", color="#55A868", linewidth=1.2)
+    step: dict[str, Any] = {"where": "post", "linewidth": 1.2}
+    top.step(x, [p[1] for p in points], label="demand (recorded)", color="#8C8C8C", **step)
+    top.step(x, [p[3] for p in points], label="admitted, baseline", color="#4C72B0", **step)
+    top.step(x, [p[2] for p in points], label="admitted, plan", color="#55A868", **step)
     top.yaxis.set_major_formatter(FuncFormatter(_human))
     top.set_title(title + (" (censored: demand is a lower bound)" if censored else ""))
     top.legend(fontsize=8, loc="upper right")
     top.grid(alpha=0.3)
-    bottom.plot(x, [p[5] / 1000 for p in points], label="throttle, baseline", color="#4C72B0", linewidth=1)
-    bottom.plot(x, [p[4] / 1000 for p in points], label="throttle, plan", color="#C44E52", linewidth=1)
-    bottom.set_ylabel("throttle s per s")
+    bottom.step(x, [p[5] / 1000 for p in points], label="muted, baseline", color="#4C72B0", where="post",
+                linewidth=1)
+    bottom.step(x, [p[4] / 1000 for p in points], label="muted, plan", color="#C44E52", where="post",
+                linewidth=1)
+    bottom.set_ylabel("share of the second muted")
+    bottom.set_ylim(-0.05, 1.05)
     bottom.set_xlabel("seconds from the first request")
     bottom.legend(fontsize=8, loc="upper right")
     bottom.grid(alpha=0.3)

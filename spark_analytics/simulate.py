@@ -35,7 +35,8 @@ from contracts.access_log import (
 from quotas import QuotaConfig, QuotaEntity, QuotaEntry, QuotaKind, RateConfig, RateModel
 from quotas.callback import topic_identity
 from quotas.entity import ClientIdentity, SensorKey
-from quotas.replay import Arrival, ReplayResult, SharingGroups, replay, summarize, unqueued_response_ms
+from quotas.replay import ReplayColumns, SharingGroups, percentile, replay_columns
+from quotas.replay_loop import NOT_ADMITTED
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -170,16 +171,21 @@ def arrivals(keys: Sequence[str], *, topics: bool) -> Any:
                                 .otherwise(F.coalesce(F.col("response_bytes"), F.lit(0))).alias("bytes"),
                                records.alias("records"))
             size = F.col("bytes")
+        # a consumer's demand is the data produced for it, when it was produced (see `fetch_demand`)
+        demand = (logs.transform(fetch_demand(topics=topics))
+                  if any(k in _FETCH_KEYS for k in keys) else None)
         parts: list[DataFrame] = []
         for key in keys:
+            source = rows
             if key in _PRODUCE_KEYS:
                 where, value = produce, size if key == "producer_byte_rate" else F.col("records")
-            elif key in _FETCH_KEYS:
-                where, value = fetch, size if key == "consumer_byte_rate" else F.col("records")
+            elif key in _FETCH_KEYS and demand is not None:
+                source, where = demand, F.lit(True)
+                value = F.col("bytes") if key == "consumer_byte_rate" else F.col("records")
             else:
                 where, value = F.lit(True), F.lit(1)
             waited = F.col("response_ms") if key in _PRODUCE_KEYS else F.lit(0).cast("long")
-            parts.append(rows.where(where).select(
+            parts.append(source.where(where).select(
                 "principal", "client_id", "topic", "broker_id", "ts_ms", F.lit(key).alias("quota_key"),
                 value.cast("double").alias("value"), F.col("records").cast("long").alias("records"),
                 "recorded_throttled", waited.alias("response_ms")))
@@ -188,6 +194,163 @@ def arrivals(keys: Sequence[str], *, topics: bool) -> Any:
             out = out.unionByName(p)
         return out
     return transform
+
+
+_DEMAND_SCHEMA = ("principal string, client_id string, broker_id int, ts_ms long, "
+                  "recorded_throttled boolean, response_ms long, api_key int, topic string, bytes double, "
+                  "records long")
+
+
+def fetch_demand(*, topics: bool) -> Any:
+    """Access-log records -> the consumers' demand: per consumer, the records it fetched, at the
+    time they were produced (rows as `arrivals`' fetch rows: principal, client_id, broker_id,
+    ts_ms, recorded_throttled, response_ms = 0, api_key, topic (null unless `topics`), bytes,
+    records).
+
+    A fetch returns what is there: the bytes a consumer fetched were wanted as soon as they were
+    in the partition, not when this recording's consumer happened to ask (it may have been a
+    few hundred ms late, or far behind on a loaded machine), and a consumer that is throttled
+    later fetches everything that was produced meanwhile. Per topic-partition
+    (`retime_partition`) the consumer's records are matched, in offset order, to the produce
+    batches that wrote them; the bytes are the consumer's own (the response bytes it got per
+    record). Share fetches (no offset order per consumer) and consumers of a partition no
+    recorded producer wrote keep their recorded fetches."""
+    from pyspark.sql import functions as F
+
+    def transform(logs: DataFrame) -> DataFrame:
+        api = F.col("api_key")
+        # a produce offers its records when it is sent (a broker that is slow to append them is
+        # the recording's, not the plan's); a fetch had them when its response came back
+        ready = F.when(api == PRODUCE_API_KEY, F.col("ts_ms")).otherwise(
+            F.col("ts_ms") + F.round(F.coalesce(F.col("upstream_latency_ms"), F.lit(0.0)))).cast("long")
+        broker_throttle = F.coalesce(F.col("broker_throttle_time_ms"), F.lit(0))
+        throttled = (F.col("throttle_time_ms") > 0) | (broker_throttle > 0)
+        pieces_bytes = F.aggregate(F.coalesce(F.col("topics"), F.array()), F.lit(0).cast("long"),
+                                   lambda acc, t: acc + t["bytes"].cast("long"))
+        wanted = (logs.where(api.isin(PRODUCE_API_KEY, FETCH_API_KEY))
+                  .select("principal", "client_id", "broker_id", "ts_ms", "api_key", ready.alias("ready_ms"),
+                          throttled.alias("recorded_throttled"),
+                          F.coalesce(F.col("response_bytes"), F.lit(0)).cast("double").alias("wire"),
+                          pieces_bytes.alias("pieces_bytes"), F.explode("topics").alias("t"))
+                  .select("principal", "client_id", "broker_id", "ts_ms", "api_key", "ready_ms",
+                          "recorded_throttled", F.col("t.topic").alias("topic"),
+                          F.col("t.partition").alias("partition"),
+                          F.col("t.records").cast("long").alias("records"),
+                          # a fetch's response bytes (the wire, what the quota counts) shared
+                          # among its partitions by their record bytes
+                          F.when(F.col("pieces_bytes") > 0,
+                                 F.col("wire") * F.col("t.bytes") / F.col("pieces_bytes"))
+                          .otherwise(F.col("t.bytes").cast("double")).alias("bytes")))
+
+        def run(table: pa.Table) -> pa.Table:
+            return retime_partition(table, topics=topics)
+        retimed = wanted.groupBy("topic", "partition").applyInArrow(run, _DEMAND_SCHEMA)
+        # fetches that carried no partition (an empty response) and share fetches, as recorded
+        topic = F.lit(None).cast("string")
+        bare = (logs.where((api == SHARE_FETCH_API_KEY)
+                           | ((api == FETCH_API_KEY) & (F.coalesce(F.size("topics"), F.lit(0)) <= 0)))
+                .select("principal", "client_id", "broker_id", "ts_ms", throttled.alias("recorded_throttled"),
+                        F.lit(0).cast("long").alias("response_ms"), "api_key", topic.alias("topic"),
+                        F.coalesce(F.col("response_bytes"), F.lit(0)).cast("double").alias("bytes"),
+                        F.lit(0).cast("long").alias("records")))
+        if topics:  # a topic budget counts the topics' bytes: a response with none adds nothing
+            return retimed
+        return retimed.unionByName(bare)
+    return transform
+
+
+def retime_partition(table: pa.Table, *, topics: bool) -> pa.Table:
+    """One topic-partition's produce and fetch pieces -> each consumer's demand (`fetch_demand`).
+
+    With P(t) the records produced by t (each produce batch counted when it was sent: a broker
+    slow to append it in the recording would otherwise shift the consumer's demand) and F_k the
+    records a consumer had fetched by its k-th fetch's response at t_k, the consumer read
+    offsets ``offset + 1 .. offset + F_end`` of the recording, where
+    ``offset = min_k (P(t_k) - F_k)``: the newest offsets consistent with it never fetching a
+    record before it was produced (a consumer that keeps up has ``offset`` near 0; one that reads
+    a backlog from before the recording, below 0). Each produce batch's share of those offsets
+    is one demand row at the batch's time (the records written before the recording at the
+    consumer's first fetch; never before its first fetch), its bytes the consumer's bytes per
+    record, its broker and recorded throttle those of the fetch that delivered its last record."""
+    import numpy as np
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    def col(name: str, fill: int = 0) -> Any:
+        return pc.fill_null(table.column(name), fill).to_numpy(zero_copy_only=False)
+
+    api, ready, ts = col("api_key"), col("ready_ms").astype(np.int64), col("ts_ms").astype(np.int64)
+    records = col("records").astype(np.int64)
+    known = pc.is_valid(table.column("records")).to_numpy(zero_copy_only=False)
+    size = col("bytes").astype(np.float64)
+    produce = np.nonzero(api == PRODUCE_API_KEY)[0]
+    produce = produce[np.argsort(ready[produce], kind="stable")]
+    produced_ms = ready[produce]
+    produced_end = np.cumsum(records[produce])
+    starts = produced_end - records[produce]
+    fetch = np.nonzero(api == FETCH_API_KEY)[0]
+    who = pc.binary_join_element_wise(pc.fill_null(table.column("principal"), ""),
+                                      pc.fill_null(table.column("client_id"), ""), "\x00")
+    consumer = pc.dictionary_encode(who).combine_chunks().indices.to_numpy(zero_copy_only=False)
+    fetch = fetch[np.lexsort((ts[fetch], ready[fetch], consumer[fetch]))]  # by consumer, then in time
+    keys = consumer[fetch]
+    picked: list[Any] = []  # per output row: the source row (broker, principal, throttled)
+    at: list[Any] = []
+    counts: list[Any] = []
+    values: list[Any] = []
+    for group in np.split(fetch, np.nonzero(np.diff(keys))[0] + 1) if len(fetch) else []:
+        fetched = records[group]
+        if not len(produce) or not known[group].all() or fetched.sum() <= 0:
+            picked.append(group)  # nothing to match them with: as recorded
+            at.append(ts[group])
+            counts.append(fetched)
+            values.append(size[group])
+            continue
+        fetched_end = np.cumsum(fetched)
+        idx = np.searchsorted(produced_ms, ready[group], side="right")
+        produced_by = np.where(idx > 0, produced_end[np.maximum(idx - 1, 0)], 0)
+        offset = int(np.min(produced_by - fetched_end))
+        last = offset + int(fetched_end[-1])
+        per_record = float(size[group].sum()) / float(fetched_end[-1])
+        first_ms = int(ts[group[0]])
+        # (offset, last] against each batch's (start, end]; the offsets before the recording
+        lo = np.maximum(starts, offset)
+        hi = np.minimum(produced_end, last)
+        batches = np.nonzero(hi > lo)[0]
+        ends = hi[batches]
+        n = hi[batches] - lo[batches]
+        times = np.maximum(produced_ms[batches], first_ms)
+        if offset < 0 and min(0, last) > offset:
+            ends = np.concatenate(([min(0, last)], ends))
+            n = np.concatenate(([min(0, last) - offset], n))
+            times = np.concatenate(([first_ms], times))
+        k = np.minimum(np.searchsorted(fetched_end, ends - offset, side="left"), len(group) - 1)
+        picked.append(group[k])
+        at.append(times)
+        counts.append(n)
+        values.append(n * per_record)
+    rows = np.concatenate(picked) if picked else np.zeros(0, dtype=np.int64)
+    source = table.take(pa.array(rows, type=pa.int64()))
+    length = len(rows)
+    return pa.table({
+        "principal": source.column("principal"), "client_id": source.column("client_id"),
+        "broker_id": source.column("broker_id").cast(pa.int32()),
+        "ts_ms": pa.array(np.concatenate(at) if at else [], type=pa.int64()),
+        "recorded_throttled": source.column("recorded_throttled"),
+        "response_ms": pa.array(np.zeros(length, dtype=np.int64)),
+        "api_key": pa.array(np.full(length, FETCH_API_KEY, dtype=np.int32)),
+        "topic": source.column("topic") if topics else pa.nulls(length, pa.string()),
+        "bytes": pa.array(np.concatenate(values) if values else [], type=pa.float64()),
+        "records": pa.array(np.concatenate(counts) if counts else [], type=pa.int64())},
+        schema=_demand_arrow_schema())
+
+
+def _demand_arrow_schema() -> pa.Schema:
+    import pyarrow as pa
+
+    fields = [c.split(" ") for c in _DEMAND_SCHEMA.split(", ")]
+    return pa.schema([(name, {"string": pa.string(), "int": pa.int32(), "long": pa.int64(),
+                              "boolean": pa.bool_(), "double": pa.float64()}[kind]) for name, kind in fields])
 
 
 def identities(arr: DataFrame) -> list[tuple[str, str | None, str | None, str]]:
@@ -243,41 +406,120 @@ def simulate(setup: SimulationSetup, *, topics: bool) -> Any:
 
 # ------------------------------------------------------------------------------ in the workers
 
-def _arrivals_of(columns: Mapping[str, list[Any]], topics: bool) -> list[Arrival]:
-    """The group's arrivals; each produce's response time is its client's unqueued one
-    (`quotas.replay.unqueued_response_ms`: the recording's waits include the client's own queue)."""
-    waits: dict[ClientIdentity, list[tuple[int, float]]] = {}
-    clients = [ClientIdentity.of(p, c)
-               for p, c in zip(columns["principal"], columns["client_id"], strict=True)]
-    for client, ts_ms, response_ms in zip(clients, columns["ts_ms"], columns["response_ms"], strict=True):
-        waits.setdefault(client, []).append((ts_ms, float(response_ms or 0)))
-    service_ms = {client: unqueued_response_ms(w) for client, w in waits.items()}
-    return [Arrival(ts_ms, client, value, topic if topics else None, service_ms[client])
-            for client, topic, ts_ms, value in zip(clients, columns["topic"], columns["ts_ms"],
-                                                   columns["value"], strict=True)]
+def _response_ms(ts: Any, wait: Any, client: Any, clients: int) -> Any:
+    """Each row's client's unqueued response time (`quotas.replay.unqueued_response_ms`: the
+    recording's waits include the client's own queue), per client over its (ts_ms, wait) pairs."""
+    import numpy as np
+
+    out = np.zeros(clients, dtype=np.int64)
+    for c in range(clients):
+        rows = np.nonzero(client == c)[0]
+        order = rows[np.lexsort((wait[rows], ts[rows]))]
+        t, w = ts[order], wait[order]
+        free_before = np.concatenate(([-np.inf], np.maximum.accumulate(t + w)[:-1]))
+        unqueued = w[t >= free_before]
+        out[c] = round(percentile(unqueued.tolist(), 0.5)) if len(unqueued) else 0
+    return out[client]
 
 
-def _summary(arrs: Sequence[Arrival], result: ReplayResult, records: Sequence[int]) -> dict[str, Any]:
-    s = summarize(arrs, result)
-    total_records = float(sum(records))
-    admitted_records = sum(r * (a.admitted_value / a.value if a.value else 1.0)
-                           for r, a in zip(records, result.admissions, strict=True))
-    out = {name: getattr(s, name) for name, _ in SUMMARY_FIELDS
-           if name not in ("records_demand_per_s", "records_admitted_per_s", "throttled_share")}
-    return out | {"records_demand_per_s": total_records / s.span_s,
-                  "records_admitted_per_s": admitted_records / s.span_s,
-                  "throttled_share": s.throttled_share}
+def _seconds(throttle_at: Any, throttle_ms: Any, end_ms: int) -> tuple[Any, Any]:
+    """The whole seconds that overlap a mute, as merged inclusive spans (first, last)."""
+    import numpy as np
+
+    stop = np.minimum(throttle_at + throttle_ms, end_ms)
+    keep = stop > throttle_at
+    first, last = throttle_at[keep] // 1000, (stop[keep] - 1) // 1000
+    if not len(first):
+        return first, last
+    order = np.argsort(first, kind="stable")
+    first, last = first[order], last[order]
+    reach = np.maximum.accumulate(last)
+    new = np.concatenate(([True], first[1:] > reach[:-1] + 1))
+    starts = np.nonzero(new)[0]
+    return first[starts], np.maximum.reduceat(last, starts)
 
 
-def _per_second(result: ReplayResult) -> tuple[dict[int, float], dict[int, int]]:
-    admitted: dict[int, float] = {}
-    for a in result.admissions:
-        if a.admitted_ms is not None:
-            admitted[a.admitted_ms // 1000] = admitted.get(a.admitted_ms // 1000, 0.0) + a.admitted_value
-    throttle: dict[int, int] = {}
-    for t in result.throttles:
-        throttle[t.at_ms // 1000] = throttle.get(t.at_ms // 1000, 0) + t.throttle_ms
-    return admitted, throttle
+def _muted_per_second(throttle_at: Any, throttle_ms: Any, end_ms: int) -> dict[int, int]:
+    """Per second, the milliseconds some client of the group was muted (mutes merged: at most 1000)."""
+    import numpy as np
+
+    stop = np.minimum(throttle_at + throttle_ms, end_ms)
+    keep = stop > throttle_at
+    start, stop = throttle_at[keep], stop[keep]
+    out: dict[int, int] = {}
+    if not len(start):
+        return out
+    order = np.argsort(start, kind="stable")
+    start, stop = start[order], stop[order]
+    reach = np.maximum.accumulate(stop)
+    new = np.concatenate(([True], start[1:] > reach[:-1]))
+    firsts = np.nonzero(new)[0]
+    for a, b in zip(start[firsts].tolist(), np.maximum.reduceat(stop, firsts).tolist(), strict=True):
+        while a < b:
+            second_end = (a // 1000 + 1) * 1000
+            out[a // 1000] = out.get(a // 1000, 0) + min(b, second_end) - a
+            a = second_end
+    return out
+
+
+@dataclass(frozen=True, slots=True)
+class _Replayed:
+    summary: dict[str, Any]
+    admitted_per_second: dict[int, float]
+    muted_per_second: dict[int, int]
+
+
+def _summarize(ts: Any, value: Any, records: Any, out: ReplayColumns) -> _Replayed:
+    """`quotas.replay.summarize` over columns (the same numbers: see `ReplaySummary`), with
+    records admitted in proportion to each request's admitted value."""
+    import numpy as np
+
+    r = out.result
+    end_ms = out.end_ms
+    remaining = np.asarray(r.remaining, dtype=np.float64)
+    admitted_ms = np.asarray(r.admitted_ms, dtype=np.int64)
+    t_at = np.asarray(r.throttle_at_ms, dtype=np.int64)
+    t_ms = np.asarray(r.throttle_ms, dtype=np.int64)
+    first, last = _seconds(t_at, t_ms, end_ms)
+    throttled = int((last - first + 1).sum())
+    arrived = np.unique(ts // 1000)
+    idx = np.searchsorted(first, arrived, side="right") - 1
+    inside = ((idx >= 0) & (arrived <= last[np.maximum(idx, 0)]) if len(first)
+              else np.zeros(len(arrived), dtype=bool))
+    active = throttled + int((~inside).sum())
+    span_s = max(end_ms - int(ts[0]), 1) / 1000.0
+    ms = np.sort(t_ms.astype(np.float64))
+    demand = float(value.sum())
+    got = value - remaining
+    admitted = float(got.sum())
+    done = admitted_ms != NOT_ADMITTED
+    waits = admitted_ms[done] - ts[done]
+    share = np.divide(got, value, out=np.ones_like(got), where=value != 0)
+    total_records = float(records.sum())
+    summary = {
+        "active_seconds": active, "throttled_seconds": throttled, "throttles": len(ms),
+        "throttle_total_ms": int(np.maximum(np.minimum(t_at + t_ms, end_ms) - t_at, 0).sum()),
+        "throttle_mean_ms": float(ms.sum() / len(ms)) if len(ms) else math.nan,
+        "throttle_p50_ms": percentile(ms.tolist(), 0.5), "throttle_p99_ms": percentile(ms.tolist(), 0.99),
+        "throttle_max_ms": float(ms[-1]) if len(ms) else math.nan,
+        "demand_per_s": demand / span_s, "admitted_per_s": admitted / span_s,
+        "records_demand_per_s": total_records / span_s,
+        "records_admitted_per_s": float((records * share).sum()) / span_s,
+        "deferred": demand - admitted, "max_backlog": float(r.max_backlog),
+        "max_wait_ms": int(waits.max()) if len(waits) else 0,
+        "throttled_share": throttled / active if active else 0.0}
+    return _Replayed(summary, _per_second(admitted_ms[done] // 1000, got[done]),
+                     _muted_per_second(t_at, t_ms, end_ms))
+
+
+def _per_second(seconds: Any, values: Any) -> dict[int, float]:
+    """{second: the sum of its values} (for the plot)."""
+    import numpy as np
+
+    if not len(seconds):
+        return {}
+    unique, where = np.unique(seconds, return_inverse=True)
+    return dict(zip(unique.tolist(), np.bincount(where, weights=values).tolist(), strict=True))
 
 
 _ARROW_TYPES = {"string": "string", "long": "int64", "double": "float64", "int": "int32"}
@@ -291,42 +533,65 @@ def result_schema() -> pa.Schema:
 
 
 def simulate_group(table: pa.Table, setup: SimulationSetup, *, topics: bool) -> pa.Table:
-    """One sharing group's arrivals replayed under the plan and the baseline (in a worker)."""
+    """One sharing group's arrivals replayed under the plan and the baseline (in a worker), over
+    typed columns (`quotas.replay.replay_columns`)."""
+    import numpy as np
     import pyarrow as pa
+    import pyarrow.compute as pc
 
     plan, baseline = setup.configs()
+
+    def ranked(column: Any) -> tuple[Any, list[Any]]:
+        """Each row's value as its rank among the column's distinct values (sorted), and those."""
+        encoded = pc.dictionary_encode(column).combine_chunks()
+        names = encoded.dictionary.to_pylist()
+        order = sorted(range(len(names)), key=lambda k: names[k])
+        rank = np.empty(len(names), dtype=np.int32)
+        rank[order] = np.arange(len(names), dtype=np.int32)
+        return rank[encoded.indices.to_numpy(zero_copy_only=False)], [names[k] for k in order]
+
+    who = pc.binary_join_element_wise(pc.fill_null(table.column("principal"), ""),
+                                      pc.fill_null(table.column("client_id"), ""), "\x00")
+    client, names = ranked(who)
+    topic_rank, _ = ranked(pc.fill_null(table.column("topic"), ""))
     # a total order, so that ties in ts_ms replay the same however Spark partitioned the input
-    table = table.sort_by([(c, "ascending") for c in ("ts_ms", "principal", "client_id", "topic", "value")])
-    columns = {name: table.column(name).to_pylist()
-               for name in ("principal", "client_id", "topic", "ts_ms", "value", "records",
-                            "recorded_throttled", "response_ms")}
+    raw_ts = pc.fill_null(table.column("ts_ms"), 0).to_numpy(zero_copy_only=False)
+    raw_value = pc.fill_null(table.column("value"), 0.0).to_numpy(zero_copy_only=False)
+    order = np.lexsort((raw_value, topic_rank, client, raw_ts))
+
+    def col(name: str, dtype: Any, fill: Any = 0) -> Any:
+        raw = pc.fill_null(table.column(name), fill).to_numpy(zero_copy_only=False)
+        return np.ascontiguousarray(raw[order], dtype=dtype)
+
+    ts, value = np.ascontiguousarray(raw_ts[order], dtype=np.int64), np.ascontiguousarray(raw_value[order],
+                                                                                           dtype=np.float64)
+    records, flagged = col("records", np.int64), col("recorded_throttled", np.bool_, False)
+    client = np.ascontiguousarray(client[order], dtype=np.int32)
+    identities = [ClientIdentity.of(*(str(x).split("\x00", 1) if x else ("", ""))) for x in names]
+    response = np.ascontiguousarray(_response_ms(ts, col("response_ms", np.int64), client, len(identities)),
+                                    dtype=np.int64)
     key = str(table.column("quota_key")[0].as_py())
     kind = QuotaKind(key)
-    arrs = _arrivals_of(columns, topics)
-    records = [r or 0 for r in columns["records"]]
-    end_ms = max(arrs[-1].ts_ms + 1, setup.end_ms or 0)
-    by_plan = replay(arrs, plan, kind, topics=topics, end_ms=end_ms)
-    by_base = replay(arrs, baseline, kind, topics=topics, end_ms=end_ms)
-    recorded_seconds = {t // 1000 for t in columns["ts_ms"]}
-    throttled_seconds = {t // 1000
-                         for t, x in zip(columns["ts_ms"], columns["recorded_throttled"], strict=True)
-                         if x}
-    demand: dict[int, float] = {}
-    for a in arrs:
-        demand[a.ts_ms // 1000] = demand.get(a.ts_ms // 1000, 0.0) + a.value
-    plan_in, plan_thr = _per_second(by_plan)
-    base_in, base_thr = _per_second(by_base)
-    seconds = sorted(set(demand) | set(plan_in) | set(base_in))
-    timeline = [[s, demand.get(s, 0.0), plan_in.get(s, 0.0), base_in.get(s, 0.0), plan_thr.get(s, 0),
-                 base_thr.get(s, 0)] for s in seconds]
+    end_ms = max(int(ts[-1]) + 1, setup.end_ms or 0)
+    topic = table.column("topic").take(pa.array(order)).to_pylist() if topics else None
+    sides = {side: _summarize(ts, value, records, replay_columns(
+                 ts, client, value, response, identities, config, kind, topic=topic, topics=topics,
+                 end_ms=end_ms)) for side, config in (("plan", plan), ("base", baseline))}
+    demand = _per_second(ts // 1000, value)
+    plan_side, base_side = sides["plan"], sides["base"]
+    # every second from the first to the last that has anything (a second with nothing is 0)
+    known = set(demand) | set(plan_side.admitted_per_second) | set(base_side.admitted_per_second)
+    timeline = [[s, demand.get(s, 0.0), plan_side.admitted_per_second.get(s, 0.0),
+                 base_side.admitted_per_second.get(s, 0.0), plan_side.muted_per_second.get(s, 0),
+                 base_side.muted_per_second.get(s, 0)] for s in range(min(known), max(known) + 1)]
     row: dict[str, Any] = {
         "entity": str(table.column("entity")[0].as_py()), "quota_key": key,
         "broker_id": table.column("broker_id")[0].as_py(),
-        "requests": len(arrs), "span_s": max(end_ms - arrs[0].ts_ms, 1) / 1000.0,
-        "recorded_throttled_seconds": len(throttled_seconds),
-        "recorded_active_seconds": len(recorded_seconds)}
-    for side, result in (("plan", by_plan), ("base", by_base)):
-        row |= {f"{side}_{k}": v for k, v in _summary(arrs, result, records).items()}
+        "requests": len(ts), "span_s": max(end_ms - int(ts[0]), 1) / 1000.0,
+        "recorded_throttled_seconds": len(np.unique(ts[flagged] // 1000)),
+        "recorded_active_seconds": len(np.unique(ts // 1000))}
+    for side, replayed in sides.items():
+        row |= {f"{side}_{k}": v for k, v in replayed.summary.items()}
     row["timeline"] = json.dumps(timeline, separators=(",", ":"))
     return pa.Table.from_pylist([row], schema=result_schema())
 

@@ -147,6 +147,7 @@ def test_the_image_runs_as_the_kubernetes_sample_runs_its_pod(pod: Pod, kafka: K
     container, bootstrap, access_logs = pod.container, pod.address, pod.access_logs
     assert "all 2 workers ready" in container.log(), container.log()[-3000:]
     assert "data plane: compiled (protocol._speedups)" in container.log()  # the build stage compiled it
+    assert "quota stats: compiled (quotas._speedups)" in container.log()
     assert container.exec("id", "-u").stdout.strip() == "10001"
     assert container.exec("touch", "/var/lib/sluice/x").returncode != 0  # the root is read-only
     has = container.exec("python", "-c", "import importlib.util as u, sys; "

@@ -263,8 +263,9 @@ def test_the_supervisor_answers_quotas_effective_from_its_workers(kafka: KafkaCl
                 assert r.status == 200
                 return dict(json.loads(r.read().decode()))
 
-        doc = eventually(effective, lambda d: len(d["limits"]) == 1 and len(d["limits"][0]["workers"]) == 2,
-                         timeout_s=30)
+        # the workers' local fleet settles the standby shares after both have reported: wait for it
+        doc = eventually(effective, lambda d: len(d["limits"]) == 1 and len(d["limits"][0]["workers"]) == 2
+                         and all(w["limit"] == 5e5 for w in d["limits"][0]["workers"]), timeout_s=30)
         (limit,) = doc["limits"]
         assert doc["workers"] == 2 and doc["caller"]["client_id"] == "wk-flood"
         assert (limit["kind"], limit["source"], limit["configured"]) == ("producer_byte_rate", "entry", 1e6)

@@ -226,3 +226,47 @@ def test_recommend_verify_attaches_the_simulation_and_apply_refuses_it(
     err = capsys.readouterr().err
     assert refused == 1
     assert "user=alice producer_byte_rate" in err and "of its active seconds" in err and "--force" in err
+
+
+def _pieces(rows: list[dict[str, Any]]) -> Any:
+    import pyarrow as pa
+
+    base = {"principal": "u", "broker_id": 1, "recorded_throttled": False, "topic": "t", "partition": 0}
+    return pa.Table.from_pylist([base | r for r in rows])
+
+
+def test_a_consumers_demand_is_the_data_produced_for_it_when_it_was_produced() -> None:
+    from contracts.access_log import FETCH_API_KEY, PRODUCE_API_KEY
+    from spark_analytics.simulate import retime_partition
+
+    # A feeder sends 2 records at 1000, 3 at 2000, 5 at 3000 (a batch offers its records when it is
+    # sent; `ready_ms` is the request's time). The consumer fetched late: 5 records at 2600 (asked at
+    # 2500, waited 100 ms) and 5 at 3900, 2000 response bytes each, 400 per record.
+    def made(ts: int, n: int) -> dict[str, Any]:
+        return {"client_id": "feeder", "api_key": PRODUCE_API_KEY, "ts_ms": ts, "ready_ms": ts,
+                "records": n, "bytes": 100.0 * n}
+
+    def fetched(ts: int, ready: int, n: int, size: float) -> dict[str, Any]:
+        return {"client_id": "c", "api_key": FETCH_API_KEY, "ts_ms": ts, "ready_ms": ready, "records": n,
+                "bytes": size}
+
+    table = _pieces([made(1000, 2), made(2000, 3), made(3000, 5),
+                     fetched(2500, 2600, 5, 2000.0), fetched(3800, 3900, 5, 2000.0)])
+    got = retime_partition(table, topics=False).to_pylist()
+    # offset = min over fetches of (produced by its response - fetched by then) = min(5 - 5, 10 - 10)
+    # = 0: it read offsets 1..10, all of them; each batch is wanted when it was written, but never
+    # before the consumer's first fetch (2500): 2 records at 2500, 3 at 2500, 5 at 3000
+    assert [(r["client_id"], r["ts_ms"], r["records"], r["bytes"]) for r in got] == [
+        ("c", 2500, 2, 800.0), ("c", 2500, 3, 1200.0), ("c", 3000, 5, 2000.0)]
+    assert all(r["topic"] is None and r["api_key"] == FETCH_API_KEY for r in got)
+    # A consumer that started behind: it fetched 4 records by 2600 when 5 existed and 4 more at
+    # 3900 when 10 existed: offset = min(5 - 4, 10 - 8) = 1, it read offsets 2..9: one of the
+    # first batch, the 3 of the second, 4 of the third (its last record, offset 10, it never read)
+    behind = _pieces([made(1000, 2), made(2000, 3), made(3000, 5),
+                      fetched(600, 2600, 4, 800.0), fetched(3800, 3900, 4, 800.0)])
+    again = retime_partition(behind, topics=True).to_pylist()
+    assert [(r["ts_ms"], r["records"], r["topic"]) for r in again] == [(1000, 1, "t"), (2000, 3, "t"),
+                                                                     (3000, 4, "t")]
+    # a partition no producer wrote in the recording: the fetches as recorded
+    alone = retime_partition(_pieces([fetched(2500, 2600, 5, 2000.0)]), topics=False).to_pylist()
+    assert [(r["ts_ms"], r["records"], r["bytes"]) for r in alone] == [(2500, 5, 2000.0)]

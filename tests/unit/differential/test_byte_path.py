@@ -383,8 +383,14 @@ def test_a_stale_build_is_not_used(monkeypatch: pytest.MonkeyPatch) -> None:
     import importlib
     from types import SimpleNamespace
 
+    from contracts.compiled import choose
+
     full = {name: getattr(compiled(), name) for name in fastpath._TWINS}
     monkeypatch.setattr(importlib, "import_module", lambda name: SimpleNamespace(**full))
-    assert fastpath._load_compiled() is not None
+    monkeypatch.delenv("SLUICE_PURE_PYTHON", raising=False)
+    assert choose("protocol._speedups", fastpath._TWINS).compiled_module is not None
+    assert choose("protocol._speedups", fastpath._TWINS).implementation == "compiled"
     del full["fetch_response_partitions"]
-    assert fastpath._load_compiled() is None
+    stale = choose("protocol._speedups", fastpath._TWINS)
+    assert (stale.compiled_module, stale.implementation) == (None, "pure")
+    assert "is not built, or is older than protocol/_speedups.pyx" in stale.describe()

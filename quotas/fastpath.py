@@ -1,0 +1,41 @@
+"""The one place that picks the quota stats' implementation: compiled or pure Python.
+
+Every request records into a sensor's windowed rate (and, under `rate_model: token_bucket`, its
+bucket) and measures it. Those two stats have two implementations with one contract:
+
+* the pure-Python reference, `quotas.stats.SampledRate` and `quotas.stats.TokenBucket` (what a
+  reader reads first, and the fallback);
+* their compiled twins in `quotas._speedups` (Cython, C doubles and 64-bit ms clocks), which give
+  the same floats bit for bit (tests/unit/differential).
+
+The compiled ones are used when they were built (`pip install` builds them when a C compiler is
+present) and `SLUICE_PURE_PYTHON` is not set to a true value (1, true, yes), the same switch as the
+byte path's (`protocol.fastpath`). The quota manager and the connection-rate limiter construct
+their stats through `SampledRateImpl` and `TokenBucketImpl`; type annotations keep naming the
+reference classes. `IMPLEMENTATION` says which one is in use ("compiled" or "pure").
+"""
+
+from __future__ import annotations
+
+from typing import Final, cast
+
+from contracts.compiled import choose
+from quotas import stats
+
+_TWINS: Final = ("SampledRate", "TokenBucket")
+
+_CHOICE: Final = choose("quotas._speedups", _TWINS)
+COMPILED_MODULE: Final = _CHOICE.compiled_module
+"""quotas._speedups if it was built (whatever SLUICE_PURE_PYTHON says: the tests use both), else None."""
+IMPLEMENTATION: Final = _CHOICE.implementation
+describe: Final = _CHOICE.describe
+"""One line for the start-up log: which quota stats run, and why when they are the pure ones."""
+
+_impl = _CHOICE.active
+
+# The compiled classes have the reference's constructors, methods and results (tests/unit/differential).
+SampledRateImpl: Final = cast(type[stats.SampledRate],
+                              stats.SampledRate if _impl is None else _impl.SampledRate)
+TokenBucketImpl: Final = cast(type[stats.TokenBucket],
+                              stats.TokenBucket if _impl is None else _impl.TokenBucket)
+
