@@ -198,31 +198,41 @@ def test_every_entity_type_and_key_survives_seed_alter_restart_and_another_insta
     (`test_quota_store_formats.ENTITIES`, `VALUES`), AlterClientQuotas from kafka-python on every
     entity, a restart, and (Kafka store) another instance reading the topic: each describes all of
     it. On main the Kafka store dropped the client-id-prefix, topic and topic-prefix entities."""
+    from quotas.table import BPS_KEYS, BROKER_BPS_KEYS, SHARES_KEY, QuotaTable
     from tests.harness.quota_writer import alter_request
-    from tests.integration.test_quota_store_formats import full_table
+    from tests.integration.test_quota_store_formats import VALUES, full_table
 
     seed = full_table()
+    # the quota-native draft's units are set through the admin API (AlterClientQuotas, `sluice quotas
+    # alter`), not in YAML: the seed holds the rest, and AlterClientQuotas adds them below
+    admin_only = {*BPS_KEYS, *BROKER_BPS_KEYS, SHARES_KEY}
+    yaml_seed = QuotaTable((e, {k: v for k, v in values.items() if k not in admin_only})
+                           for e, values in seed.sorted_items())
     store: dict[str, Any] = ({"type": "kafka", "topic": unique_name("sluice-quotas-every")}
                              if store_type == "kafka" else {"type": "sqlite", "path": str(tmp_path / "q.db")})
     config = {"admins": ["ANONYMOUS"], "allow_anonymous_admins": True,  # a plaintext test listener
               "instance": "every-a", "store": store,
-              "quotas": {"entries": [yaml_entry(e, dict(v)) for e, v in seed.sorted_items()]}}
+              "quotas": {"entries": [yaml_entry(e, dict(v)) for e, v in yaml_seed.sorted_items()]}}
 
     def as_described(table: Any) -> dict[str, dict[str, float]]:
         return {json.dumps(dict(sorted(e.to_kafka())), sort_keys=True): dict(v) for e, v in table.items()}
 
     first = SluiceProcess(kafka.bootstrap, tmp_path / "a", config=config).start()
     try:
-        assert described_all(first.bootstrap) == as_described(seed)          # the YAML seed
+        assert described_all(first.bootstrap) == as_described(yaml_seed)     # the YAML seed
         from kafka.admin import KafkaAdminClient
 
         admin = KafkaAdminClient(bootstrap_servers=first.bootstrap, client_id="store-rt")
         try:
             entities = [dict(e.to_kafka()) for e in seed]
-            response = admin._manager.run(admin._manager.send, alter_request(entities, "request_rate", 700.0))
+            requests = [(entities, "request_rate", 700.0)] + [
+                ([dict(e.to_kafka()) for e, values in seed.sorted_items() if key in values], key, VALUES[key])
+                for key in sorted(admin_only)]
+            responses = [admin._manager.run(admin._manager.send, alter_request(*r)) for r in requests]
         finally:
             admin.close()
-        assert [e.error_code for e in response.entries] == [0] * len(entities)
+        for (targets, key, _), response in zip(requests, responses, strict=True):
+            assert targets and [e.error_code for e in response.entries] == [0] * len(targets), key
         from quotas.table import QuotaChange
 
         want = as_described(seed.apply([QuotaChange(e, "request_rate", 700.0) for e in seed]))
