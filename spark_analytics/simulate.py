@@ -669,7 +669,7 @@ def format_table(doc: Mapping[str, Any]) -> str:
     names = [f"{e['entity']} {e['quota_key']}" + ("" if e["broker_id"] is None else f" @{e['broker_id']}")
              for e in entities]
     width = max(len(n) for n in names)
-    head = (f"{'ENTITY':<{width}}  {'ACTIVE s':>8}  {'THROTTLED s':>13}  {'THROTTLE ms total':>19}  "
+    head = (f"{'ENTITY':<{width}}  {'ACTIVE s':>11}  {'THROTTLED s':>13}  {'THROTTLE ms total':>19}  "
             f"{'p99 ms':>13}  {'ADMITTED/s of DEMAND/s':>30}  {'DEFERRED':>21}  {'MAX BACKLOG':>21}")
     lines = [f"simulation of {doc['plan']} against baseline {doc['baseline']} "
              f"({doc['rate_model']}, window {doc['window']['samples']} x {doc['window']['size_ms']} ms)",
@@ -681,7 +681,7 @@ def format_table(doc: Mapping[str, Any]) -> str:
     for n, e in zip(names, entities, strict=True):
         p = e["plan"]
         lines.append(
-            f"{n:<{width}}  {p['active_seconds']:>8}  {pair('throttled_seconds', e):>13}  "
+            f"{n:<{width}}  {pair('active_seconds', e):>11}  {pair('throttled_seconds', e):>13}  "
             f"{pair('throttle_total_ms', e):>19}  {pair('throttle_p99_ms', e):>13}  "
             f"{pair('admitted_per_s', e) + ' of ' + _num(p['demand_per_s']):>30}  "
             f"{pair('deferred', e):>21}  {pair('max_backlog', e):>21}")
