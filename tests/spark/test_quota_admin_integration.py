@@ -49,7 +49,11 @@ def test_describe_alter_validate_and_remove(kafka: KafkaCluster, user: str, tmp_
     with KafkaQuotaClient(kafka.bootstrap) as client:
         ok = [AlterResult(entity, 0, None)]
         assert client.alter({entity: [QuotaOp(P, 2048)]}, validate_only=True) == ok
-        time.sleep(1.0)
+        # a marker written after it: once the marker is visible, anything written before it would be
+        # too (the controller applies quota changes in order)
+        marker = f"user={user}-marker,client-id=<default>"
+        assert client.alter({marker: [QuotaOp(P, 1024)]}) == [AlterResult(marker, 0, None)]
+        eventually(lambda: entries_for(client, f"{user}-marker"), lambda e: bool(e))
         assert entries_for(client, user) == []  # validate_only wrote nothing
 
         assert client.alter({entity: [QuotaOp(P, 2048), QuotaOp(C, 4096)]}) == [AlterResult(entity, 0, None)]
