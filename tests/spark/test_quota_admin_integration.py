@@ -146,7 +146,12 @@ def test_recommend_then_apply_changes_the_quota_the_broker_enforces(
         assert "dry run: 1 change(s) not written; add --apply to write them" in out
         assert apply.main([*plan_args, "--validate-only"]) == 0
         assert f"validate-only: {entity}: ok" in capsys.readouterr().out
-        time.sleep(1.0)
+        # a marker written after them: once it is visible, anything they wrote would be too (the
+        # controller applies quota changes in order)
+        marker = f"user=ANONYMOUS,client-id={client_id}-marker"
+        with KafkaQuotaClient(kafka.bootstrap) as admin:
+            assert admin.alter({marker: [QuotaOp(P, 1024)]})[0].ok
+        eventually(lambda: _configs(kafka_tools, f"{client_id}-marker"), lambda out: "1024.0" in out)
         assert "producer_byte_rate=1000000.0" in _configs(kafka_tools, client_id)
 
         # and --apply writes it, as kafka-configs sees it
