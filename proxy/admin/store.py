@@ -563,7 +563,8 @@ class KafkaStore(_Subscribers):
         from confluent_kafka import KafkaError, KafkaException, TopicPartition
 
         transient = {KafkaError.NOT_LEADER_FOR_PARTITION, KafkaError.LEADER_NOT_AVAILABLE,
-                     KafkaError.UNKNOWN_TOPIC_OR_PART, KafkaError._TIMED_OUT, KafkaError._TRANSPORT}
+                     KafkaError.UNKNOWN_TOPIC_OR_PART, KafkaError._UNKNOWN_PARTITION, KafkaError._TIMED_OUT,
+                     KafkaError._TRANSPORT}
         while True:
             try:
                 _low, high = self._consumer.get_watermark_offsets(TopicPartition(self.topic, partition),
