@@ -17,6 +17,7 @@ import contextlib
 import json
 import signal
 import threading
+import time
 import urllib.error
 import urllib.request
 from collections import Counter
@@ -44,6 +45,7 @@ LB_SOURCE = haproxy.SOURCE     # haproxy's address towards the instances
 REFUSED_CLIENT = "127.0.0.7"   # a client whose address a per-IP limit refuses
 PRODUCERS = 4
 NEW_CONNECTIONS = 6
+ROUND_S = 0.01                 # one record from each producer per round
 
 
 def read_records(root: Path) -> list[dict[str, Any]]:
@@ -112,7 +114,10 @@ class Producers:
             self.delivered.append(msg.value())
 
     def _run(self) -> None:
-        n = 0
+        # paced by a schedule, not a pause after each round: round n is due at start + n x ROUND_S
+        # (about 400 records/s in all: load, not a flood), late rounds are sent at once, and stop()
+        # ends the wait for the next one
+        start, n = time.monotonic(), 0
         while not self._stop.is_set():
             for i, producer in enumerate(self.producers):
                 value = f"p{i}-{n}".encode()
@@ -120,7 +125,7 @@ class Producers:
                 self.sent.append(value)
                 producer.poll(0)
             n += 1
-            self._stop.wait(0.01)   # about 400 records/s in all: load, not a flood
+            self._stop.wait(max(0.0, start + n * ROUND_S - time.monotonic()))
 
     def __enter__(self) -> Producers:
         self._thread.start()
