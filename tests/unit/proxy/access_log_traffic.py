@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from kio.schema.errors import ErrorCode
 
 from protocol.apis import ApiKey, request_header_version
+from protocol.errors import ProtocolError
 from protocol.headers import read_request_header
 from proxy.flow.inflight import InFlight, QuotaNote
 from proxy.flow.pipeline import ConnectionContext, Pipeline
@@ -182,47 +183,49 @@ CONTEXTS = (
 )
 
 
+def serve_one(pipeline: Pipeline, ctx: ConnectionContext, ex: Exchange, correlation_id: int, now_ms: int,
+              wait_ms: int = 1, enforced_ms: int = 0, with_note: bool = False) -> None:
+    """One exchange through the pipeline's hooks, received at `now_ms`, answered `wait_ms` later."""
+    try:
+        header = read_request_header(ex.request)
+        client_id = header.client_id if ex.client_id == "app" else ex.client_id
+    except ProtocolError:  # a malformed test request: it never reaches the stages' on_request
+        header, client_id = None, ex.client_id
+    entry = InFlight(correlation_id, ex.api_key, ex.api_version, client_id, len(ex.request), now_ms,
+                     expects_response=ex.expects_response)
+    if header is not None:
+        pipeline.on_request(ctx, entry, header, ex.request)
+    entry.quota = (QuotaNote(ClientIdentity.of(ctx.principal, entry.client_id),
+                             decisions(ex.quota, ex.api_key), enforced_ms)
+                   if ex.quota != "none" or with_note else None)
+    if ex.answered is not None:
+        now_ms += wait_ms
+        entry.answer(ex.answered, now_ms)
+    elif ex.head is not None:
+        now_ms += wait_ms
+        entry.response_received_ms = now_ms
+        entry.upstream_response_bytes = ex.size
+        pipeline.on_response(ctx, entry, ex.head)
+        entry.response_bytes = ex.size
+        entry.streamed = True
+    elif ex.response is not None:
+        now_ms += wait_ms
+        entry.response_received_ms = now_ms
+        entry.upstream_response_bytes = len(ex.response)
+        outcome = pipeline.on_response(ctx, entry, ex.response)
+        entry.response = outcome.payload
+        entry.response_bytes = len(outcome.payload)
+    pipeline.on_complete(ctx, entry, now_ms)
+
+
 def drive(pipeline: Pipeline, rounds: int = 3, start_ms: int = 1_000) -> int:
     """Every exchange `rounds` times, on alternating contexts; returns the number of records."""
-    from protocol.apis import api_name
-
     now = start_ms
     n = 0
     for r in range(rounds):
         for i, ex in enumerate(exchanges()):
             ctx = CONTEXTS[(i + r) % len(CONTEXTS)]
-            try:
-                header = read_request_header(ex.request)
-                client_id = header.client_id
-            except Exception:  # noqa: BLE001 - a malformed test request: the test's own header
-                header = None
-                client_id = ex.client_id
-            entry = InFlight((r * 1000 + i) & 0x7FFFFFFF, ex.api_key, ex.api_version,
-                             client_id if ex.client_id == "app" else ex.client_id,
-                             len(ex.request), now, expects_response=ex.expects_response)
-            if header is not None:
-                pipeline.on_request(ctx, entry, header, ex.request)
-            entry.quota = (QuotaNote(ClientIdentity.of(ctx.principal, entry.client_id),
-                                     decisions(ex.quota, ex.api_key), 7 * (i % 3))
-                           if ex.quota != "none" or i % 2 else None)
+            serve_one(pipeline, ctx, ex, r * 1000 + i, now, 1 + i % 4, 7 * (i % 3), bool(i % 2))
             now += 1 + i % 4
-            if ex.answered is not None:
-                entry.answer(ex.answered, now)
-            elif ex.head is not None:
-                entry.response_received_ms = now
-                entry.upstream_response_bytes = ex.size
-                pipeline.on_response(ctx, entry, ex.head)
-                entry.response_bytes = ex.size
-                entry.streamed = True
-            elif ex.response is not None:
-                entry.response_received_ms = now
-                entry.upstream_response_bytes = len(ex.response)
-                outcome = pipeline.on_response(ctx, entry, ex.response)
-                entry.response = outcome.payload
-                entry.response_bytes = len(outcome.payload)
-            elif not ex.expects_response:
-                pass
-            assert api_name(ex.api_key)
-            pipeline.on_complete(ctx, entry, now)
             n += 1
     return n
