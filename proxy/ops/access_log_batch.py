@@ -32,11 +32,12 @@ from collections.abc import Sequence
 from typing import Any, Final
 
 from contracts.access_log import format_quota_entity
-from protocol import fastpath, records
+from protocol import fastpath
 from protocol._wire import I16, I32
 from protocol.apis import ApiKey
 from protocol.errors import ProtocolError
 from protocol.headers import RequestHeader
+from protocol.log_fastpath import produce_log_parts, produce_log_summary
 from proxy.flow.inflight import InFlight
 from proxy.flow.pipeline import ConnectionContext
 from quotas.entity import QuotaEntity
@@ -72,13 +73,8 @@ _ENTITY_TEXT_MAX: Final = 10_000
 
 def produce_parts(payload: bytes, header: RequestHeader) -> Parts | None:
     """The partitions of a Produce request, for its record; None when its layout cannot be read
-    (the record then has no topics, as before the request was walked)."""
-    try:
-        parts = records.produce_request_partitions(payload, header)
-    except (ProtocolError, ValueError):
-        return None
-    return tuple((p.topic, p.topic_id, p.partition, -1 if p.records is None else p.records, p.bytes)
-                 for p in parts)
+    (the record then has no topics). Compiled when `protocol._log_speedups` is built."""
+    return produce_log_parts(payload, header)
 
 
 def _throttle(payload: bytes, api_key: int, api_version: int) -> int:
@@ -195,8 +191,7 @@ class LogBatch:
                 read = False
                 if parts is not None:
                     try:
-                        found, throttle = records.produce_response_summary(response, version)
-                        codes = tuple(sorted(set(found)))
+                        codes, throttle = produce_log_summary(response, version)
                         read = True
                     except ProtocolError:
                         pass
