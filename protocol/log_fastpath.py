@@ -14,6 +14,8 @@ _CHOICE: Final = choose("protocol._log_speedups", ("produce_log_parts", "produce
 COMPILED_MODULE: Final = _CHOICE.compiled_module
 """protocol._log_speedups if it was built (whatever SLUICE_PURE_PYTHON says: tests use both), else None."""
 IMPLEMENTATION: Final = _CHOICE.implementation
+describe: Final = _CHOICE.describe
+"""One line for the start-up log: which access-log walks run, and why when they are the pure ones."""
 
 _impl = _CHOICE.active
 
