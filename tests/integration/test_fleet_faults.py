@@ -368,22 +368,24 @@ def test_a_rolling_restart_keeps_every_five_seconds_within_the_budget(kafka: Kaf
 def test_a_windowed_rolling_restart_stays_within_the_steady_fleets_own_sawtooth(kafka: KafkaCluster,
                                                                               make_fleet: Any) -> None:
     """Kafka's windowed rate through a rolling restart: no five-second window of the restart goes
-    above the worst five seconds of the same fleet before it, plus one rejoin's overlap. Without
-    the owed raise (`QuotaManager._owe_raise`) a survivor whose share rose re-admitted at once what
-    the departed member had used in the window: 1.291 x over the worst five seconds against 1.187 x
-    steady in the same run."""
+    above the worst five seconds of the same fleet before it (its own sawtooth, 1.157-1.182 x),
+    plus one share move's overlap. Without the owed raise (`QuotaManager._owe_raise`) a survivor
+    whose share rose re-admitted at once what the departed member had used in the window: 1.291 x
+    over the worst five seconds against 1.187 x steady in the same run."""
     # three periods of the steady fleet: its sawtooth's worst 5 s window, measured over every 5 s
     # window that starts in the second and third periods (the first is a fresh client's burst)
     run = rolling_restart(kafka, make_fleet, {"rate_model": "windowed"}, 4 * PERIOD_S)
     worst_start, worst = run.worst
-    # The steady windowed fleet's own sawtooth: each producer admits about one 5.5 s window of its
-    # third per period in a burst, plus what it had in flight when the mute began, so a 5 s window
-    # that catches the three bursts holds 1.1 x and more (1.17-1.19 x measured; docs/fleet.md).
-    # A restart changes no member's due but moves the shares twice (a half to the survivors, a
-    # third again at the rejoin). The raise is owed over one window, so it adds no burst; the
-    # rejoin overlaps for at most one report interval plus the exchange's delay (~1 s at load):
-    # the joiner's third over that second, 1/3 x 1 s / 5 s = 0.067 x. The bound is the same run's
-    # steady worst window plus that overlap, and never under the token bucket's 1.15 x.
-    bound = max(1.15 * QUOTA, run.worst_before + QUOTA / 15)
+    # The steady windowed fleet's own sawtooth, not share moves (the shares stay at a third until
+    # the first restart): each producer admits about one 5.5 s window of its third per period in a
+    # burst, plus the requests it had in flight when the throttle began (librdkafka's 256 KiB
+    # queue: up to three 64 KiB batches past the one that crossed), so a 5 s window that catches
+    # the three bursts holds 5.5/5 = 1.1 x and up to 3 x 192 KiB / 5 s = 0.11 x more (1.157-1.182 x
+    # measured; docs/fleet.md). A restart moves the shares twice: the survivors' raise to a half is
+    # owed over one window (no burst), and the rejoin is made room for before the joiner's clients
+    # come back (`quotas.fleet`, "Making room for a newcomer"); a move the fleet could not foresee
+    # admits at most the joiner's third for one report interval: 1/3 x 0.5 s / 5 s = 0.033 x. The
+    # bound: the same run's steady worst window (never under the token bucket's 1.15 x) + 0.033 x.
+    bound = max(1.15 * QUOTA, run.worst_before) + QUOTA / 30
     assert worst <= bound, (f"{worst / QUOTA:.3f} x the budget over 5 s at {worst_start:.2f} s; steady "
                             f"{run.worst_before / QUOTA:.3f} x")
