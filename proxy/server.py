@@ -391,8 +391,10 @@ def make_fleet(config: ProxyConfig, quotas: QuotaEngine, clock: Clock,
         fleet_id, interval_ms = f"{config.instance}-workers", LOCAL_REPORT_INTERVAL_MS
         timeout_ms, headroom, fallback = 3 * interval_ms, DEFAULT_HEADROOM, FleetFallback.SPLIT
         expected = config.workers
+    # a newcomer's clients reconnect once it listens (within a client's reconnect backoff): room is
+    # made for it for two member timeouts (quotas.fleet, "Making room for a newcomer")
     view = FleetView(fleet_id, name, timeout_ms, headroom=headroom, fallback_mode=fallback,
-                     warmup_ms=2 * interval_ms)
+                     warmup_ms=2 * interval_ms, join_grace_ms=2 * timeout_ms)
     view.expect_members(expected)
     claims = FleetClaims(clock, ("all", "cluster"), hold_ms=2 * interval_ms)
     return FleetMember(view, exchange, quotas, clock, claims, interval_ms)

@@ -27,7 +27,7 @@ A stage never sees a socket; it gets a `ConnectionContext` and the frame's bytes
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Protocol
 
@@ -50,6 +50,10 @@ class ConnectionContext:
     client_software_name: str | None = None
     client_software_version: str | None = None
     stats: ConnectionStats = field(default_factory=ConnectionStats)  # the connection inventory's
+    # Sluice's own request (a payload, no size prefix) on this connection's upstream, authenticated
+    # as the client: a future of the broker's response, or None when it cannot be sent now
+    # (`proxy.pumps.connection.ClientConnection.send_own`); None when the connection offers none
+    send_own: Callable[[bytes], asyncio.Future[bytes] | None] | None = None
 
 
 # ---------------------------------------------------------------------- request outcomes

@@ -80,9 +80,12 @@ class ClientConnection(asyncio.Protocol):
         self._link = UpstreamLink()
         self._upstream_write = self.send_upstream = self._link.write  # the upstream's own, once it is up
         self._processing = self.closed = False
+        # the last request forwarded was one the broker takes only on an authenticated connection
+        # (not ApiVersions, SaslHandshake or SaslAuthenticate): Sluice may send its own (send_own)
+        self._past_auth = False
         self._close_reason: str | None = None
         self.ctx = ConnectionContext(next(_ids), "?", target.describe(), target.node_id,
-                                     stats=ConnectionStats(self._clock.now_ms()))
+                                     stats=ConnectionStats(self._clock.now_ms()), send_own=self.send_own)
         self._real_address = real_address           # the client behind a PROXY-protocol hop
         self._client_frame: FrameHandler = self._on_request
         self._limits = limits = services.limits
@@ -164,6 +167,9 @@ class ClientConnection(asyncio.Protocol):
             self.admitted_ip = None
         _log_closed(self.ctx, self._close_reason, exc, self._inflight.pending_upstream())
         self._link.close()
+        for entry in self._inflight.queue:
+            if entry.own is not None and not entry.own.done():
+                entry.own.set_exception(ConnectionError("the client connection closed"))
         self._services.connections.discard(self)
         if self._services.on_close:
             self._services.on_close(self)
@@ -266,11 +272,14 @@ class ClientConnection(asyncio.Protocol):
         if expects_response:
             self._inflight.add(entry)
         if api_key in SASL_API_KEYS:  # SaslHandshake, SaslAuthenticate
+            self._past_auth = False
             sasl = self.responses.sasl  # one SaslMode per connection, kept where responses reach it
             if sasl is None:
                 services = self._services
                 sasl = self.responses.sasl = SaslMode(self, services.auth, services.max_frame_bytes)
             sasl.on_request(header, payload, entry)
+        elif not self._past_auth and type(outcome) is Forward and api_key != ApiKey.API_VERSIONS:
+            self._past_auth = True
         if outcome.throttle_time_ms > 0:
             self.start_throttle(now_ms, outcome.throttle_time_ms)
             if expects_response:
@@ -281,6 +290,27 @@ class ClientConnection(asyncio.Protocol):
             self._pipeline.on_complete(self.ctx, entry, now_ms)
         if entry.response is not None:
             self._flush()
+
+    def send_own(self, payload: bytes) -> asyncio.Future[bytes] | None:
+        """Send Sluice's own request (`payload`, no size prefix, a correlation id Sluice chose) on
+        this connection's upstream, authenticated as the client; the broker's response resolves the
+        future (a closed connection fails it) and never reaches the client or the stages. None when
+        it cannot be sent now: the upstream is not up or is full, the connection is closing or
+        draining, or the last request forwarded was not one the broker takes only once the
+        connection is authenticated (ApiVersions and SASL requests: an exchange may be under way,
+        and a request inside it would make the broker close the connection). It takes a slot in
+        the order it was written, so the client's responses keep their order."""
+        gate = self._gate
+        if (self.closed or not self._past_auth or not gate.upstream_up or gate.draining
+                or gate.backpressure):
+            return None
+        header = read_request_header(payload)
+        future: asyncio.Future[bytes] = asyncio.get_running_loop().create_future()
+        entry = InFlight(header.correlation_id, header.api_key, header.api_version, header.client_id,
+                         len(payload), self._clock.now_ms(), own=future)
+        self._upstream_write(payload)
+        self._inflight.add(entry)
+        return future
 
     def start_throttle(self, now_ms: int, throttle_time_ms: int) -> None:
         self.throttle.start(now_ms, throttle_time_ms)

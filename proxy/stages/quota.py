@@ -90,7 +90,7 @@ class QuotaStage(StageBase):
         if api_key == ApiKey.PRODUCE:
             usage: TopicUsage | None = None
             if engine.needs_produce_usage:
-                usage = produce_usage(payload, header, self.topic_names)
+                usage = produce_usage(payload, header, self.topic_names, ctx.send_own)
             verdict = engine.produce(ctx.broker_id, identity, len(payload), usage)
         elif api_key == ApiKey.FETCH or api_key == ApiKey.SHARE_FETCH:
             verdict = engine.fetch_request(ctx.broker_id, identity, share=api_key == ApiKey.SHARE_FETCH)
@@ -125,7 +125,7 @@ class QuotaStage(StageBase):
             size = entry.upstream_response_bytes  # payload may be only the head of a streamed response
             usage = None
             if engine.needs_fetch_usage and len(payload) == size:
-                usage = fetch_usage(payload, entry.api_version, self.topic_names)
+                usage = fetch_usage(payload, entry.api_version, self.topic_names, ctx.send_own)
             verdict = engine.fetch_response(ctx.broker_id, note.identity, size, usage, earlier_ms)
             self._observe(ctx, verdict.decisions)
             note.decisions.extend(verdict.decisions)
@@ -138,7 +138,7 @@ class QuotaStage(StageBase):
             new_ms = verdict.delivered_throttle_ms  # delivered: a bucket's debt throttles what follows
         else:
             if entry.api_key == ApiKey.SHARE_FETCH:  # never streamed: the payload is whole
-                share_usage = (share_fetch_usage(payload, entry.api_version, self.topic_names)
+                share_usage = (share_fetch_usage(payload, entry.api_version, self.topic_names, ctx.send_own)
                                if engine.needs_fetch_usage else None)
                 verdict = engine.share_fetch_response(ctx.broker_id, note.identity,
                                                       entry.upstream_response_bytes, share_usage)
