@@ -10,10 +10,10 @@ Three steps:
    quota decision. No payload outlives its request. When `queue_size` records are waiting the
    record is dropped and counted; the loop never blocks.
 2. A feeder thread (`AccessLogWriter`) takes the batch (a new one starts) once it holds
-   `SEND_ROWS` records or a second has passed, and sends its columns down a pipe, about 100 bytes
-   a record (`LogBatch.message`). The writer's work per batch is nearly fixed (some 40 Arrow
-   calls, about a millisecond), so batches are made large: at 20 records a batch that would be
-   50 µs a record, more than the rest of the log's work.
+   `SEND_ROWS` records (or half of `queue_size`, if less) or a second has passed, and sends its
+   columns down a pipe, about 100 bytes a record (`LogBatch.message`). The writer's work per
+   batch is nearly fixed (some 40 Arrow calls, about a millisecond), so batches are made large:
+   at 20 records a batch that would be 50 µs a record, more than the rest of the log's work.
 3. A writer process (`proxy.ops.access_log_files.serve`): turns each batch into an Arrow record
    batch of the records of `contracts.access_log` (the one contract shared with the Spark jobs)
    without re-reading Produce or Fetch payloads, and writes Parquet (the default) or JSON lines,
@@ -60,7 +60,7 @@ log = logging.getLogger("sluice.access_log")
 
 _FEED_INTERVAL_S = 0.05   # how often the feeder thread looks at the batch and the writer
 SEND_INTERVAL_S = 1.0     # a batch goes to the writer at least this often ...
-SEND_ROWS = 8192          # ... and as soon as it holds this many records
+SEND_ROWS = 8192          # ... and as soon as it holds this many records (or half of queue_size)
 
 DEGRADED_HOLD_S = 10.0
 """`/healthz` reports the access log degraded until this long after the last record dropped."""
@@ -68,6 +68,12 @@ DEGRADED_HOLD_S = 10.0
 DROP_CAUSES = ("queue_full", "writer_died", "topic")
 """Why records were dropped: the handoff was full; the writer process died with them; the Kafka
 topic sink could not deliver them (the files have them)."""
+
+
+def send_threshold(queue_size: int) -> int:
+    """Records in a batch that send it at once: `SEND_ROWS`, or half of a smaller `queue_size`, so
+    that a healthy writer is sent a batch well before the queue is full."""
+    return max(1, min(SEND_ROWS, queue_size // 2))
 
 
 @dataclass(frozen=True, slots=True)
@@ -233,6 +239,7 @@ class AccessLogWriter:
         delay_s: float | None = None
         restart_at: float | None = None
         sent_s = time.monotonic()
+        send_rows = send_threshold(self.queue_size)
         while True:
             stopping = self._stop.wait(_FEED_INTERVAL_S)
             self._watch_topic_drops()
@@ -254,7 +261,7 @@ class AccessLogWriter:
                 continue
             try:
                 now_s = time.monotonic()
-                if stopping or len(self._batch) >= SEND_ROWS or now_s - sent_s >= SEND_INTERVAL_S:
+                if stopping or len(self._batch) >= send_rows or now_s - sent_s >= SEND_INTERVAL_S:
                     sent_s = now_s
                     self._send_batch()
                 if stopping:

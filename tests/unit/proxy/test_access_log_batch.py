@@ -147,6 +147,13 @@ def test_a_full_batch_drops_and_counts_without_touching_the_entry() -> None:
     assert len(writer._take()) == 100 and writer.waiting == 0
 
 
+def test_a_batch_is_sent_before_a_small_queue_fills() -> None:
+    from proxy.ops.access_log import SEND_ROWS, send_threshold
+
+    assert send_threshold(100) == 50 and send_threshold(100_000) == SEND_ROWS == 8192
+    assert send_threshold(1) == 1
+
+
 def test_a_row_that_cannot_be_built_costs_that_record_only() -> None:
     writer = AccessLogWriter(Path("/nonexistent"), "unit")
     bad = InFlight(1, ApiKey.API_VERSIONS, 3, "app", 30, 100)
