@@ -223,10 +223,11 @@ class ClientConnection(asyncio.Protocol):
             return
         self._processing = True
         gate = self._gate
+        next_frame = self._splitter.next_frame
         try:
             while gate.frames_allowed():
                 try:
-                    payload = self._splitter.next_frame()
+                    payload = next_frame()
                 except ProtocolError as exc:
                     self.close(f"malformed frame from client: {exc}")
                     return
@@ -235,7 +236,8 @@ class ClientConnection(asyncio.Protocol):
                 self._client_frame(payload)
         finally:
             self._processing = False
-        gate.update()
+        if gate.paused or not gate.frames_allowed():
+            gate.update()  # (reading and allowed frames is the state update() keeps as it is)
         if gate.draining:
             self.close_if_drained()
 
