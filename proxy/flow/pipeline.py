@@ -240,7 +240,8 @@ class Pipeline:
         self._routes: dict[int, Route] = {}
 
     def route(self, api_key: int, api_version: int) -> Route:
-        """The stages of every hook for requests of `api_key` v`api_version`."""
+        """The stages of every hook for requests of `api_key` v`api_version` (the hooks below look
+        the route up themselves, so that a known one costs a dict lookup, not a call)."""
         key = ((api_key & 0xFFFF) << 16) | (api_version & 0xFFFF)
         route = self._routes.get(key)
         if route is None:
@@ -259,7 +260,10 @@ class Pipeline:
     def on_request(self, ctx: ConnectionContext, entry: InFlight, header: RequestHeader,
                    payload: bytes) -> RequestOutcome:
         outcome: RequestOutcome | None = None
-        for on_request in self.route(header.api_key, header.api_version).on_request:
+        route = self._routes.get(((header.api_key & 0xFFFF) << 16) | (header.api_version & 0xFFFF))
+        if route is None:
+            route = self.route(header.api_key, header.api_version)
+        for on_request in route.on_request:
             said = on_request(ctx, entry, header, payload)
             if said is None:
                 continue
@@ -271,7 +275,10 @@ class Pipeline:
     def on_response(self, ctx: ConnectionContext, entry: InFlight, payload: bytes) -> ResponseOutcome:
         entry.broker_response = payload
         outcome: ResponseOutcome | None = None
-        for on_response in self.route(entry.api_key, entry.api_version).on_response:
+        route = self._routes.get(((entry.api_key & 0xFFFF) << 16) | (entry.api_version & 0xFFFF))
+        if route is None:
+            route = self.route(entry.api_key, entry.api_version)
+        for on_response in route.on_response:
             said = on_response(ctx, entry, payload)
             if said is None:
                 continue
@@ -280,5 +287,8 @@ class Pipeline:
         return ResponseOutcome(payload) if outcome is None else outcome
 
     def on_complete(self, ctx: ConnectionContext, entry: InFlight, sent_ms: int) -> None:
-        for on_complete in self.route(entry.api_key, entry.api_version).on_complete:
+        route = self._routes.get(((entry.api_key & 0xFFFF) << 16) | (entry.api_version & 0xFFFF))
+        if route is None:
+            route = self.route(entry.api_key, entry.api_version)
+        for on_complete in route.on_complete:
             on_complete(ctx, entry, sent_ms)
