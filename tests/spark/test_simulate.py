@@ -64,6 +64,27 @@ def test_arrivals_take_what_each_key_counts(spark: SparkSession) -> None:
     assert per_topic == [("a", 600.0, 12), ("b", 400.0, 12)]  # one row per topic, with that topic's bytes
 
 
+def test_a_produce_mute_follows_its_brokers_service_time_not_the_recorded_queues(spark: SparkSession) -> None:
+    # Broker 1: "pipe" sends 5 produces at once, each answered 400 ms after the one before (its own
+    # queue: 400, 800, ... 2000 ms); "lone" sends 10, alone, answered in 2 ms. Idle-broker waits:
+    # pipe's first (400) and lone's ten (2): median 2 ms, for both clients. Broker 2: one produce
+    # answered in 7 ms. A fetch's delay starts at the decision: 0.
+    records = ([produce(T0 + i, 1000, client_id="pipe", upstream_latency_ms=400.0 * (i + 1)) for i in range(5)]
+               + [produce(T0 + 3000 + 100 * k, 1000, client_id="lone", upstream_latency_ms=2.0) for k in range(10)]
+               + [produce(T0 + 100, 1000, client_id="other", broker_id=2, upstream_latency_ms=7.0),
+                  fetch(T0 + 200, 900, client_id="lone", upstream_latency_ms=300.0)])
+    logs = frame(spark, records)
+    keys = ["producer_byte_rate", "consumer_byte_rate"]
+    got = {(r["client_id"], r["broker_id"], r["quota_key"], r["response_ms"])
+           for r in logs.transform(arrivals(keys, topics=False)).collect()}
+    assert got == {("pipe", 1, "producer_byte_rate", 2), ("lone", 1, "producer_byte_rate", 2),
+                   ("other", 2, "producer_byte_rate", 7), ("lone", 1, "consumer_byte_rate", 0)}
+    # --produce-service-ms: the operator's figure for every broker
+    given = {r["response_ms"] for r in logs.transform(arrivals(keys, topics=False, service_ms=5)).collect()
+             if r["quota_key"] == "producer_byte_rate"}
+    assert given == {5}
+
+
 def test_groups_follow_the_engine_precedence() -> None:
     plan = _config({("client-id-prefix=batch-", "producer_byte_rate"): 1000,
                     ("user=alice", "producer_byte_rate"): 2000,
@@ -105,7 +126,8 @@ def test_simulate_replays_each_sharing_group_through_the_engine(spark: SparkSess
     assert sorted(rows) == ["client-id-prefix=batch-@1", "user=alice@1"]
 
     # The Spark result is the engine's replay of the same arrivals, group by group.
-    # (each produce's response time: the log's 2.5 ms rounded half up; no request waited behind another)
+    # (the broker's service time: every produce found it idle and waited the log's 2.5 ms, rounded
+    # half up: 3 ms)
     alice = [Arrival(T0 + t, ClientIdentity("alice", "app"), 300, response_ms=3)
              for t in range(0, 20_000, 100)]
     want = summarize(alice, replay(alice, plan, QuotaKind.PRODUCE))
