@@ -69,8 +69,9 @@ def test_a_produce_mute_follows_its_brokers_service_time_not_the_recorded_queues
     # queue: 400, 800, ... 2000 ms); "lone" sends 10, alone, answered in 2 ms. Idle-broker waits:
     # pipe's first (400) and lone's ten (2): median 2 ms, for both clients. Broker 2: one produce
     # answered in 7 ms. A fetch's delay starts at the decision: 0.
-    records = ([produce(T0 + i, 1000, client_id="pipe", upstream_latency_ms=400.0 * (i + 1)) for i in range(5)]
-               + [produce(T0 + 3000 + 100 * k, 1000, client_id="lone", upstream_latency_ms=2.0) for k in range(10)]
+    pipe = [produce(T0 + i, 1000, client_id="pipe", upstream_latency_ms=400.0 * (i + 1)) for i in range(5)]
+    lone = [produce(T0 + 3000 + 100 * k, 1000, client_id="lone", upstream_latency_ms=2.0) for k in range(10)]
+    records = (pipe + lone
                + [produce(T0 + 100, 1000, client_id="other", broker_id=2, upstream_latency_ms=7.0),
                   fetch(T0 + 200, 900, client_id="lone", upstream_latency_ms=300.0)])
     logs = frame(spark, records)
