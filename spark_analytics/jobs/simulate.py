@@ -100,7 +100,7 @@ def configs(plan: Plan, baseline: str, window: RateConfig, rate_model: RateModel
 
 def simulate_rows(spark: SparkSession, logs: DataFrame, plan: Plan, candidate: QuotaConfig,
                   baseline: QuotaConfig, rate_scope: str, *,
-                  service_ms: int | None = None) -> list[dict[str, Any]]:
+                  service_ms: int | None = None, demand_resolution_ms: int = 1) -> list[dict[str, Any]]:
     """The replay of `logs` under `candidate` and `baseline`: one dict per (entity, key, broker);
     `service_ms`: the brokers' produce service time (None: each broker's, from the recording)."""
     from pyspark.sql import functions as F
@@ -127,7 +127,8 @@ def simulate_rows(spark: SparkSession, logs: DataFrame, plan: Plan, candidate: Q
         if not entries:
             continue
         mode_keys = sorted({e.quota_key for e in entries})
-        arr = logs.transform(arrivals(mode_keys, topics=topics, service_ms=service_ms)).cache()
+        arr = logs.transform(arrivals(mode_keys, topics=topics, service_ms=service_ms,
+                                      demand_resolution_ms=demand_resolution_ms)).cache()
         try:
             groups = group_rows(candidate, identities(arr), topics=topics)
             if not groups:
@@ -158,7 +159,10 @@ def run(spark: SparkSession, args: argparse.Namespace, progress: Progress,
     progress.step("reading the logs and replaying them through the quota engine")
     if logs is None:
         logs = common.extract_logs(spark, args)
-    rows = simulate_rows(spark, logs, plan, candidate, base, scope, service_ms=service_ms)
+    # a consumer's demand timed to a tenth of the quota's sample (`retime_partition`): it moves
+    # the windowed rate by at most a tenth of one sample's worth of it
+    rows = simulate_rows(spark, logs, plan, candidate, base, scope, service_ms=service_ms,
+                         demand_resolution_ms=max(window.window_ms // 10, 1))
     doc = simulation_doc(rows, plan=str(args.plan), baseline=label, window=window, rate_model=rate_model,
                          burst_ms=burst_ms, rate_scope=scope)
     progress.step("writing the simulation")
