@@ -10,9 +10,10 @@ keeps the JSON lines), then, in one Spark session, times
 * the baseline: the same files read with the same explicit schema, bytes summed per
   (principal, client_id, second), then exact p50/p95/p99 per client, collected.
 
-Results go to bench/results/tune.json and bench/results/tune.png. Targets: 10 million records in
-under 30 s (issue 12: 10 s over Parquet, the proxy's default format; `--format json` for JSON
-lines), and no more than 2x the baseline.
+Results go to bench/results/tune.json and bench/results/tune.png (`--name` for others). Targets:
+10 million records in under 30 s (issue 12: 10 s over Parquet, the proxy's default format;
+`--format json` for JSON lines), and no more than 2x the baseline; the simulation of 10 million
+records in 30 s (issue 30).
 
     .venv/bin/python -m bench.bench_tune                   # 1M, 3M, 10M
     .venv/bin/python -m bench.bench_tune --max 1000000     # only sizes up to 1M
@@ -43,7 +44,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from bench.common.results import pyplot
+from bench.common.results import commit, pyplot
 from contracts.access_log import FIELD_NAMES, partition_path, validate_record
 
 RESULTS = Path(__file__).resolve().parent / "results"
@@ -311,6 +312,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--master", default="local[2]")
     p.add_argument("--driver-memory", default="2g")
     p.add_argument("--results", type=Path, default=RESULTS)
+    p.add_argument("--name", default="tune",
+                   help="results file names: <name>.json and <name>.png in --results (default tune)")
     p.add_argument("--stages", action="store_true",
                    help="also time the job's parts alone at the largest size (see above)")
     p.add_argument("--format", choices=["parquet", "json"], default="parquet",
@@ -385,6 +388,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     first, last = runs[0], runs[-1]
     scale = last["records"] / first["records"]
     summary: dict[str, Any] = {
+        "commit": commit(),
         "machine": {"cores": os.cpu_count(), "python": platform.python_version(),
                     "platform": platform.platform(),
                     # the machine is shared: the 1-minute load average before and after the runs
@@ -407,8 +411,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                               "job_under_10s_at_10M": last["job_s"] <= 10,  # issue 12, over Parquet
                               "job_at_most_2x_baseline": last["ratio_job_to_baseline"] <= 2.0}
     args.results.mkdir(parents=True, exist_ok=True)
-    (args.results / "tune.json").write_text(json.dumps(summary, indent=2) + "\n")
-    plot(runs, args.results / "tune.png", args.format)
+    (args.results / f"{args.name}.json").write_text(json.dumps(summary, indent=2) + "\n")
+    plot(runs, args.results / f"{args.name}.png", args.format)
     print(json.dumps(summary["growth"] | summary.get("targets", {})))
     if not args.keep and args.workdir is None:
         shutil.rmtree(work, ignore_errors=True)
