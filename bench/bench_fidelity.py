@@ -137,6 +137,7 @@ class Params:
     librdkafka_batch_bytes: int = 64 * 1024
     fill_batch_bytes: int = 16 * 1024
     java_heap: str = "512m"
+    java_full_jit: bool = True     # False: the harness's C1-only quick start (enough at a small quota)
     watermark_interval_s: float = 0.02
     metrics_interval_s: float = 0.05
     stop_margin_s: float = 1.0     # each client runs this long past its window, then is stopped
@@ -320,12 +321,12 @@ def watermark_series(sampler: WatermarkSampler, record_size: int) -> Series | No
 
 
 class JavaTool:
-    """A Kafka perf tool JVM with full JIT (the harness's C1-only quick start would cap the
-    client), its stdout read line by line in a thread."""
+    """A Kafka perf tool JVM, by default with full JIT (the harness's C1-only quick start would cap
+    the client at the default quota), its stdout read line by line in a thread."""
 
     def __init__(self, main: str, args: Sequence[str], heap: str, log_path: Path,
-                 on_line: Callable[[str], None] | None = None) -> None:
-        cmd = java_command(main, *args, heap=heap, quick_start=False)
+                 on_line: Callable[[str], None] | None = None, *, full_jit: bool = True) -> None:
+        cmd = java_command(main, *args, heap=heap, quick_start=not full_jit)
         self._log: IO[str] = open(log_path, "w")  # noqa: SIM115 - closed in stop()
         self.process = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                                         bufsize=1, preexec_fn=die_with_parent, cwd=log_path.parent)
@@ -546,7 +547,8 @@ def run_case(case: Case, params: Params, cluster: KafkaCluster, sluice: SluicePr
                                 ["--topic", topic, "--num-records", str(records), "--record-size",
                                  str(params.record_size), "--throughput", "-1",
                                  "--producer-props", *(f"{k}={v}" for k, v in props.items())],
-                                params.java_heap, workdir / f"{case.client_id}.log")
+                                params.java_heap, workdir / f"{case.client_id}.log",
+                                full_jit=params.java_full_jit)
                 extra["ended"] = _wait_until(done, tool.running, deadline)
                 extra["exit_code"] = tool.stop()
             else:
@@ -578,7 +580,8 @@ def run_case(case: Case, params: Params, cluster: KafkaCluster, sluice: SluicePr
                              "--num-records", str(fetch_records), "--group", group, "--timeout", "30000",
                              "--show-detailed-stats", "--reporting-interval", "1",
                              "--command-property", f"client.id={case.client_id}"],
-                            params.java_heap, workdir / f"{case.client_id}.log", progress.on_line)
+                            params.java_heap, workdir / f"{case.client_id}.log", progress.on_line,
+                            full_jit=params.java_full_jit)
 
             def done() -> bool:
                 return _covers(progress.series(), need) and _covers(wire(), need)
@@ -1016,6 +1019,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--quick", action="store_true", help="15 s per case instead of 60 s (smoke run)")
     parser.add_argument("--seconds", type=float, help="measurement window per case, from the first byte")
     parser.add_argument("--quota", type=int, default=2 * MiB, help="bytes/s, produce and fetch [2 MiB/s]")
+    parser.add_argument("--java-quick-start", action="store_true",
+                        help="C1-only JIT for the Java clients: less CPU, enough at ~1 MiB/s or less")
     parser.add_argument("--bucket-burst-ms", type=int, default=Params.bucket_burst_ms,
                         help=f"the token bucket's burst_ms [{Params.bucket_burst_ms}]")
     parser.add_argument("--librdkafka-batch-bytes", type=int, default=Params.librdkafka_batch_bytes,
@@ -1043,7 +1048,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.bucket_burst_ms < 1 or args.librdkafka_batch_bytes < 1024:
         raise SystemExit("--bucket-burst-ms must be >= 1 and --librdkafka-batch-bytes >= 1024")
     params = Params(seconds=seconds, quota=args.quota, bucket_burst_ms=args.bucket_burst_ms,
-                    librdkafka_batch_bytes=args.librdkafka_batch_bytes)
+                    librdkafka_batch_bytes=args.librdkafka_batch_bytes,
+                    java_full_jit=not args.java_quick_start)
     modes = _subset(args.modes, MODES, "modes")
     clients = _subset(args.clients, CLIENTS, "clients")
     workloads = _subset(args.workloads, WORKLOADS, "workloads")

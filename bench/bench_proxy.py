@@ -89,6 +89,7 @@ class Params:
     latency_samples: int      # per latency run, after the warm-up
     latency_warmup: int
     tool_heap: str = "512m"
+    full_jit: bool = True     # the Java tools; C1 only (the harness's quick start) caps them: smoke runs
 
     @classmethod
     def full(cls) -> Params:
@@ -101,6 +102,13 @@ class Params:
         return cls(repeats=1, record_size=1024, calibrate_records=30_000, produce_seconds=2,
                    fetch_fill_seconds=3, min_records=30_000, max_records=500_000,
                    latency_samples=500, latency_warmup=100)
+
+    @classmethod
+    def smoke(cls) -> Params:
+        """The test suite's size: every path, workload and field, with numbers too small to mean much."""
+        return cls(repeats=1, record_size=1024, calibrate_records=5_000, produce_seconds=1,
+                   fetch_fill_seconds=1, min_records=5_000, max_records=20_000,
+                   latency_samples=100, latency_warmup=20, full_jit=False)
 
     def records_for(self, mb_per_s: float, seconds: float) -> int:
         n = int(mb_per_s * 1024 * 1024 * seconds / self.record_size)
@@ -189,9 +197,10 @@ class ChildProcess:
 _PRODUCER_PERCENTILES = re.compile(r"(\d+) ms 50th, (\d+) ms 95th, (\d+) ms 99th, (\d+) ms 99\.9th")
 
 
-def run_java_tool(main: str, args: Sequence[str], heap: str, timeout_s: float = 300.0) -> str:
-    """A Kafka tool with full JIT (the harness's quick-start C1-only mode would cap the client)."""
-    cmd = java_command(main, *args, heap=heap, quick_start=False)
+def run_java_tool(main: str, args: Sequence[str], heap: str, timeout_s: float = 300.0,
+                  full_jit: bool = True) -> str:
+    """A Kafka tool, by default with full JIT (the harness's C1-only quick start would cap the client)."""
+    cmd = java_command(main, *args, heap=heap, quick_start=not full_jit)
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s, check=False)
     if done.returncode != 0:
         raise RuntimeError(f"{main} failed ({done.returncode}):\n"
@@ -199,12 +208,13 @@ def run_java_tool(main: str, args: Sequence[str], heap: str, timeout_s: float = 
     return done.stdout
 
 
-def producer_perf(bootstrap: str, topic: str, records: int, record_size: int, heap: str) -> dict[str, float]:
+def producer_perf(bootstrap: str, topic: str, records: int, record_size: int, heap: str,
+                  full_jit: bool = True) -> dict[str, float]:
     props = {"bootstrap.servers": bootstrap, "acks": "1"}
     out = run_java_tool("org.apache.kafka.tools.ProducerPerformance",
                         ["--topic", topic, "--num-records", str(records), "--record-size", str(record_size),
                          "--throughput", "-1", "--producer-props", *(f"{k}={v}" for k, v in props.items())],
-                        heap)
+                        heap, full_jit=full_jit)
     summary = parse_producer_perf(out)
     result = {"mb_per_s": summary.mb_per_s, "records_per_s": summary.records_per_s,
               "avg_latency_ms": summary.avg_latency_ms, "records": float(summary.records)}
@@ -214,10 +224,12 @@ def producer_perf(bootstrap: str, topic: str, records: int, record_size: int, he
     return result
 
 
-def consumer_perf(bootstrap: str, topic: str, records: int, heap: str) -> dict[str, float]:
+def consumer_perf(bootstrap: str, topic: str, records: int, heap: str,
+                  full_jit: bool = True) -> dict[str, float]:
     out = run_java_tool("org.apache.kafka.tools.ConsumerPerformance",
                         ["--bootstrap-server", bootstrap, "--topic", topic, "--messages", str(records),
-                         "--group", f"bench-{uuid.uuid4().hex[:8]}", "--timeout", "60000"], heap)
+                         "--group", f"bench-{uuid.uuid4().hex[:8]}", "--timeout", "60000"], heap,
+                        full_jit=full_jit)
     header = next((ln for ln in out.splitlines() if ln.startswith("start.time")), None)
     rows = [ln for ln in out.splitlines() if ln[:1].isdigit()]
     if header is None or not rows:
@@ -494,11 +506,12 @@ def run_benchmark(params: Params, paths: Sequence[str], workloads: Sequence[str]
         # calibration, in two steps (they also warm up the broker's JIT): a fixed-size direct run
         # sizes the fetch topic, and filling that topic (direct) sizes the produce runs
         cal = producer_perf(direct, produce_topic, params.calibrate_records, params.record_size,
-                            params.tool_heap)
+                            params.tool_heap, params.full_jit)
         fetch_records = params.records_for(cal["mb_per_s"], params.fetch_fill_seconds)
         create_topic(direct, fetch_topic)
         t0 = time.monotonic()
-        fill = producer_perf(direct, fetch_topic, fetch_records, params.record_size, params.tool_heap)
+        fill = producer_perf(direct, fetch_topic, fetch_records, params.record_size, params.tool_heap,
+                             params.full_jit)
         produce_records = params.records_for(fill["mb_per_s"], params.produce_seconds)
         sizes = {"calibration_mb_per_s": cal["mb_per_s"], "fill_mb_per_s": fill["mb_per_s"],
                  "produce_records": produce_records, "fetch_records": fetch_records}
@@ -509,7 +522,7 @@ def run_benchmark(params: Params, paths: Sequence[str], workloads: Sequence[str]
         for path in paths:
             if path != "direct":
                 producer_perf(env.addresses[path], produce_topic, params.calibrate_records // 2,
-                              params.record_size, params.tool_heap)
+                              params.record_size, params.tool_heap, params.full_jit)
         batch = record_batch(b"x" * 100, int(time.time() * 1000))
         latency_workloads: dict[str, tuple[Callable[[int], bytes], Callable[[bytes, int], None]]] = {
             "latency_produce": (lambda i: produce_request(i, latency_topic, batch), check_produce_response),
@@ -521,7 +534,7 @@ def run_benchmark(params: Params, paths: Sequence[str], workloads: Sequence[str]
                 for path in order:
                     def produce(p: str = path) -> dict[str, float]:
                         return producer_perf(env.addresses[p], produce_topic, produce_records,
-                                             params.record_size, params.tool_heap)
+                                             params.record_size, params.tool_heap, params.full_jit)
                     r = measured(env, path, params.record_size, produce)
                     runs.setdefault("produce", {}).setdefault(path, []).append(r)
                     log(f"rep {rep + 1} produce {path:>6}: {r['mb_per_s']:7.1f} MB/s"
@@ -530,7 +543,7 @@ def run_benchmark(params: Params, paths: Sequence[str], workloads: Sequence[str]
                 for path in order:
                     def fetch(p: str = path) -> dict[str, float]:
                         return consumer_perf(env.addresses[p], fetch_topic, fetch_records,
-                                             params.tool_heap)
+                                             params.tool_heap, params.full_jit)
                     r = measured(env, path, params.record_size, fetch)
                     runs.setdefault("fetch", {}).setdefault(path, []).append(r)
                     log(f"rep {rep + 1} fetch   {path:>6}: {r['mb_per_s']:7.1f} MB/s"
@@ -737,6 +750,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.bench_proxy",
                                      description="Throughput and latency: direct vs Sluice vs raw forwarder")
     parser.add_argument("--quick", action="store_true", help="one small repeat (~1 min smoke run)")
+    parser.add_argument("--smoke", action="store_true",
+                        help="the test suite's size: one tiny repeat, C1-only Java tools")
     parser.add_argument("--access-log", action="store_true",
                         help="run Sluice with its access log on; report records written and dropped")
     parser.add_argument("--out", type=Path, help=f"results JSON [{DEFAULT_OUT.relative_to(REPO)}]")
@@ -750,7 +765,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                              "not representative; the default --out becomes proxy-profiled.json)")
     args = parser.parse_args(argv)
 
-    params = Params.quick() if args.quick else Params.full()
+    params = Params.smoke() if args.smoke else Params.quick() if args.quick else Params.full()
     if args.repeats:
         params = Params(**(asdict(params) | {"repeats": args.repeats}))
     paths = [p for p in PATHS if p in args.paths.split(",")]
@@ -772,7 +787,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     finally:
         if args.workdir is None:
             shutil.rmtree(workdir, ignore_errors=True)
-    report["quick"] = args.quick
+    report["quick"] = args.quick or args.smoke
     report["access_log"] = {k: v for k, v in ACCESS_LOG.items()}
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(report, indent=2) + "\n")

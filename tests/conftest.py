@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import json
 import os
+import resource
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import ClassVar
@@ -216,9 +217,28 @@ def _suffix_groups(items: list[pytest.Item]) -> None:
             item._id = coerce_node_id(f"{nodeid}@{marker.args[0]}")
 
 
+def _cpu_s() -> float:
+    """CPU seconds of this process and of every child it has reaped (a Sluice process, a Java tool, a
+    broker stopped by a fixture's teardown), user and system."""
+    own, kids = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    return own.ru_utime + own.ru_stime + kids.ru_utime + kids.ru_stime
+
+
+_LAST_CPU_S = [0.0]
+
+
+def pytest_runtest_logstart(nodeid: str, location: tuple[str, int | None, str]) -> None:
+    _LAST_CPU_S[0] = _cpu_s()
+
+
 @pytest.hookimpl(wrapper=True)
 def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Iterator[None]:
     report = yield
+    # the CPU this phase cost (the worker and the children it reaped), for --timing-jsonl
+    now_s = _cpu_s()
+    report.user_properties = [*report.user_properties,  # type: ignore[attr-defined]
+                              ("cpu_s", round(now_s - _LAST_CPU_S[0], 3))]  # a copy: pytest shares item's
+    _LAST_CPU_S[0] = now_s
     names = getattr(item, "fixturenames", ())
     uses_kafka = any(name.startswith(("kafka", "sluice")) for name in names)
     if report.failed and report.when == "call":  # type: ignore[attr-defined]
@@ -237,8 +257,8 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
 def pytest_addoption(parser: pytest.Parser) -> None:
     parser.addoption("--timing-jsonl", metavar="FILE", default=None,
                      help="append one JSON line per test phase (set-up, call, teardown) with its xdist "
-                          "worker, start and stop; `python -m tests.harness.timing FILE` sums them per "
-                          "module and per worker")
+                          "worker, start, stop and CPU seconds; `python -m tests.harness.timing FILE` "
+                          "sums them per module and per worker")
 
 
 def pytest_runtest_logreport(report: pytest.TestReport) -> None:
@@ -250,7 +270,7 @@ def pytest_runtest_logreport(report: pytest.TestReport) -> None:
     row = {"nodeid": report.nodeid, "when": report.when, "outcome": report.outcome,
            "worker": getattr(report, "worker_id", "main"),
            "start": getattr(report, "start", 0.0), "stop": getattr(report, "stop", 0.0),
-           "duration": report.duration}
+           "duration": report.duration, "cpu_s": dict(report.user_properties).get("cpu_s", 0.0)}
     with open(path, "a", encoding="utf-8") as out:
         out.write(json.dumps(row) + "\n")
 

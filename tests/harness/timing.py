@@ -1,7 +1,8 @@
 """Sums a SLUICE_TEST_TIMING file (one JSON line per test phase, written by tests/conftest.py) into
-where a `make test` run's time went: per module (tests, summed set-up + call + teardown, the worker(s)
-it ran on) and per xdist worker (first start, last stop, busy time, the modules in the order it ran
-them). The worker that stops last is the critical path.
+where a `make test` run's time went: per module (tests, summed set-up + call + teardown, the CPU
+seconds they cost with the children they reaped, the worker(s) it ran on) and per xdist worker
+(first start, last stop, busy time, CPU, the modules in the order it ran them). The worker that stops
+last is the critical path.
 
     python -m tests.harness.timing timing.jsonl [--estimates tests/durations.json]
 
@@ -22,6 +23,7 @@ from pathlib import Path
 class ModuleTime:
     tests: set[str] = field(default_factory=set)
     seconds: float = 0.0
+    cpu_s: float = 0.0   # the worker's CPU and its reaped children's (Sluice processes, Java tools, ...)
     first_start: float = float("inf")
     last_stop: float = 0.0
     workers: set[str] = field(default_factory=set)
@@ -32,6 +34,7 @@ class WorkerTime:
     first_start: float = float("inf")
     last_stop: float = 0.0
     busy_s: float = 0.0
+    cpu_s: float = 0.0
     modules: list[tuple[str, float, float]] = field(default_factory=list)  # (module, seconds, started at)
 
 
@@ -68,6 +71,7 @@ def summarize(path: Path) -> tuple[dict[str, ModuleTime], dict[str, WorkerTime],
         mod = modules[module_of(plain_id(row["nodeid"]))]
         mod.tests.add(row["nodeid"])
         mod.seconds += row["duration"]
+        mod.cpu_s += row.get("cpu_s", 0.0)
         mod.first_start = min(mod.first_start, row["start"])
         mod.last_stop = max(mod.last_stop, row["stop"])
         mod.workers.add(row["worker"])
@@ -75,6 +79,7 @@ def summarize(path: Path) -> tuple[dict[str, ModuleTime], dict[str, WorkerTime],
         w.first_start = min(w.first_start, row["start"])
         w.last_stop = max(w.last_stop, row["stop"])
         w.busy_s += row["duration"]
+        w.cpu_s += row.get("cpu_s", 0.0)
         name = module_of(plain_id(row["nodeid"]))
         if w.modules and w.modules[-1][0] == name:
             last = w.modules[-1]
@@ -110,18 +115,19 @@ def main() -> None:
     if args.estimates is not None:
         args.estimates.write_text(json.dumps(estimates(args.file), indent=0) + "\n", encoding="utf-8")
     modules, workers, t0 = summarize(args.file)
-    print("| module | tests | test time, s | ran at, s from start | worker(s) |")
-    print("|---|---:|---:|---|---|")
+    print("| module | tests | test time, s | CPU, s | ran at, s from start | worker(s) |")
+    print("|---|---:|---:|---:|---|---|")
     for name, mod in sorted(modules.items(), key=lambda kv: -kv[1].seconds):
-        print(f"| `{name}` | {len(mod.tests)} | {mod.seconds:.0f} | "
+        print(f"| `{name}` | {len(mod.tests)} | {mod.seconds:.0f} | {mod.cpu_s:.0f} | "
               f"{mod.first_start - t0:.0f}-{mod.last_stop - t0:.0f} | {', '.join(sorted(mod.workers))} |")
     print()
-    print("| worker | first start, s | last stop, s | busy, s | longest modules (s, started at s) |")
-    print("|---|---:|---:|---:|---|")
+    print("| worker | first start, s | last stop, s | busy, s | CPU, s | longest modules (s, started at s) |")
+    print("|---|---:|---:|---:|---:|---|")
     for name, w in sorted(workers.items(), key=lambda kv: kv[1].last_stop):
         top = sorted(w.modules, key=lambda m: -m[1])[: args.top]
         listed = "; ".join(f"{m.split('/')[-1]} {s:.0f} @{start - t0:.0f}" for m, s, start in top)
-        print(f"| {name} | {w.first_start - t0:.0f} | {w.last_stop - t0:.0f} | {w.busy_s:.0f} | {listed} |")
+        print(f"| {name} | {w.first_start - t0:.0f} | {w.last_stop - t0:.0f} | {w.busy_s:.0f} | "
+              f"{w.cpu_s:.0f} | {listed} |")
 
 
 if __name__ == "__main__":

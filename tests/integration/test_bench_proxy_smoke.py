@@ -1,4 +1,5 @@
-"""The proxy benchmark runs end to end (`--quick`) and writes a complete results file.
+"""The proxy benchmark runs end to end (`--smoke`: every path, workload and field at a tiny size) and
+writes a complete results file.
 
 No timing thresholds: on a shared 2-core machine the numbers are noise-prone; the benchmark itself
 reports them against the targets.
@@ -23,7 +24,7 @@ PATHS = ("direct", "sluice", "raw")
 @pytest.mark.timeout(600)
 def test_quick_benchmark_writes_all_three_paths(tmp_path: Path) -> None:
     out = tmp_path / "proxy.json"
-    done = subprocess.run([sys.executable, "-m", "bench.bench_proxy", "--quick", "--no-chart",
+    done = subprocess.run([sys.executable, "-m", "bench.bench_proxy", "--smoke", "--no-chart",
                            "--out", str(out), "--workdir", str(tmp_path / "work")],
                           cwd=REPO, capture_output=True, text=True, timeout=540, check=False)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-5000:]
