@@ -299,6 +299,41 @@ def plot(runs: Sequence[dict[str, Any]], path: Path, log_format: str) -> None:
     plt.close(fig)
 
 
+def write_results(args: argparse.Namespace, runs: list[dict[str, Any]], load_before: tuple[float, ...],
+                  startup_s: float, warmup: dict[str, float], parts: dict[str, list[float]] | None,
+                  ) -> dict[str, Any]:
+    """<name>.json and <name>.png in --results from the sizes timed so far; returns the summary."""
+    first, last = runs[0], runs[-1]
+    scale = last["records"] / first["records"]
+    summary: dict[str, Any] = {
+        "commit": commit(),
+        "machine": {"cores": os.cpu_count(), "python": platform.python_version(),
+                    "platform": platform.platform(),
+                    # the machine is shared: the 1-minute load average before and after the runs
+                    "load_average_1m": [round(load_before[0], 2), round(os.getloadavg()[0], 2)]},
+        "spark": {"master": args.master, "driver_memory": args.driver_memory,
+                  "session_start_s": round(startup_s, 2),
+                  # the first (cold) run of each, on the smallest size, before the timed runs
+                  "warmup_s": warmup},
+        "format": f"{args.format}, date=/hour= layout, explicit schema",
+        "runs": runs,
+        "growth": {"records_x": scale, "job_x": round(last["job_s"] / first["job_s"], 2),
+                   "baseline_x": round(last["baseline_s"] / first["baseline_s"], 2)},
+    }
+    if parts is not None:
+        summary["stages_s"] = {"records": last["records"], "noop_sink_runs": parts}
+    if last["records"] >= 10_000_000:
+        summary["targets"] = {"job_under_30s_at_10M": last["job_s"] < 30,
+                              **({"simulate_under_30s_at_10M": last["simulate_s"] <= 30}
+                                 if "simulate_s" in last else {}),
+                              "job_under_10s_at_10M": last["job_s"] <= 10,  # issue 12, over Parquet
+                              "job_at_most_2x_baseline": last["ratio_job_to_baseline"] <= 2.0}
+    args.results.mkdir(parents=True, exist_ok=True)
+    (args.results / f"{args.name}.json").write_text(json.dumps(summary, indent=2) + "\n")
+    plot(runs, args.results / f"{args.name}.png", args.format)
+    return summary
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--sizes", type=int, nargs="+", default=[1_000_000, 3_000_000, 10_000_000])
@@ -380,39 +415,14 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(f"{'':>11}  simulate {sim_s:6.1f}s ({run['simulate_records_per_s']:>9,}/s; "
                   f"{replayed:,} requests replayed twice in {groups} sharing groups), "
                   f"bare aggregation {run['baseline_records_per_s']:,}/s", flush=True)
+        # written after every size: a long run stopped before its end keeps the sizes it finished
+        write_results(args, [r for r in runs if "baseline_s" in r], load_before, startup_s, warmup, None)
     parts = stages(spark, datasets[sizes[-1]], args.format) if args.stages else None
     for name, times in (parts or {}).items():
         print(f"  {name:<40} {' '.join(f'{t:5.2f}' for t in times)} s", flush=True)
     spark.stop()
 
-    first, last = runs[0], runs[-1]
-    scale = last["records"] / first["records"]
-    summary: dict[str, Any] = {
-        "commit": commit(),
-        "machine": {"cores": os.cpu_count(), "python": platform.python_version(),
-                    "platform": platform.platform(),
-                    # the machine is shared: the 1-minute load average before and after the runs
-                    "load_average_1m": [round(load_before[0], 2), round(os.getloadavg()[0], 2)]},
-        "spark": {"master": args.master, "driver_memory": args.driver_memory,
-                  "session_start_s": round(startup_s, 2),
-                  # the first (cold) run of each, on the smallest size, before the timed runs
-                  "warmup_s": warmup},
-        "format": f"{args.format}, date=/hour= layout, explicit schema",
-        "runs": runs,
-        "growth": {"records_x": scale, "job_x": round(last["job_s"] / first["job_s"], 2),
-                   "baseline_x": round(last["baseline_s"] / first["baseline_s"], 2)},
-    }
-    if parts is not None:
-        summary["stages_s"] = {"records": last["records"], "noop_sink_runs": parts}
-    if last["records"] >= 10_000_000:
-        summary["targets"] = {"job_under_30s_at_10M": last["job_s"] < 30,
-                              **({"simulate_under_30s_at_10M": last["simulate_s"] <= 30}
-                                 if "simulate_s" in last else {}),
-                              "job_under_10s_at_10M": last["job_s"] <= 10,  # issue 12, over Parquet
-                              "job_at_most_2x_baseline": last["ratio_job_to_baseline"] <= 2.0}
-    args.results.mkdir(parents=True, exist_ok=True)
-    (args.results / f"{args.name}.json").write_text(json.dumps(summary, indent=2) + "\n")
-    plot(runs, args.results / f"{args.name}.png", args.format)
+    summary = write_results(args, runs, load_before, startup_s, warmup, parts)
     print(json.dumps(summary["growth"] | summary.get("targets", {})))
     if not args.keep and args.workdir is None:
         shutil.rmtree(work, ignore_errors=True)
