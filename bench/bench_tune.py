@@ -216,22 +216,49 @@ def recommendation(spark: Any, root: Path, out: Path, log_format: str) -> tuple[
     return time.perf_counter() - t, len(read_plan(path).entries)
 
 
-def simulation(spark: Any, root: Path, out: Path, log_format: str) -> tuple[float, int, int]:
+def simulation(spark: Any, root: Path, out: Path, log_format: str) -> tuple[float, float, int, int]:
     """`tune simulate` of the plan the recommendation just wrote (its user=... entities, both byte
     keys, against the current 1 MiB/s quotas): every produce and fetch record of every user is
     replayed through the quota engine twice (plan and baseline), in the Python workers. Returns
-    the time, the sharing groups and the requests replayed."""
+    the time, the CPU seconds (`tree_cpu_s`), the sharing groups and the requests replayed."""
     from spark_analytics.jobs import simulate
     from spark_analytics.session import Progress
 
     args = simulate.build_parser().parse_args(["--logs", str(root), "--plan", str(out / "plan" / "plan.json"),
                                                "--out", str(out / "simulation"), "--no-plots",
                                                "--format", log_format])
-    t = time.perf_counter()
+    t, cpu = time.perf_counter(), tree_cpu_s()
     with Progress(spark, "bench", enabled=False) as progress:
         doc = simulate.run(spark, args, progress, quiet=True)
     spark.catalog.clearCache()
-    return time.perf_counter() - t, len(doc["entities"]), sum(e["requests"] for e in doc["entities"])
+    return (time.perf_counter() - t, tree_cpu_s() - cpu, len(doc["entities"]),
+            sum(e["requests"] for e in doc["entities"]))
+
+
+def tree_cpu_s(root: int | None = None) -> float:
+    """CPU seconds (user + system) of this process and every live descendant (the Spark JVM and
+    its Python workers under local[N]), with what they reaped: on a machine shared with a load of
+    20 to 30 on 2 cores, wall seconds measure the scheduler's share more than the work. Linux /proc."""
+    tick = os.sysconf("SC_CLK_TCK")
+    children: dict[int, list[int]] = {}
+    stats: dict[int, list[str]] = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        stats[int(entry.name)] = fields
+        children.setdefault(int(fields[1]), []).append(int(entry.name))
+    total, todo = 0, [root or os.getpid()]
+    while todo:
+        pid = todo.pop()
+        fields = stats.get(pid)
+        if fields is not None:  # utime, stime, cutime, cstime: fields 14-17 of stat, 11-14 here
+            total += sum(int(x) for x in fields[11:15])
+        todo.extend(children.get(pid, []))
+    return total / tick
 
 
 def _noop_s(df: Any) -> float:
@@ -398,21 +425,29 @@ def main(argv: Sequence[str] | None = None) -> int:
               "job_s": round(recommendation(spark, first, work / "out-warmup", args.format)[0], 2)}
     for run in runs:
         root = datasets[run["records"]]
+        cpu = tree_cpu_s()
         base_s, clients = baseline(spark, root, args.format)
+        base_cpu_s = tree_cpu_s() - cpu
         job_s, entries = recommendation(spark, root, work / f"out-{run['records']}", args.format)
-        run |= {"baseline_s": round(base_s, 2), "job_s": round(job_s, 2),
+        run |= {"baseline_s": round(base_s, 2), "baseline_cpu_s": round(base_cpu_s, 2),
+                "job_s": round(job_s, 2),
                 "job_records_per_s": round(run["records"] / job_s),
                 "ratio_job_to_baseline": round(job_s / base_s, 2),
                 "baseline_clients": clients, "plan_entries": entries}
         print(f"{run['records']:>11,} records: job {job_s:6.1f}s ({run['job_records_per_s']:>9,}/s), "
               f"baseline {base_s:6.1f}s, ratio {job_s / base_s:.2f}", flush=True)
         if not args.no_simulate:
-            sim_s, groups, replayed = simulation(spark, root, work / f"out-{run['records']}", args.format)
+            sim_s, sim_cpu_s, groups, replayed = simulation(spark, root, work / f"out-{run['records']}",
+                                                            args.format)
             run |= {"simulate_s": round(sim_s, 2), "simulate_records_per_s": round(run["records"] / sim_s),
+                    "simulate_cpu_s": round(sim_cpu_s, 2),
+                    "simulate_records_per_cpu_s": round(run["records"] / max(sim_cpu_s, 1e-9)),
+                    "baseline_records_per_cpu_s": round(run["records"] / max(base_cpu_s, 1e-9)),
                     "simulate_groups": groups, "simulate_requests_replayed": replayed,
                     "baseline_records_per_s": round(run["records"] / base_s),
                     "ratio_simulate_to_baseline": round(sim_s / base_s, 2)}
-            print(f"{'':>11}  simulate {sim_s:6.1f}s ({run['simulate_records_per_s']:>9,}/s; "
+            print(f"{'':>11}  simulate {sim_s:6.1f}s, {sim_cpu_s:.1f} CPU-s "
+                  f"({run['simulate_records_per_s']:>9,}/s; "
                   f"{replayed:,} requests replayed twice in {groups} sharing groups), "
                   f"bare aggregation {run['baseline_records_per_s']:,}/s", flush=True)
         # written after every size: a long run stopped before its end keeps the sizes it finished
