@@ -367,7 +367,9 @@ def _fetch_top_level_tags_offset(payload: bytes, body: int, api_version: int) ->
             pos = skip(payload, pos, 16, "fetch topic_id")
         else:
             pos = skip_string(payload, pos, True, "fetch topic")
-        n_partitions, pos = read_array_len(payload, pos, True, "fetch partitions", 38)
+        # the smallest partition: 30 + aborted_transactions (1, null or empty) + 4 + records (1, null or
+        # empty) + tags (1) = 37 bytes (an idle partition of a full fetch is exactly that)
+        n_partitions, pos = read_array_len(payload, pos, True, "fetch partitions", 37)
         for _ in range(n_partitions):
             pos = skip(payload, pos, 30, "fetch partition")
             n_aborted, pos = read_array_len(payload, pos, True, "fetch aborted_transactions", 17)

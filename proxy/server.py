@@ -11,7 +11,7 @@ from collections.abc import Awaitable, Callable, Mapping, Sequence
 
 from prometheus_client import CollectorRegistry
 
-from protocol import fastpath
+from protocol import fastpath, log_fastpath
 from proxy.admin.api import QuotaAdminStage
 from proxy.config import ConfigError, ProxyConfig
 from proxy.fleet.exchange import Exchange
@@ -56,7 +56,7 @@ from proxy.stages.quota import DecisionObserver, QuotaStage
 from proxy.stages.topic_resolver import TopicIdResolver
 from proxy.stages.topic_usage import TopicNames
 from quotas import fastpath as quota_fastpath
-from quotas.clock import Clock, SystemClock
+from quotas.clock import Clock
 from quotas.connection_limits import BufferBudget, ConnectionLimiter
 from quotas.engine import QuotaEngine
 from quotas.fleet import DEFAULT_HEADROOM, FleetFallback, FleetView
@@ -73,7 +73,7 @@ class ProxyServer:
         self.config = config
         self.config_at_start = config  # what the parts read only at start were built from
         self.worker_index = worker_index  # one of `--workers N`: listeners shared with SO_REUSEPORT
-        self.clock = clock or SystemClock()
+        self.clock = clock or quota_fastpath.SystemClockImpl()  # SystemClock, or its compiled twin
         self._extra_stages = list(stages)
         self.registry_metrics = CollectorRegistry()
         self.metrics = SluiceMetrics(self.registry_metrics)
@@ -185,6 +185,8 @@ class ProxyServer:
         log.info("Sluice listening on %s:%d (%s) for %s", sock[0], sock[1], describe_listener(config),
                  ",".join(str(a) for a in config.upstream.bootstrap))
         log.info("data plane: %s; quota stats: %s", fastpath.describe(), quota_fastpath.describe())
+        if self.access_log is not None:
+            log.info("access-log walks: %s", log_fastpath.describe())
         if config.metrics.port is not None:
             inventory, token = self.inventory, BearerToken.configured(config.connections_endpoint)
             degraded: list[Degraded] = [self.quota_service.problems]
@@ -389,8 +391,10 @@ def make_fleet(config: ProxyConfig, quotas: QuotaEngine, clock: Clock,
         fleet_id, interval_ms = f"{config.instance}-workers", LOCAL_REPORT_INTERVAL_MS
         timeout_ms, headroom, fallback = 3 * interval_ms, DEFAULT_HEADROOM, FleetFallback.SPLIT
         expected = config.workers
+    # a newcomer's clients reconnect once it listens (within a client's reconnect backoff): room is
+    # made for it for two member timeouts (quotas.fleet, "Making room for a newcomer")
     view = FleetView(fleet_id, name, timeout_ms, headroom=headroom, fallback_mode=fallback,
-                     warmup_ms=2 * interval_ms)
+                     warmup_ms=2 * interval_ms, join_grace_ms=2 * timeout_ms)
     view.expect_members(expected)
     claims = FleetClaims(clock, ("all", "cluster"), hold_ms=2 * interval_ms)
     return FleetMember(view, exchange, quotas, clock, claims, interval_ms)

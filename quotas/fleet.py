@@ -44,7 +44,18 @@ budget), or 1 (`FleetFallback.FULL`: each member enforces the whole quota, faili
 **Joining.** Until a member has heard the fleet (its own report came back through the exchange, so
 every report published before it has been read), it holds ``1 / n`` of every group with ``n`` the
 larger of `expected_members` and the members heard so far, counting itself: a restarted process
-takes no more than its due before it knows the others.
+takes no more than its due before it knows the others. A group it then turns active on starts
+without credit where others use it (`ShareDecision.busy`), and within its standby share.
+
+**Making room for a newcomer.** The members already in the fleet see a member that joins (one
+first heard after they joined themselves) before its clients do: it reports while it joins, and its
+clients (a restarted instance's, reconnecting) arrive once it listens. It holds its standby share
+``1 / n`` of every group from the start, so if the others kept their shares until its first report
+of a group came back through the exchange, the fleet would hold ``1 + 1 / n`` of that group for one
+report interval plus the exchange's delay. So for `join_grace_ms` after a newcomer is first heard,
+every member counts it in each group it is active on as a peer wanting its standby share (unless
+its reports show it active there already, when its real want counts). If its clients never come
+for a group, the others hold ``1 / n`` less of it for that long.
 
 **Report format** (`encode_report`): JSON, versioned by ``"v"``. Version 2 carries the whole
 `SensorKey` as a fixed six-element array; a field added to the key is a new version. A report of
@@ -233,7 +244,10 @@ class FleetView:
     headroom: float = DEFAULT_HEADROOM
     fallback_mode: FleetFallback = FleetFallback.SPLIT
     warmup_ms: int = 0
+    join_grace_ms: int = 0
     _heard: dict[str, _Heard] = field(default_factory=dict)
+    _newcomers: dict[str, int] = field(default_factory=dict)  # member -> first heard, after we joined
+    _joined_ms: int | None = None
     _active_since: dict[tuple[str, SensorKey], int] = field(default_factory=dict)
     _last_any_ms: int | None = None
     _healthy_since_ms: int = 0
@@ -262,9 +276,13 @@ class FleetView:
             # the exchange is back (or heard for the first time): members' silence counts from now
             self._healthy_since_ms = now_ms
         self._last_any_ms = now_ms
-        if report.member == self.member:
-            self._joined = True
         heard = self._heard.get(report.member)
+        if report.member == self.member:
+            if self._joined_ms is None:
+                self._joined_ms = now_ms
+            self._joined = True
+        elif heard is None and self._joined_ms is not None and self.join_grace_ms > 0:
+            self._newcomers[report.member] = now_ms  # it joins after us: its clients are coming
         if heard is not None and report.seq <= heard.report.seq:
             return False
         self._heard[report.member] = _Heard(report, now_ms)
@@ -302,13 +320,16 @@ class FleetView:
         silent = not channel_up or self.exchange_silent(now_ms)
         live = self.live_members(now_ms)  # frozen while silent: nobody left then
         others: dict[tuple[str, SensorKey], list[GroupUsage]] = {}
+        active_on: dict[tuple[str, SensorKey], set[str]] = {}
         for name in live:
             if name == self.member:
                 continue
             for g in self._heard[name].report.groups:
                 if g.used_per_s > 0 or g.constrained:
                     others.setdefault((g.scope, g.key), []).append(g)
+                    active_on.setdefault((g.scope, g.key), set()).add(name)
         busy = frozenset(others)
+        newcomers = self._newcomers_now(live, now_ms)
         if silent or not self._joined:
             n = max(self._last_known_members, len(live))
             full = self.fallback_mode is FleetFallback.FULL
@@ -331,12 +352,22 @@ class FleetView:
                 continue
             peers = others.get(group, [])
             wants = [self._want(g, limit) for g in (mine, *peers)]
+            # a newcomer not active here yet: the standby share it holds, and its clients will use
+            wants += [standby] * len(newcomers - active_on.get(group, set()))
             share = water_fill(wants)[0]
             if now_ms - since < self.warmup_ms:
                 share = min(share, standby)
             shares[group] = share
         self._active_since = active_since
         return ShareDecision(shares, standby, len(live), busy=busy)
+
+    def _newcomers_now(self, live: list[str], now_ms: int) -> set[str]:
+        """Members that joined after this one within `join_grace_ms` and have not left; forgets
+        the rest."""
+        for name in [m for m, since in self._newcomers.items()
+                     if now_ms - since >= self.join_grace_ms or m not in live]:
+            del self._newcomers[name]
+        return set(self._newcomers)
 
     def _want(self, g: GroupUsage, limit: float) -> float:
         return math.inf if g.constrained else g.used_per_s * (1.0 + self.headroom) / limit

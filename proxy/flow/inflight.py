@@ -5,11 +5,15 @@ Most responses come from the broker in that order anyway; the tracker also lets 
 request itself (or finish a response asynchronously) without overtaking earlier ones: each request
 gets a slot, a slot is filled when its response is ready, and responses leave from the head only.
 
-Produce with acks=0 gets no response and therefore no slot.
+Produce with acks=0 gets no response and therefore no slot. A request Sluice sends itself on the
+client's upstream connection (`InFlight.own`) takes a slot too, in the order it was written, so the
+broker's responses still match their slots one by one; its slot is dropped, never sent, when its
+turn comes.
 """
 
 from __future__ import annotations
 
+import asyncio
 from collections import deque
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -55,10 +59,12 @@ class InFlight:
     broker_response: bytes | None = field(default=None, repr=False)
     quota: QuotaNote | None = None                               # QuotaStage -> QuotaStage, access log
     whole_response: bool = False      # QuotaStage -> connection: never stream it (topics, records read)
-    request_payload: bytes | None = field(default=None, repr=False)   # access log (Produce only)
-    response_payload: bytes | None = field(default=None, repr=False)  # access log (small responses)
+    log_parts: object | None = field(default=None, repr=False)  # access log: a Produce's partitions
     sasl_exchange: object | None = None   # principals.SaslInspector: the exchange this request is part of
     sasl_round: int = 0                   # ... and its client message number (0: the handshake)
+    # Sluice's own request on the client's upstream connection (`ClientConnection.send_own`): the
+    # broker's response goes to this future, never to the client, and no stage sees either
+    own: asyncio.Future[bytes] | None = field(default=None, repr=False)
 
     def answer(self, payload: bytes, now_ms: int) -> None:
         """Sluice's own response to it (a stage answered here, or later): never forwarded."""

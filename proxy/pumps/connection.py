@@ -40,7 +40,6 @@ from typing import Any, cast
 from protocol.apis import ApiKey
 from protocol.errors import ProtocolError
 from protocol.fastpath import FrameSplitter, read_produce_acks, read_request_header
-from protocol.headers import RequestHeader
 from protocol.sasl import SASL_API_KEYS
 from proxy.flow.connection_stats import ConnectionStats
 from proxy.flow.inflight import InFlight, InFlightRequests
@@ -80,9 +79,12 @@ class ClientConnection(asyncio.Protocol):
         self._link = UpstreamLink()
         self._upstream_write = self.send_upstream = self._link.write  # the upstream's own, once it is up
         self._processing = self.closed = False
+        # the last request forwarded was one the broker takes only on an authenticated connection
+        # (not ApiVersions, SaslHandshake or SaslAuthenticate): Sluice may send its own (send_own)
+        self._past_auth = False
         self._close_reason: str | None = None
         self.ctx = ConnectionContext(next(_ids), "?", target.describe(), target.node_id,
-                                     stats=ConnectionStats(self._clock.now_ms()))
+                                     stats=ConnectionStats(self._clock.now_ms()), send_own=self.send_own)
         self._real_address = real_address           # the client behind a PROXY-protocol hop
         self._client_frame: FrameHandler = self._on_request
         self._limits = limits = services.limits
@@ -164,6 +166,9 @@ class ClientConnection(asyncio.Protocol):
             self.admitted_ip = None
         _log_closed(self.ctx, self._close_reason, exc, self._inflight.pending_upstream())
         self._link.close()
+        for entry in self._inflight.queue:
+            if entry.own is not None and not entry.own.done():
+                entry.own.set_exception(ConnectionError("the client connection closed"))
         self._services.connections.discard(self)
         if self._services.on_close:
             self._services.on_close(self)
@@ -223,10 +228,13 @@ class ClientConnection(asyncio.Protocol):
             return
         self._processing = True
         gate = self._gate
+        splitter = self._splitter
+        next_frame = splitter.next_frame
         try:
-            while gate.frames_allowed():
+            # (nothing buffered: no frame, and the gate is not asked; frames_allowed() runs per frame)
+            while splitter.buffered_bytes and gate.frames_allowed():
                 try:
-                    payload = self._splitter.next_frame()
+                    payload = next_frame()
                 except ProtocolError as exc:
                     self.close(f"malformed frame from client: {exc}")
                     return
@@ -235,7 +243,8 @@ class ClientConnection(asyncio.Protocol):
                 self._client_frame(payload)
         finally:
             self._processing = False
-        gate.update()
+        if gate.paused or not gate.frames_allowed():
+            gate.update()  # (reading and allowed frames is the state update() keeps as it is)
         if gate.draining:
             self.close_if_drained()
 
@@ -247,7 +256,13 @@ class ClientConnection(asyncio.Protocol):
             return
         now_ms = self._clock.now_ms()
         api_key = header.api_key
-        expects_response = api_key != ApiKey.PRODUCE or _expects_response(self.ctx, header, payload)
+        expects_response = True
+        if api_key == ApiKey.PRODUCE:  # acks=0: no response will come
+            try:
+                expects_response = read_produce_acks(payload, header) != 0
+            except ProtocolError as exc:
+                log.warning("connection %d: cannot read Produce acks (%s); expecting a response",
+                            self.ctx.connection_id, exc)
         entry = InFlight(header.correlation_id, api_key, header.api_version, header.client_id,
                          len(payload), now_ms, expects_response=expects_response)
         if not self._watchdog.handshake_done:
@@ -266,11 +281,14 @@ class ClientConnection(asyncio.Protocol):
         if expects_response:
             self._inflight.add(entry)
         if api_key in SASL_API_KEYS:  # SaslHandshake, SaslAuthenticate
+            self._past_auth = False
             sasl = self.responses.sasl  # one SaslMode per connection, kept where responses reach it
             if sasl is None:
                 services = self._services
                 sasl = self.responses.sasl = SaslMode(self, services.auth, services.max_frame_bytes)
             sasl.on_request(header, payload, entry)
+        elif not self._past_auth and type(outcome) is Forward and api_key != ApiKey.API_VERSIONS:
+            self._past_auth = True
         if outcome.throttle_time_ms > 0:
             self.start_throttle(now_ms, outcome.throttle_time_ms)
             if expects_response:
@@ -281,6 +299,27 @@ class ClientConnection(asyncio.Protocol):
             self._pipeline.on_complete(self.ctx, entry, now_ms)
         if entry.response is not None:
             self._flush()
+
+    def send_own(self, payload: bytes) -> asyncio.Future[bytes] | None:
+        """Send Sluice's own request (`payload`, no size prefix, a correlation id Sluice chose) on
+        this connection's upstream, authenticated as the client; the broker's response resolves the
+        future (a closed connection fails it) and never reaches the client or the stages. None when
+        it cannot be sent now: the upstream is not up or is full, the connection is closing or
+        draining, or the last request forwarded was not one the broker takes only once the
+        connection is authenticated (ApiVersions and SASL requests: an exchange may be under way,
+        and a request inside it would make the broker close the connection). It takes a slot in
+        the order it was written, so the client's responses keep their order."""
+        gate = self._gate
+        if (self.closed or not self._past_auth or not gate.upstream_up or gate.draining
+                or gate.backpressure):
+            return None
+        header = read_request_header(payload)
+        future: asyncio.Future[bytes] = asyncio.get_running_loop().create_future()
+        entry = InFlight(header.correlation_id, header.api_key, header.api_version, header.client_id,
+                         len(payload), self._clock.now_ms(), own=future)
+        self._upstream_write(payload)
+        self._inflight.add(entry)
+        return future
 
     def start_throttle(self, now_ms: int, throttle_time_ms: int) -> None:
         self.throttle.start(now_ms, throttle_time_ms)
@@ -336,16 +375,6 @@ def unread_bytes(transport: asyncio.BaseTransport | None) -> int:
     except (OSError, ValueError):  # not a socket, or already closed
         return 0
     return int.from_bytes(buf, sys.byteorder, signed=True)
-
-
-def _expects_response(ctx: ConnectionContext, header: RequestHeader, payload: bytes) -> bool:
-    """False for a Produce with acks=0 (no response will come)."""
-    try:
-        return read_produce_acks(payload, header) != 0
-    except ProtocolError as exc:
-        log.warning("connection %d: cannot read Produce acks (%s); expecting a response",
-                    ctx.connection_id, exc)
-        return True
 
 
 def _log_closed(ctx: ConnectionContext, reason: str | None, exc: Exception | None, pending: int) -> None:

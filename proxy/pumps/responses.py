@@ -52,6 +52,12 @@ class ResponseOrder:
         except (ProtocolError, CorrelationMismatch) as exc:
             self._close(f"bad response from {self._upstream_name}: {exc}")
             return
+        if entry.own is not None:  # Sluice's own request: its answer goes to Sluice, not to the client
+            if not entry.own.done():
+                entry.own.set_result(payload)
+            entry.response = b""
+            self.flush()
+            return
         if self.sasl is not None and entry.api_key in SASL_API_KEYS:
             self.sasl.on_response(entry, payload)
         outcome = self.run_stages(entry, payload, len(payload))
@@ -90,9 +96,15 @@ class ResponseOrder:
         """Write the responses at the head whose turn has come; then read on (which also ends a drain)."""
         send, ctx, on_complete, clock = self._send, self._ctx, self._pipeline.on_complete, self._clock
         sent_any = False
-        for entry in self._inflight.ready():
+        slots = self._inflight.queue  # `InFlightRequests.ready`, without the generator's two calls
+        while slots and slots[0].response is not None:
+            entry = slots.popleft()
             response = entry.response
             assert response is not None
+            if entry.own is not None:  # never the client's: nothing is sent, nothing completes
+                entry.response = None
+                sent_any = True  # a slot is free all the same: the gate may let frames on
+                continue
             if not entry.streamed:
                 send(response)
             entry.response = None

@@ -64,6 +64,9 @@ from quotas.manager import ThrottleDecision
 
 log = logging.getLogger("sluice.quotas")
 
+#: (principal, client id) pairs the stage keeps made identities for; beyond it, it starts over.
+MAX_IDENTITIES = 10_000
+
 _NOT_REQUEST_RATED = frozenset({ApiKey.API_VERSIONS, ApiKey.SASL_HANDSHAKE, ApiKey.SASL_AUTHENTICATE})
 
 
@@ -75,6 +78,15 @@ class QuotaStage(StageBase):
         self._engine = engine
         self._observer = observer
         self.topic_names = TopicNames() if topic_names is None else topic_names  # Produce v13, Fetch v13+
+        # (principal, client id) -> its ClientIdentity, made once: the same object every request, so
+        # the quota managers' lookups by it compare by identity (equal either way: same decisions)
+        self._identities: dict[tuple[str, str | None], ClientIdentity] = {}
+
+    def _identity(self, names: tuple[str, str | None]) -> ClientIdentity:
+        if len(self._identities) >= MAX_IDENTITIES:
+            self._identities.clear()
+        identity = self._identities[names] = ClientIdentity.of(*names)
+        return identity
 
     # ------------------------------------------------------------------ requests
 
@@ -83,14 +95,17 @@ class QuotaStage(StageBase):
         engine = self._engine
         if not engine.active_kinds:
             return None  # no quota configured: nothing to record, nothing to remember
-        identity = ClientIdentity.of(ctx.principal, header.client_id)
+        names = (ctx.principal, header.client_id)
+        identity = self._identities.get(names)
+        if identity is None:
+            identity = self._identity(names)
         api_key = header.api_key
         forward: bytes | None = None
         verdict: RequestVerdict
         if api_key == ApiKey.PRODUCE:
             usage: TopicUsage | None = None
             if engine.needs_produce_usage:
-                usage = produce_usage(payload, header, self.topic_names)
+                usage = produce_usage(payload, header, self.topic_names, ctx.send_own)
             verdict = engine.produce(ctx.broker_id, identity, len(payload), usage)
         elif api_key == ApiKey.FETCH or api_key == ApiKey.SHARE_FETCH:
             verdict = engine.fetch_request(ctx.broker_id, identity, share=api_key == ApiKey.SHARE_FETCH)
@@ -125,7 +140,7 @@ class QuotaStage(StageBase):
             size = entry.upstream_response_bytes  # payload may be only the head of a streamed response
             usage = None
             if engine.needs_fetch_usage and len(payload) == size:
-                usage = fetch_usage(payload, entry.api_version, self.topic_names)
+                usage = fetch_usage(payload, entry.api_version, self.topic_names, ctx.send_own)
             verdict = engine.fetch_response(ctx.broker_id, note.identity, size, usage, earlier_ms)
             self._observe(ctx, verdict.decisions)
             note.decisions.extend(verdict.decisions)
@@ -138,7 +153,7 @@ class QuotaStage(StageBase):
             new_ms = verdict.delivered_throttle_ms  # delivered: a bucket's debt throttles what follows
         else:
             if entry.api_key == ApiKey.SHARE_FETCH:  # never streamed: the payload is whole
-                share_usage = (share_fetch_usage(payload, entry.api_version, self.topic_names)
+                share_usage = (share_fetch_usage(payload, entry.api_version, self.topic_names, ctx.send_own)
                                if engine.needs_fetch_usage else None)
                 verdict = engine.share_fetch_response(ctx.broker_id, note.identity,
                                                       entry.upstream_response_bytes, share_usage)

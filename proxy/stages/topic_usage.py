@@ -6,13 +6,15 @@ fields, is not any one topic's). Records are the sum of the record-batch header 
 (`protocol.records`; a legacy message set counts 0). Requests that name topics by id (Produce
 v13, Fetch v13+) are mapped to names from the Metadata responses Sluice forwarded and, for an id
 none of them named (the client's Metadata went through another instance or worker), from the
-process's own Metadata request by id (`TopicNames.resolver`, `proxy.stages.topic_resolver`). Until
+process's own Metadata request by id (`TopicNames.resolver`, `proxy.stages.topic_resolver`), sent
+to a bootstrap broker or on the upstream connection of the client that used the id (`via`). Until
 the answer comes an id is reported by its hex form, so its bytes still count against a quota on
 that form and never against another topic's.
 """
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import logging
 from collections.abc import Callable
@@ -37,6 +39,11 @@ class TopicUsage:
 
 NO_USAGE = TopicUsage()
 
+#: Sends Sluice's own request on a client's upstream connection (`ConnectionContext.send_own`).
+SendOwn = Callable[[bytes], "asyncio.Future[bytes] | None"]
+#: Told of an id `TopicNames.name` cannot name, with the connection it came on (or None).
+Resolver = Callable[[bytes, "SendOwn | None"], None]
+
 
 #: Topic ids a process remembers (the oldest learned is forgotten first).
 MAX_TOPIC_IDS = 100_000
@@ -44,9 +51,9 @@ MAX_TOPIC_IDS = 100_000
 
 class TopicNames:
     """Topic id -> name, from Metadata responses v10+ (decoded only when their bytes are new), at
-    most `max_ids` of them. `resolver`, when set, is told of every id `name` cannot name (it must
-    return at once; `proxy.stages.topic_resolver.TopicIdResolver` asks the broker in the background
-    and `add`s the answer)."""
+    most `max_ids` of them. `resolver`, when set, is told of every id `name` cannot name and of the
+    client connection it came on (it must return at once; `proxy.stages.topic_resolver.TopicIdResolver`
+    asks the broker in the background and `add`s the answer)."""
 
     __slots__ = ("_max_ids", "_names", "_seen", "resolver")
 
@@ -54,7 +61,7 @@ class TopicNames:
         self._names: dict[bytes, str] = {}
         self._seen: set[bytes] = set()
         self._max_ids = max_ids
-        self.resolver: Callable[[bytes], None] | None = None
+        self.resolver: Resolver | None = None
 
     def __len__(self) -> int:
         return len(self._names)
@@ -82,7 +89,9 @@ class TopicNames:
         except ProtocolError as exc:
             log.debug("metadata v%d: topic ids not read: %s", api_version, exc)
 
-    def name(self, topic: str | None, topic_id: bytes | None) -> str:
+    def name(self, topic: str | None, topic_id: bytes | None, via: SendOwn | None = None) -> str:
+        """The topic's name; an id not known yet is told to the resolver (with `via`, the client
+        connection it came on) and answered by its hex form."""
         if topic is not None:
             return topic
         raw = topic_id or b""
@@ -90,16 +99,16 @@ class TopicNames:
         if name is not None:
             return name
         if self.resolver is not None and raw:
-            self.resolver(raw)
+            self.resolver(raw, via)
         return raw.hex()
 
 
-def _usage(parts: list[records.PartitionTraffic], names: TopicNames) -> TopicUsage:
+def _usage(parts: list[records.PartitionTraffic], names: TopicNames, via: SendOwn | None) -> TopicUsage:
     by_topic: dict[str, int] = {}
     records_by_topic: dict[str, int] = {}
     total = 0
     for p in parts:
-        name = names.name(p.topic, p.topic_id)
+        name = names.name(p.topic, p.topic_id, via)
         by_topic[name] = by_topic.get(name, 0) + p.bytes
         count = p.records or 0
         records_by_topic[name] = records_by_topic.get(name, 0) + count
@@ -107,18 +116,20 @@ def _usage(parts: list[records.PartitionTraffic], names: TopicNames) -> TopicUsa
     return TopicUsage(by_topic, records_by_topic, total)
 
 
-def produce_usage(payload: bytes, header: RequestHeader, names: TopicNames) -> TopicUsage | None:
+def produce_usage(payload: bytes, header: RequestHeader, names: TopicNames,
+                  via: SendOwn | None = None) -> TopicUsage | None:
     """Per-topic usage of a Produce request; None when its layout cannot be read (then no topic or
-    records quota is charged for it, and it is logged)."""
+    records quota is charged for it, and it is logged). `via`: the connection it came on."""
     try:
-        return _usage(records.produce_request_partitions(payload, header), names)
+        return _usage(records.produce_request_partitions(payload, header), names, via)
     except (ProtocolError, ValueError) as exc:
         log.warning("produce v%d: topics and records not read, not charged to topic or records quotas: %s",
                     header.api_version, exc)
         return None
 
 
-def fetch_usage(payload: bytes, api_version: int, names: TopicNames) -> TopicUsage | None:
+def fetch_usage(payload: bytes, api_version: int, names: TopicNames,
+                via: SendOwn | None = None) -> TopicUsage | None:
     """Per-topic usage of a whole Fetch response; None when its layout cannot be read."""
     try:
         _error, parts = fastpath.fetch_response_partitions(payload, api_version)
@@ -126,13 +137,14 @@ def fetch_usage(payload: bytes, api_version: int, names: TopicNames) -> TopicUsa
         log.warning("fetch v%d: topics and records not read, not charged to topic or records quotas: %s",
                     api_version, exc)
         return None
-    return _usage(parts, names)
+    return _usage(parts, names, via)
 
 
-def share_fetch_usage(payload: bytes, api_version: int, names: TopicNames) -> TopicUsage | None:
+def share_fetch_usage(payload: bytes, api_version: int, names: TopicNames,
+                      via: SendOwn | None = None) -> TopicUsage | None:
     """Per-topic usage of a ShareFetch response (topic ids only); None when its layout cannot be read."""
     try:
-        return _usage(share_fetch_response_partitions(payload, api_version), names)
+        return _usage(share_fetch_response_partitions(payload, api_version), names, via)
     except (ProtocolError, ValueError) as exc:
         log.warning("share fetch v%d: topics and records not read, not charged to topic or records "
                     "quotas: %s", api_version, exc)

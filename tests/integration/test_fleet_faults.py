@@ -273,19 +273,47 @@ class ShareSampler:
 
 # ------------------------------------------------------------------------------------ rolling restart
 
-def test_a_rolling_restart_keeps_every_five_seconds_within_the_budget(kafka: KafkaCluster,
-                                                                     make_fleet: Any) -> None:
-    """Fails on main: a restarted member enforced the whole quota until it had heard the fleet,
-    with a fresh sensor's credit on top (2.3-2.6 x the budget in the second after each rejoin,
-    1.29 x over the worst five seconds)."""
+@dataclass
+class RollingRun:
+    """One rolling restart's merged rates: every 5 s window (start, bytes/s) of the steady fleet
+    before the first restart and from it to the end, each producer's timeline and the restarts."""
+
+    before: list[tuple[float, float]]
+    during: list[tuple[float, float]]
+    timelines: list[load.Timeline]
+    restarts_s: list[float]
+    end_s: float
+
+    @property
+    def worst(self) -> tuple[float, float]:
+        return max(self.during, key=lambda w: w[1])
+
+    @property
+    def worst_before(self) -> float:
+        return max(r for _, r in self.before)
+
+    def attribution(self, start_s: float) -> str:
+        """Each producer's part of the 5 s window at `start_s` (x the budget), and which member
+        had restarted last before it: whose bytes made the window's excess."""
+        parts = []
+        for i, t in enumerate(self.timelines):
+            got = sum(n for at, n in t.events if start_s <= at - t.started < start_s + 5.0)
+            parts.append(f"producer {i} {got / 5.0 / QUOTA:.3f}")
+        last = max((i for i, r in enumerate(self.restarts_s) if r <= start_s + 5.0), default=None)
+        return ", ".join(parts) + (f" (member {last} restarted at {self.restarts_s[last]:.1f} s)"
+                                   if last is not None else "")
+
+
+def rolling_restart(kafka: KafkaCluster, make_fleet: Any, quotas: dict[str, Any], steady_s: float
+                    ) -> RollingRun:
+    """Three instances, one saturating producer through each; after `steady_s` each instance in
+    turn is SIGTERMed, started again on its ports and given a period after it has rejoined."""
     topic = create_topic(kafka.bootstrap, unique_name("fleet-roll"))
-    # the token bucket: a raised share refills at the new rate from the credits it holds (a windowed
-    # rate would let a member whose share rose re-admit what a departed member used in the window)
-    fleet = make_fleet(kafka, {"id": unique_name("fleet"), "topic": unique_name("fleet-reports")},
-                       {"rate_model": "token_bucket"})
+    fleet = make_fleet(kafka, {"id": unique_name("fleet"), "topic": unique_name("fleet-reports")}, quotas)
     producers = Producers([m.bootstrap for m in fleet.members], topic, 240)
+    shares = ShareSampler(fleet, producers)
     try:
-        wait_until(lambda: producers.now_s() >= 2 * PERIOD_S, 30, "a steady fleet")
+        wait_until(lambda: producers.now_s() >= steady_s, 60, "a steady fleet")
         first_restart_s = producers.now_s()
         restarts_s: list[float] = []
         for m in fleet.members:
@@ -300,24 +328,64 @@ def test_a_rolling_restart_keeps_every_five_seconds_within_the_budget(kafka: Kaf
         end_s = producers.now_s()
         timelines = producers.stop()
     finally:
+        shares.stop()
         producers.stop()
+    assert [m.metrics.value("sluice_fleet_members") for m in fleet.members].count(3) >= 1
+    assert all(m.process is not None and m.process.process is not None
+               and m.process.process.poll() is None for m in fleet.members)
     merged = load.Timeline.merged(timelines)
     for i, t in enumerate(timelines):  # per second, per producer, for a post-mortem
         print(f"producer {i} KiB/s from {first_restart_s - 3:.0f} s: "
               + " ".join(f"{r / KiB:.0f}" for _, r in window_rates(t, first_restart_s - 3, end_s, 1.0, 1.0)))
     print("restarts at " + ", ".join(f"{s:.1f}" for s in restarts_s))
-    before = window_rates(merged, PERIOD_S, first_restart_s, 5.0)
-    during = window_rates(merged, first_restart_s, end_s, 5.0)
-    worst_before = max(r for _, r in before)
-    worst_start, worst = max(during, key=lambda w: w[1])
-    print(f"rolling restart: worst 5 s window {worst / MiB:.3f} MiB/s (at {worst_start:.2f} s); before "
-          f"the first restart, in the same run, {worst_before / MiB:.3f} MiB/s; whole run "
+    print(f"share moves: {shares.moves() or 'none'}")
+    run = RollingRun(window_rates(merged, PERIOD_S, first_restart_s, 5.0),
+                     window_rates(merged, first_restart_s, end_s, 5.0), timelines, restarts_s, end_s)
+    worst_start, worst = run.worst
+    print(f"rolling restart: worst 5 s window {worst / MiB:.3f} MiB/s (at {worst_start:.2f} s: "
+          f"{run.attribution(worst_start)}); before the first restart, in the same run, "
+          f"{run.worst_before / MiB:.3f} MiB/s; whole run "
           f"{merged.cycle_rate(first_restart_s, end_s, or_plain=True) / MiB:.3f} MiB/s (budget 1 MiB/s)")
+    return run
+
+
+def test_a_rolling_restart_keeps_every_five_seconds_within_the_budget(kafka: KafkaCluster,
+                                                                     make_fleet: Any) -> None:
+    """Fails on main: a restarted member enforced the whole quota until it had heard the fleet,
+    with a fresh sensor's credit on top (2.3-2.6 x the budget in the second after each rejoin,
+    1.29 x over the worst five seconds)."""
+    # the token bucket: a raised share refills at the new rate from the credits it holds (a windowed
+    # rate would let a member whose share rose re-admit what a departed member used in the window)
+    run = rolling_restart(kafka, make_fleet, {"rate_model": "token_bucket"}, 2 * PERIOD_S)
+    worst_start, worst = run.worst
     # 5 s windows over a sawtooth of 5.5 s periods: a window holds at most one burst per producer,
     # about one period's worth of its share, so a steady fleet's worst window is up to 5.5/5 = 1.1 x
     # (the same-run 'before' figure); a rejoin may add its standby share for about one report
     # interval: 1/3 x 0.5 s / 5 s = 0.03 x. Bound: 1.15 x
     assert worst <= 1.15 * QUOTA, f"{worst / QUOTA:.3f} x the budget over 5 s at {worst_start:.2f} s"
-    assert [m.metrics.value("sluice_fleet_members") for m in fleet.members].count(3) >= 1
-    assert all(m.process is not None and m.process.process is not None
-               and m.process.process.poll() is None for m in fleet.members)
+
+
+def test_a_windowed_rolling_restart_stays_within_the_steady_fleets_own_sawtooth(kafka: KafkaCluster,
+                                                                              make_fleet: Any) -> None:
+    """Kafka's windowed rate through a rolling restart: no five-second window of the restart goes
+    above the worst five seconds of the same fleet before it (its own sawtooth, 1.157-1.182 x),
+    plus one share move's overlap. Without the owed raise (`QuotaManager._owe_raise`) a survivor
+    whose share rose re-admitted at once what the departed member had used in the window: 1.291 x
+    over the worst five seconds against 1.187 x steady in the same run."""
+    # three periods of the steady fleet: its sawtooth's worst 5 s window, measured over every 5 s
+    # window that starts in the second and third periods (the first is a fresh client's burst)
+    run = rolling_restart(kafka, make_fleet, {"rate_model": "windowed"}, 4 * PERIOD_S)
+    worst_start, worst = run.worst
+    # The steady windowed fleet's own sawtooth, not share moves (the shares stay at a third until
+    # the first restart): each producer admits about one 5.5 s window of its third per period in a
+    # burst, plus the requests it had in flight when the throttle began (librdkafka's 256 KiB
+    # queue: up to three 64 KiB batches past the one that crossed), so a 5 s window that catches
+    # the three bursts holds 5.5/5 = 1.1 x and up to 3 x 192 KiB / 5 s = 0.11 x more (1.157-1.182 x
+    # measured; docs/fleet.md). A restart moves the shares twice: the survivors' raise to a half is
+    # owed over one window (no burst), and the rejoin is made room for before the joiner's clients
+    # come back (`quotas.fleet`, "Making room for a newcomer"); a move the fleet could not foresee
+    # admits at most the joiner's third for one report interval: 1/3 x 0.5 s / 5 s = 0.033 x. The
+    # bound: the same run's steady worst window (never under the token bucket's 1.15 x) + 0.033 x.
+    bound = max(1.15 * QUOTA, run.worst_before) + QUOTA / 30
+    assert worst <= bound, (f"{worst / QUOTA:.3f} x the budget over 5 s at {worst_start:.2f} s; steady "
+                            f"{run.worst_before / QUOTA:.3f} x")

@@ -511,3 +511,28 @@ def test_node_endpoints_absent_or_before_kip_951() -> None:
         rewrite_fetch_response_node_endpoints(fetch_v16 + b"\x00", 16, to_proxy)
     with pytest.raises(UnsupportedVersion):
         rewrite_fetch_response_node_endpoints(fetch_v16, 19, to_proxy)
+
+
+def test_fetch_of_idle_partitions_is_walked_to_its_tags() -> None:
+    """A full fetch answered for three partitions that hold nothing: each partition is the smallest
+    one can be (37 bytes), and the walk must not take the three for more than the bytes left."""
+    idle_partition = (
+        struct.pack(">ih", 0, 0)          # partition_index 0, error_code 0
+        + struct.pack(">qqq", 5, 5, 0)    # high_watermark, last_stable_offset, log_start_offset
+        + b"\x01"                         # aborted_transactions: compact array of 0
+        + struct.pack(">i", -1)           # preferred_read_replica: none
+        + b"\x01"                         # records: compact bytes of length 0
+        + b"\x00"                         # partition tags: none
+    )
+    assert len(idle_partition) == 37
+    fetch_v17 = (
+        CORR + b"\x00"                    # correlation id, response header tags
+        + struct.pack(">ihi", 0, 0, 7)    # throttle_time_ms, error_code, session_id
+        + b"\x02"                         # responses: compact array of 1
+        + bytes(range(16))                # topic_id
+        + b"\x04"                         # partitions: compact array of 3
+        + idle_partition * 3
+        + b"\x00"                         # topic tags
+        + b"\x00"                         # top-level tags: no node_endpoints
+    )
+    assert rewrite_fetch_response_node_endpoints(fetch_v17, 17, to_proxy) == (fetch_v17, [])

@@ -366,6 +366,80 @@ async def test_sasl_v0_handshake_switches_to_raw_tokens_and_back() -> None:
     assert r.upstream.written[-1] == metadata_request(2)
 
 
+def api_versions_request(correlation_id: int) -> bytes:
+    return struct.pack(">hhih", ApiKey.API_VERSIONS, 0, correlation_id, 3) + b"app"
+
+
+def own_metadata_request(correlation_id: int) -> bytes:
+    return struct.pack(">hhih", ApiKey.METADATA, 12, correlation_id, 6) + b"sluice" + b"\x00"
+
+
+async def test_sluices_own_request_takes_its_turn_and_its_answer_never_reaches_the_client() -> None:
+    """`send_own` (topic ids named on the client's own authenticated connection): Sluice's request
+    goes upstream between the client's, the broker's answers are matched in order, Sluice's goes to
+    its future and the client gets exactly its own responses, in order, each completed once."""
+    r = await rig()
+    r.send(metadata_request(1))
+    own = r.conn.send_own(own_metadata_request(-7))
+    assert own is not None
+    r.send(metadata_request(2))
+    assert r.upstream.written == [metadata_request(1), own_metadata_request(-7), metadata_request(2)]
+    r.broker(response(1))
+    assert r.transport.frames() == [response(1)] and not own.done()
+    r.broker(response(-7, b"names"), response(2))
+    assert own.result() == response(-7, b"names")
+    assert r.transport.frames() == [response(1), response(2)]   # nothing of Sluice's
+    assert r.stage.completed == [1, 2]                            # no stage saw Sluice's request
+    assert r.conn.in_flight == 0
+
+
+async def test_sluices_own_request_waits_for_an_authenticated_connection() -> None:
+    """Nothing is sent before the client's first request past authentication, nor after a SASL
+    request until the next such request: a Metadata inside a SASL exchange (or before it, on a SASL
+    listener) would make the broker close the client's connection."""
+    r = await rig()
+    assert r.conn.send_own(own_metadata_request(-1)) is None        # nothing forwarded yet
+    r.send(api_versions_request(1))
+    assert r.conn.send_own(own_metadata_request(-1)) is None        # ApiVersions precedes SASL
+    handshake = encode_request(RequestHeader(ApiKey.SASL_HANDSHAKE, 0, 2, "app", 1, 0),
+                               HandshakeV0(mechanism="PLAIN"))
+    r.send(handshake)
+    assert r.conn.send_own(own_metadata_request(-1)) is None        # an exchange under way
+    r.broker(response(1))
+    r.broker(encode_response(0, 2, HandshakeResponseV0(error_code=ErrorCode.none, mechanisms=("PLAIN",))))
+    r.send(b"\x00alice\x00pw")
+    r.broker(b"")                                                   # PLAIN succeeded
+    assert r.conn.send_own(own_metadata_request(-1)) is None        # the client has not gone on yet
+    r.send(metadata_request(3))
+    assert r.conn.send_own(own_metadata_request(-1)) is not None
+    assert r.upstream.written[-2:] == [metadata_request(3), own_metadata_request(-1)]
+
+
+async def test_sluices_own_request_fails_when_the_connection_closes() -> None:
+    r = await rig()
+    r.send(metadata_request(1))
+    own = r.conn.send_own(own_metadata_request(-1))
+    assert own is not None
+    r.conn.close("test")
+    r.conn.connection_lost(None)
+    assert isinstance(own.exception(), ConnectionError)
+    assert r.conn.send_own(own_metadata_request(-2)) is None
+
+
+async def test_a_drain_waits_for_sluices_own_request_then_closes() -> None:
+    r = await rig()
+    r.send(metadata_request(1))
+    r.broker(response(1))
+    own = r.conn.send_own(own_metadata_request(-1))
+    assert own is not None
+    r.conn.begin_drain()
+    assert not r.transport.closed
+    assert r.conn.send_own(own_metadata_request(-2)) is None        # none started while draining
+    r.broker(response(-1))
+    assert own.done() and r.transport.closed
+    assert r.transport.frames() == [response(1)]
+
+
 async def test_drain_closes_once_the_last_response_has_gone() -> None:
     r = await rig()
     r.send(metadata_request(1))

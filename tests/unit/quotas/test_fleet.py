@@ -311,6 +311,58 @@ def test_a_joining_member_holds_its_due_until_its_own_report_comes_back() -> Non
     assert v.decide([g(500_000, True)], {("1", KEY): Q}, 1501).shares[("1", KEY)] == pytest.approx(1 / 3)
 
 
+def test_the_members_make_room_for_a_newcomer_before_its_clients_arrive() -> None:
+    """A rolling restart's rejoin: a and b hold a half each of a group both saturate (b joined after
+    a, at 500: a newcomer until 3500 that is active on the group, so its real want counts); c (restarted)
+    is first heard at 1000 while it joins, with no traffic yet. It holds its standby share, 1/3, of
+    every group from then on, so a and b count it as a peer wanting 1/3 at once: a third each, not a
+    half, so the fleet never holds 1/2 + 1/2 + 1/3 = 4/3 while c's first report of the group is on
+    its way (one report interval plus the exchange's delay). join_grace_ms = 3000."""
+    v = view(join_grace_ms=3000)
+    v.receive(report("b", 1, g(500_000, True)), 500)
+    assert v.decide([g(500_000, True)], {("1", KEY): Q}, 500).shares[("1", KEY)] == pytest.approx(1 / 2)
+    v.receive(report("c", 1), 1000)                   # joining: nothing used yet
+    v.receive(report("b", 2, g(500_000, True)), 1000)
+    d = v.decide([g(500_000, True)], {("1", KEY): Q}, 1000)
+    # wants: a inf, b inf, c its standby 1/3 -> water-fill 1/3 each
+    assert d.members == 3 and d.shares[("1", KEY)] == pytest.approx(1 / 3)
+    # c's clients came: its report shows it throttled on the group, its real want counts (inf)
+    v.receive(report("c", 2, g(300_000, True)), 1500)
+    assert v.decide([g(300_000, True)], {("1", KEY): Q}, 1500).shares[("1", KEY)] == pytest.approx(1 / 3)
+
+
+def test_a_newcomer_whose_clients_never_come_is_given_room_only_for_the_grace() -> None:
+    # c joined at 1000 and never uses the group: from 1000 + 3000 on, a and b split it again. A
+    # group only a uses: 1 - 1/3 (c's standby) during the grace, the whole quota after it
+    other = SensorKey(QuotaKind.PRODUCE, "", "solo")
+    v = view(joined=False, join_grace_ms=3000)
+    v.receive(report("b", 0, g(500_000, True)), 0)   # b was there before a joined: not a newcomer
+    v.receive(report("a", 0), 0)
+    for t in (1000, 2000, 3000, 3999, 4000):
+        v.receive(report("b", t, g(500_000, True)), t)
+        v.receive(report("c", t), t)
+        v.receive(report("a", t), t)
+        d = v.decide([g(500_000, True), g(100, True, key=other)], {("1", KEY): Q, ("1", other): Q}, t)
+        during = t < 4000
+        assert d.shares[("1", KEY)] == pytest.approx(1 / 3 if during else 1 / 2), t
+        assert d.shares[("1", other)] == pytest.approx(2 / 3 if during else 1.0), t
+
+
+def test_members_heard_while_joining_are_not_newcomers() -> None:
+    # a restarted member hears b and c before its own report comes back: they were there before
+    # it, so it gives them no room on a group only it uses (it holds its warm-up cap as before)
+    v = view("a1", joined=False, join_grace_ms=3000)
+    v.receive(report("b", 7), 0)
+    v.receive(report("c", 7), 0)
+    v.receive(report("a1", 1), 100)
+    assert v.decide([g(100, True)], {("1", KEY): Q}, 200).shares[("1", KEY)] == pytest.approx(1.0)
+    # and without join_grace_ms nobody is a newcomer (the behaviour before it)
+    v = view()
+    v.receive(report("b", 1, g(500_000, True)), 500)
+    v.receive(report("c", 1), 1000)
+    assert v.decide([g(500_000, True)], {("1", KEY): Q}, 1000).shares[("1", KEY)] == pytest.approx(1 / 2)
+
+
 def test_before_first_contact_a_member_holds_its_due_then_falls_back() -> None:
     # FULL: a member that never hears its own report back fails open only once it has waited a
     # whole timeout (1500 ms) for it; until then it holds its due, 1 / expected members
