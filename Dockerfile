@@ -7,9 +7,9 @@ ARG BASE_IMAGE=python:3.11-slim
 
 FROM ${BASE_IMAGE} AS build
 ENV PIP_DISABLE_PIP_VERSION_CHECK=1 PIP_NO_CACHE_DIR=1
-# a C compiler for the compiled data plane (protocol/_speedups.pyx and quotas/_speedups.pyx, built
-# by setup.py), and the
-# Python headers when the base lacks them (a Debian python3 base; the official image has its own);
+# a C compiler for the compiled data plane (protocol/_speedups.pyx, protocol/_log_speedups.pyx and
+# quotas/_speedups.pyx, built by setup.py), and the Python headers when the base lacks them (a
+# Debian python3 base; the official image has its own);
 # only in this stage: the final image gets the built extension, not the compiler
 # hadolint ignore=DL3008
 RUN apt-get update \

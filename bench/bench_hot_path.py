@@ -22,10 +22,10 @@ forwarder's in the same run. This is the issue-12 measure with the broker taken 
 * writer CPU (``--access-log``): the access-log writer process's CPU from /proc, over the same pairs,
   after it has written every record.
 
-**The writer's own paths**, in this process, over the rows the pairs would hand over (best of
-``--repeats``, CPU per record): reading the payloads alone (`payload_fields`: the Produce walks and
-the broker's throttle time), and a record built and written to Parquet per row (`build_record` and
-`RecordFiles.write`, the writer's one path).
+**The access log's own paths**, in this process, over the pairs' in-flight entries (best of
+``--repeats``, CPU per record): the loop's capture (`produce_parts` and `LogBatch.add`), the
+feeder's message of each 1,000-record batch, and the writer's Arrow record batch and Parquet file
+(`to_record_batch`, `RecordFiles.write_batch`).
 
     .venv/bin/python -m bench.bench_hot_path                 # both halves, 20,000 pairs x 5
     .venv/bin/python -m bench.bench_hot_path --profile OUT   # cProfile of the loop, log on
@@ -370,26 +370,52 @@ def measure_sockets(pairs_n: int, repeats: int, tmp: Path) -> list[dict[str, Any
 
 
 def measure_writer_paths(n: int, repeats: int, tmp: Path) -> dict[str, float]:
-    """CPU µs per record of the writer's paths over `n` rows of the benchmark's Produce pairs."""
-    from proxy.ops.access_log_files import RecordFiles, build_record, payload_fields
+    """CPU µs per record of the access log's paths over `n` of the benchmark's Produce pairs: the
+    loop's capture (the request's partitions, then one row of the column batch from the entry and
+    the broker's response), the feeder's message, and the writer process's Arrow record batch and
+    Parquet file, in batches of 1,000 records."""
+    from protocol.fastpath import read_request_header
+    from proxy.flow.inflight import InFlight
+    from proxy.flow.pipeline import ConnectionContext
+    from proxy.ops.access_log_arrow import to_record_batch
+    from proxy.ops.access_log_batch import LogBatch, produce_parts
+    from proxy.ops.access_log_files import RecordFiles
 
-    rows = []
+    ctx = ConnectionContext(1, "127.0.0.1:50000", "bootstrap", 1)
+    pairs = []
     for i in range(n):
         request, response = produce_request(i)[4:], produce_response(i)
-        rows.append((1_767_225_600_000 + i, 1, "127.0.0.1:50000", "ANONYMOUS", CLIENT_ID.decode(), None,
-                     None, ApiKey.PRODUCE, 8, i, len(request), len(response), 0.2, 0, None,
-                     "client-id=<default>", "producer_byte_rate", 1e9, False, None, request, response))
+        entry = InFlight(i, ApiKey.PRODUCE, 8, CLIENT_ID.decode(), len(request), 1_000)
+        entry.broker_response = response
+        entry.upstream_response_bytes = entry.response_bytes = len(response)
+        entry.response_received_ms = 1_001
+        pairs.append((entry, read_request_header(request), request))
+    per_batch = 1_000
+    messages: list[bytes] = []
 
-    def walks() -> None:
-        names: dict[bytes, str] = {}
-        for row in rows:
-            payload_fields(row, names)
+    def capture() -> None:
+        batch = LogBatch()
+        for k, (entry, header, request) in enumerate(pairs):
+            entry.log_parts = produce_parts(request, header)
+            batch.add(ctx, entry, 1_767_225_600_000 + k, 1 << 20)
+            if len(batch) == per_batch:
+                batch = LogBatch()
 
-    def one_by_one() -> None:
+    def message() -> None:
+        messages.clear()
+        batch = LogBatch()
+        for k, (entry, _, _) in enumerate(pairs):
+            batch.add(ctx, entry, 1_767_225_600_000 + k, 1 << 20)
+            if len(batch) == per_batch:
+                messages.append(batch.message())
+                batch = LogBatch()
+
+    def write() -> None:
         files = RecordFiles(Path(tempfile.mkdtemp(dir=tmp)), "bench", "parquet", 1 << 40, None, None)
         names: dict[bytes, str] = {}
-        for row in rows:
-            files.write(build_record(row, "bench", names))
+        for data in messages:
+            record_batch, _ = to_record_batch(LogBatch.from_message(data), "bench", None, names)
+            files.write_batch(record_batch)
         files.close()
 
     def best_us(run: Callable[[], None]) -> float:
@@ -400,7 +426,8 @@ def measure_writer_paths(n: int, repeats: int, tmp: Path) -> dict[str, float]:
             best = min(best, time.process_time() - began)
         return round(best / n * 1e6, 2)
 
-    return {"payload_walks": best_us(walks), "records_one_by_one": best_us(one_by_one)}
+    return {"loop_capture": best_us(capture), "loop_capture_and_message": best_us(message),
+            "writer_arrow_and_parquet": best_us(write)}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -144,7 +144,7 @@ def _to_parquet(path: str) -> int:
     import pyarrow.json as pj
     import pyarrow.parquet as pq
 
-    from proxy.ops.access_log_files import arrow_schema
+    from proxy.ops.access_log_arrow import arrow_schema
 
     schema = arrow_schema()
     table = pj.read_json(path, parse_options=pj.ParseOptions(explicit_schema=schema,

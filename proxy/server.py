@@ -11,7 +11,7 @@ from collections.abc import Awaitable, Callable, Mapping, Sequence
 
 from prometheus_client import CollectorRegistry
 
-from protocol import fastpath
+from protocol import fastpath, log_fastpath
 from proxy.admin.api import QuotaAdminStage
 from proxy.config import ConfigError, ProxyConfig
 from proxy.fleet.exchange import Exchange
@@ -185,6 +185,8 @@ class ProxyServer:
         log.info("Sluice listening on %s:%d (%s) for %s", sock[0], sock[1], describe_listener(config),
                  ",".join(str(a) for a in config.upstream.bootstrap))
         log.info("data plane: %s; quota stats: %s", fastpath.describe(), quota_fastpath.describe())
+        if self.access_log is not None:
+            log.info("access-log walks: %s", log_fastpath.describe())
         if config.metrics.port is not None:
             inventory, token = self.inventory, BearerToken.configured(config.connections_endpoint)
             degraded: list[Degraded] = [self.quota_service.problems]

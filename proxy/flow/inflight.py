@@ -59,8 +59,7 @@ class InFlight:
     broker_response: bytes | None = field(default=None, repr=False)
     quota: QuotaNote | None = None                               # QuotaStage -> QuotaStage, access log
     whole_response: bool = False      # QuotaStage -> connection: never stream it (topics, records read)
-    request_payload: bytes | None = field(default=None, repr=False)   # access log (Produce only)
-    response_payload: bytes | None = field(default=None, repr=False)  # access log (small responses)
+    log_parts: object | None = field(default=None, repr=False)  # access log: a Produce's partitions
     sasl_exchange: object | None = None   # principals.SaslInspector: the exchange this request is part of
     sasl_round: int = 0                   # ... and its client message number (0: the handshake)
     # Sluice's own request on the client's upstream connection (`ClientConnection.send_own`): the

@@ -1,25 +1,34 @@
 """One access-log record per request, written off the event loop's back.
 
-Three steps, each cheaper for the event loop than the last one was:
+Three steps:
 
-1. `AccessLogStage.on_complete` (event loop): one tuple of references (the in-flight entry and what
-   the connection context says now) appended to a deque. No lock, no record, no encoding. When
-   `queue_size` records are waiting the record is dropped and counted; the loop never blocks.
-2. A feeder thread (`AccessLogWriter`), every 50 ms: turns each tuple into a row of plain values
-   (`proxy.ops.access_log_files.ROW_FIELDS`), pickles the batch (in C) and sends it down a pipe.
-3. A writer process (`proxy.ops.access_log_files.serve`): parses Produce/Fetch partitions and
-   error codes, builds the records of `contracts.access_log` (the one contract shared with the
-   Spark jobs) and writes Parquet (the default) or JSON lines, partitioned by UTC date and hour,
-   and optionally sends each record to a Kafka topic. Its CPU is its own: it never holds this
-   process's GIL.
+1. `AccessLogStage` (event loop): when a Produce request arrives, its partitions (topic, partition,
+   records, bytes) are read from the request (`proxy.ops.access_log_batch.produce_parts`) into the
+   in-flight entry; once the response has gone out, `on_complete` adds one row to the current
+   column batch (`LogBatch.add`): the request's fields, the response's error codes and the broker's
+   throttle time (read from the broker's response, which the pipeline keeps until then), and the
+   quota decision. No payload outlives its request. When `queue_size` records are waiting the
+   record is dropped and counted; the loop never blocks.
+2. A feeder thread (`AccessLogWriter`) takes the batch (a new one starts) once it holds
+   `SEND_ROWS` records (or half of `queue_size`, if less) or a second has passed, and sends its
+   columns down a pipe, about 100 bytes a record (`LogBatch.message`). The writer's work per
+   batch is nearly fixed (some 40 Arrow calls, about a millisecond), so batches are made large:
+   at 20 records a batch that would be 50 µs a record, more than the rest of the log's work.
+3. A writer process (`proxy.ops.access_log_files.serve`): turns each batch into an Arrow record
+   batch of the records of `contracts.access_log` (the one contract shared with the Spark jobs)
+   without re-reading Produce or Fetch payloads, and writes Parquet (the default) or JSON lines,
+   partitioned by UTC date and hour, and optionally sends each record to a Kafka topic. Its CPU
+   is its own: it never holds this process's GIL.
 
-Payload references are budgeted: past `max_pending_payload_bytes` a record is still logged, only
-without the details that needed the payload (topics, error codes).
+Responses of APIs other than Produce, Fetch and ApiVersions (Metadata, group and admin APIs: rare)
+go with the batch whole, and the writer reads their error codes (and Metadata's topic ids) with
+kio: at most `max_pending_payload_bytes` of them in a batch; past that a record is still logged,
+only without its error codes.
 
 The log never fails silently. The feeder thread watches the writer process: one that dies (killed,
 crashed) is logged with its exit status and started again after a backoff (`WriterBackoff`),
 counted in `sluice_access_log_writer_restarts_total`; the records it had been sent and not
-written are counted as dropped (cause ``writer_died``), and records wait in the deque meanwhile
+written are counted as dropped (cause ``writer_died``), and records wait in the batch meanwhile
 (past `queue_size`, dropped: ``queue_full``). Records the Kafka topic sink could not deliver are
 dropped too (``topic``). `problems()` names what is wrong now, for `/healthz` (207, degraded):
 a writer down, or any record dropped in the last `DEGRADED_HOLD_S` seconds.
@@ -30,33 +39,28 @@ from __future__ import annotations
 import contextlib
 import logging
 import multiprocessing
-import pickle
 import threading
 import time
-from collections import deque
 from collections.abc import Mapping
 from dataclasses import dataclass
 from multiprocessing.process import BaseProcess
 from pathlib import Path
 from typing import Any
 
-from contracts.access_log import format_quota_entity
 from protocol.apis import ApiKey
 from protocol.headers import RequestHeader
 from proxy.flow.inflight import InFlight
-from proxy.flow.pipeline import ConnectionContext, RequestOutcome, ResponseOutcome, StageBase
-from proxy.ops.access_log_files import COUNTERS, FAILED, TOPIC_DELIVERED, TOPIC_DROPPED, WRITTEN, Row, serve
+from proxy.flow.pipeline import ConnectionContext, RequestOutcome, StageBase
+from proxy.ops.access_log_batch import LogBatch, produce_parts
+from proxy.ops.access_log_files import COUNTERS, FAILED, TOPIC_DELIVERED, TOPIC_DROPPED, WRITTEN, serve
 from quotas.clock import Clock
-from quotas.manager import ThrottleDecision
+from quotas.entity import QuotaEntity
 
 log = logging.getLogger("sluice.access_log")
 
-_SMALL_RESPONSE_BYTES = 64 * 1024   # larger responses are streamed: only their head is seen
-_FEED_INTERVAL_S = 0.05
-_HEAD_BYTES = 32                    # a Fetch response's header and throttle_time_ms
-
-# what the stage hands over: (entry, broker_id, client_address, principal, software name, version, ts_ms)
-Handoff = tuple[InFlight, int | None, str, str, str | None, str | None, int]
+_FEED_INTERVAL_S = 0.05   # how often the feeder thread looks at the batch and the writer
+SEND_INTERVAL_S = 1.0     # a batch goes to the writer at least this often ...
+SEND_ROWS = 8192          # ... and as soon as it holds this many records (or half of queue_size)
 
 DEGRADED_HOLD_S = 10.0
 """`/healthz` reports the access log degraded until this long after the last record dropped."""
@@ -64,6 +68,12 @@ DEGRADED_HOLD_S = 10.0
 DROP_CAUSES = ("queue_full", "writer_died", "topic")
 """Why records were dropped: the handoff was full; the writer process died with them; the Kafka
 topic sink could not deliver them (the files have them)."""
+
+
+def send_threshold(queue_size: int) -> int:
+    """Records in a batch that send it at once: `SEND_ROWS`, or half of a smaller `queue_size`, so
+    that a healthy writer is sent a batch well before the queue is full."""
+    return max(1, min(SEND_ROWS, queue_size // 2))
 
 
 @dataclass(frozen=True, slots=True)
@@ -87,8 +97,8 @@ KafkaTarget = tuple[str, str, Mapping[str, str]]
 
 
 class AccessLogWriter:
-    """The event loop's end of the access log: a deque, a feeder thread and the writer process,
-    which the feeder thread restarts when it dies."""
+    """The event loop's end of the access log: a column batch, a feeder thread and the writer
+    process, which the feeder thread restarts when it dies."""
 
     def __init__(self, root: Path, instance: str, *, log_format: str = "parquet",
                  rotate_bytes: int = 128 * 1024 * 1024, queue_size: int = 100_000,
@@ -104,11 +114,11 @@ class AccessLogWriter:
         self.max_pending_payload_bytes = max_pending_payload_bytes
         self._kafka = kafka
         self.backoff = backoff
-        self.handoff: deque[Handoff] = deque()
-        # payload bytes: reserved on the loop, released by the feeder; each counter has one writer
-        self._reserved_bytes = 0
-        self._released_bytes = 0
-        self.dropped = 0            # handoff full (the loop's counter)
+        self._entity_text: dict[QuotaEntity, str] = {}   # quota entities as the records write them
+        self._batch = LogBatch(self._entity_text)         # filled on the loop, taken by the feeder
+        self._lock = threading.Lock()                     # a row is added, or the batch taken, whole
+        self.dropped = 0            # batch full (the loop's counter)
+        self.unreadable = 0         # a row the loop could not build (a bug; logged)
         self.lost = 0               # sent to a writer that died before writing them (the feeder's)
         self.sent = 0
         self.restarts = 0
@@ -143,20 +153,25 @@ class AccessLogWriter:
         self._pipe, self._process = pipe, process  # others read the pid: only a started process's
         self._started_s = time.monotonic()
 
-    def reserve_payload(self, nbytes: int) -> bool:
-        if self._reserved_bytes - self._released_bytes + nbytes > self.max_pending_payload_bytes:
-            return False
-        self._reserved_bytes += nbytes
-        return True
+    def add(self, ctx: ConnectionContext, entry: InFlight, ts_ms: int) -> None:
+        """One record for a request whose response has gone out (or that gets none)."""
+        with self._lock:
+            batch = self._batch
+            if len(batch) >= self.queue_size:
+                self.dropped += 1
+                self._last_drop_s = time.monotonic()
+                return
+            try:
+                batch.add(ctx, entry, ts_ms, self.max_pending_payload_bytes)
+            except Exception:  # a bug must cost one record, never the connection
+                self.unreadable += 1
+                if self.unreadable == 1 or self.unreadable % 10_000 == 0:
+                    log.exception("cannot log a request (%d so far)", self.unreadable)
 
-    def submit(self, item: Handoff) -> None:
-        if len(self.handoff) >= self.queue_size:
-            self.dropped += 1
-            self._last_drop_s = time.monotonic()
-            entry = item[0]
-            self._released_bytes += _payload_bytes(entry)  # only the loop touches it on this path
-            return
-        self.handoff.append(item)
+    @property
+    def waiting(self) -> int:
+        """Records in the batch the feeder has not taken yet."""
+        return len(self._batch)
 
     def close(self, timeout_s: float = 10.0) -> None:
         """Write what is queued, close the files, stop the thread and the process."""
@@ -181,7 +196,8 @@ class AccessLogWriter:
 
     @property
     def failed(self) -> int:
-        return int(self._counters[FAILED])
+        """Records that could not be built (the loop's) or written (the writer's)."""
+        return int(self._counters[FAILED]) + self.unreadable
 
     @property
     def topic_dropped(self) -> int:
@@ -199,8 +215,9 @@ class AccessLogWriter:
 
     @property
     def queue_depth(self) -> int:
-        """Records handed over and not yet written (or failed, or lost with a dead writer)."""
-        return len(self.handoff) + self.sent - self.written - self.failed - self.lost
+        """Records added and not yet written (or failed, or lost with a dead writer)."""
+        done = int(self._counters[WRITTEN]) + int(self._counters[FAILED]) + self.lost
+        return len(self._batch) + self.sent - done
 
     def problems(self, now_s: float | None = None) -> list[str]:
         """What is wrong with the access log now (empty: nothing), for `/healthz`."""
@@ -219,9 +236,10 @@ class AccessLogWriter:
     # ------------------------------------------------------------------ feeder thread
 
     def _feed(self) -> None:
-        handoff = self.handoff
         delay_s: float | None = None
         restart_at: float | None = None
+        sent_s = time.monotonic()
+        send_rows = send_threshold(self.queue_size)
         while True:
             stopping = self._stop.wait(_FEED_INTERVAL_S)
             self._watch_topic_drops()
@@ -230,9 +248,8 @@ class AccessLogWriter:
                 restart_at = time.monotonic() + delay_s
                 self._writer_died(delay_s)
             if restart_at is not None:
-                if stopping:  # nothing to hand the queued records to: counted, and said
-                    left = len(handoff)
-                    handoff.clear()
+                if stopping:  # nothing to hand the waiting records to: counted, and said
+                    left = len(self._take())
                     self.lost += left
                     if left:
                         log.error("access-log writer down at shutdown: %d record(s) not written", left)
@@ -243,8 +260,10 @@ class AccessLogWriter:
                 self._restart()
                 continue
             try:
-                while handoff:
-                    self._send_batch(handoff)
+                now_s = time.monotonic()
+                if stopping or len(self._batch) >= send_rows or now_s - sent_s >= SEND_INTERVAL_S:
+                    sent_s = now_s
+                    self._send_batch()
                 if stopping:
                     self._pipe.send_bytes(b"")  # the writer closes its files and exits
                     self._pipe.close()
@@ -252,15 +271,19 @@ class AccessLogWriter:
             except (OSError, EOFError):
                 continue  # the writer died mid-send: noticed on the next turn
 
-    def _send_batch(self, handoff: deque[Handoff]) -> None:
-        batch: list[Row] = []
-        released = 0
-        for _ in range(min(len(handoff), 5000)):
-            item = handoff.popleft()
-            batch.append(row_of(item))
-            released += _payload_bytes(item[0])
-        data = pickle.dumps(batch, pickle.HIGHEST_PROTOCOL)
-        self._released_bytes += released
+    def _take(self) -> LogBatch:
+        """The batch filled so far; the loop goes on with a new one."""
+        with self._lock:
+            batch = self._batch
+            if len(batch):
+                self._batch = LogBatch(self._entity_text)
+        return batch
+
+    def _send_batch(self) -> None:
+        batch = self._take()
+        if not len(batch):
+            return
+        data = batch.message()
         self.sent += len(batch)  # counted before the send: a batch a dying writer never read is lost
         self._pipe.send_bytes(data)
 
@@ -270,7 +293,7 @@ class AccessLogWriter:
     def _writer_died(self, delay_s: float) -> None:
         process = self._process
         code = None if process is None else process.exitcode
-        lost = self.sent - self.written - self.failed - self.lost
+        lost = self.sent - int(self._counters[WRITTEN]) - int(self._counters[FAILED]) - self.lost
         self.lost += lost
         if lost:
             self._last_loss_s = time.monotonic()
@@ -295,80 +318,22 @@ class AccessLogWriter:
             self._last_loss_s = time.monotonic()
 
 
-def _payload_bytes(entry: InFlight) -> int:
-    n = 0
-    if entry.request_payload is not None:
-        n += len(entry.request_payload)
-    if entry.response_payload is not None:
-        n += len(entry.response_payload)
-    return n
-
-
-def row_of(item: Handoff) -> Row:
-    """The plain values of one record (runs on the feeder thread)."""
-    entry, broker_id, client_address, principal, software_name, software_version, ts_ms = item
-    note = entry.quota
-    matched = _matched_decision(note.decisions) if note is not None else None
-    quota_entity = quota_kind = quota_limit = None
-    if matched is not None and matched.entity is not None:
-        quota_entity = format_quota_entity(matched.entity.to_kafka())
-        quota_kind = matched.kind.value
-        quota_limit = matched.bound
-    shadow = matched is not None and matched.shadow
-    received = entry.response_received_ms
-    return (ts_ms, broker_id, client_address, principal, entry.client_id, software_name, software_version,
-            entry.api_key, entry.api_version, entry.correlation_id, entry.request_bytes,
-            entry.response_bytes if received else None,
-            float(received - entry.received_ms) if entry.forwarded and received else None,
-            note.enforced_ms if note is not None else 0, _throttle_source(entry),
-            quota_entity, quota_kind, quota_limit, shadow,
-            matched.would_throttle_ms if shadow and matched is not None else None,
-            entry.request_payload, entry.response_payload)
-
-
-def _throttle_source(entry: InFlight) -> bytes | None:
-    """What the writer reads the broker's throttle_time_ms from: the kept response, else (a streamed
-    Fetch) the head of the broker's response, where the field is."""
-    if entry.response_payload is not None:
-        return None  # the writer reads it from the response itself
-    head = entry.broker_response
-    return head[:_HEAD_BYTES] if head is not None and entry.api_key == ApiKey.FETCH else None
-
-
-def _matched_decision(decisions: list[ThrottleDecision]) -> ThrottleDecision | None:
-    """The decision that explains the request best: the largest throttle, else any with a quota."""
-    best: ThrottleDecision | None = None
-    for d in decisions:
-        if d.entity is None or d.bound is None:
-            continue
-        if best is None or d.would_throttle_ms > best.would_throttle_ms:
-            best = d
-    return best
-
-
 class AccessLogStage(StageBase):
     """Captures what a record needs; its place in the pipeline does not matter (the broker's
-    throttle time is read once by the pipeline, before any stage patches it)."""
+    throttle time is read from the broker's response as the pipeline kept it, before any stage
+    patched it)."""
 
     def __init__(self, writer: AccessLogWriter, clock: Clock) -> None:
         self._writer = writer
-        self._submit = writer.submit
+        self._add = writer.add
         self._clock = clock
         self._epoch_offset_ms = int(time.time() * 1000) - clock.now_ms()
 
     def on_request(self, ctx: ConnectionContext, entry: InFlight, header: RequestHeader,
                    payload: bytes) -> RequestOutcome | None:
-        if header.api_key == ApiKey.PRODUCE and self._writer.reserve_payload(len(payload)):
-            entry.request_payload = payload
-        return None
-
-    def on_response(self, ctx: ConnectionContext, entry: InFlight, payload: bytes) -> ResponseOutcome | None:
-        size = len(payload)
-        if (size == entry.upstream_response_bytes and size <= _SMALL_RESPONSE_BYTES
-                and self._writer.reserve_payload(size)):
-            entry.response_payload = entry.broker_response  # the broker's bytes, whatever stage order
+        if header.api_key == ApiKey.PRODUCE:
+            entry.log_parts = produce_parts(payload, header)
         return None
 
     def on_complete(self, ctx: ConnectionContext, entry: InFlight, sent_ms: int) -> None:
-        self._submit((entry, ctx.broker_id, ctx.client_address, ctx.principal, ctx.client_software_name,
-                      ctx.client_software_version, entry.received_ms + self._epoch_offset_ms))
+        self._add(ctx, entry, entry.received_ms + self._epoch_offset_ms)

@@ -1,19 +1,21 @@
-"""The access-log writer process: rows in, records of `contracts.access_log` out, to files (Parquet
-or JSON lines) and optionally a Kafka topic.
+"""The access-log writer process: column batches in, records of `contracts.access_log` out, to files
+(Parquet or JSON lines) and optionally a Kafka topic.
 
-It runs in its own process (`proxy.ops.access_log.AccessLogWriter` starts it), so parsing
-Produce/Fetch partitions and error codes, building records and encoding them never compete with the
-proxy's event loop for the GIL. It reads batches of rows (`ROW_FIELDS`: plain values and the
-payloads the record needs, pickled) from a pipe until an empty batch or EOF (the proxy died), then
-closes its files. Files are partitioned by UTC date and hour and rotate by size and hour; JSON is
-flushed every second; Parquet files are written with pyarrow from columns, one row group per batch
-of up to 50,000 records. Each row becomes one record (`build_record`), whatever the format.
+It runs in its own process (`proxy.ops.access_log.AccessLogWriter` starts it), so building records
+and encoding them never compete with the proxy's event loop for the GIL. It reads batches
+(`proxy.ops.access_log_batch.LogBatch` messages: the columns the proxy filled, already holding
+each request's partitions, error codes and throttle times) from a pipe until an empty message or
+EOF (the proxy died), then closes its files. Each batch becomes one Arrow record batch
+(`proxy.ops.access_log_arrow.to_record_batch`), whatever the format. Files are partitioned by UTC
+date and hour and rotate by size and hour; JSON is flushed every second; Parquet files are written
+with pyarrow, one row group per 50,000 records.
 """
 
 from __future__ import annotations
 
+import bisect
+import itertools
 import logging
-import pickle
 import signal
 import time
 from collections.abc import Mapping, Sequence
@@ -21,21 +23,11 @@ from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import IO, Any, Protocol
 
-from contracts.access_log import FIELD_NAMES, FIELDS, SCHEMA_VERSION, Field, dumps_record, partition_path
-from protocol.apis import ApiKey, api_name
-from protocol.errors import ProtocolError
-from protocol.headers import read_request_header
-from protocol.throttle import read_throttle_time_ms
+from contracts.access_log import dumps_record, partition_path
+from proxy.ops.access_log_arrow import arrow_schema, to_record_batch
+from proxy.ops.access_log_batch import LogBatch
 
 log = logging.getLogger("sluice.access_log")
-
-# The row a proxy hands over per record (a plain tuple: cheap to build and to pickle)
-ROW_FIELDS = ("ts_ms", "broker_id", "client_address", "principal", "client_id", "client_software_name",
-              "client_software_version", "api_key", "api_version", "correlation_id", "request_bytes",
-              "response_bytes", "upstream_latency_ms", "throttle_time_ms", "broker_throttle_head",
-              "quota_entity", "quota_kind", "quota_limit", "shadow", "would_throttle_ms",
-              "request_payload", "response_payload")
-Row = tuple[Any, ...]
 
 COUNTERS = ("written", "failed", "topic_delivered", "topic_dropped")  # shared integers the proxy reads
 WRITTEN, FAILED, TOPIC_DELIVERED, TOPIC_DROPPED = range(len(COUNTERS))
@@ -107,131 +99,15 @@ class KafkaSink:
         self._producer = None  # its callbacks refer to this sink: the producer goes now, not at exit
 
 
-PayloadFields = tuple[list[dict[str, object]] | None, int | None, list[int]]
-
-
-def payload_fields(row: Row, topic_names: dict[bytes, str]) -> PayloadFields:
-    """(topics, broker_throttle_time_ms, error_codes) of one row: what is read from its payloads.
-    A payload that cannot be read gives what could be read before the problem."""
-    from protocol import records  # the walkers are only needed here
-
-    api_key, api_version = row[_API_KEY], row[_API_VERSION]
-    broker_head, request, response = row[_BROKER_HEAD], row[_REQUEST], row[_RESPONSE]
-    if request is None and response is None and broker_head is None:
-        return None, None, []   # a fresh list: every record owns its error codes
-    topics: list[dict[str, object]] | None = None
-    error_codes: set[int] = set()
-    broker_throttle_ms: int | None = None
-    throttle_read = False  # a Produce response's walk reads it with the error codes
-    try:
-        if api_key == ApiKey.PRODUCE and request is not None:
-            header = read_request_header(request)
-            topics = [_topic(p, topic_names) for p in records.produce_request_partitions(request, header)]
-            if response is not None:
-                codes, broker_throttle_ms = records.produce_response_summary(response, api_version)
-                error_codes.update(codes)
-                throttle_read = True
-        elif api_key == ApiKey.FETCH and response is not None:
-            top, parts = records.fetch_response_partitions(response, api_version)
-            error_codes.update([top, *(p.error_code for p in parts)])
-            topics = [_topic(p, topic_names) for p in parts]
-        elif api_key == ApiKey.METADATA and response is not None and api_version >= 10:
-            topic_names.update(records.topic_ids_from_metadata_response(response, api_version))
-            error_codes.update(records.response_error_codes(response, api_key, api_version))
-        elif response is not None:
-            error_codes.update(records.response_error_codes(response, api_key, api_version))
-    except ProtocolError:
-        pass  # the record is still written, without what could not be read
-    error_codes.discard(0)
-    if not throttle_read:
-        broker_throttle_ms = _broker_throttle(response if response is not None else broker_head,
-                                              api_key, api_version)
-    return (topics if api_key in (ApiKey.PRODUCE, ApiKey.FETCH) else None, broker_throttle_ms,
-            sorted(error_codes))
-
-
-def build_record(row: Row, instance: str, topic_names: dict[bytes, str],
-                 worker: int | None = None) -> dict[str, object]:
-    """The schema's record for one served request."""
-    (ts_ms, broker_id, client_address, principal, client_id, software_name, software_version, api_key,
-     api_version, correlation_id, request_bytes, response_bytes, upstream_latency_ms, throttle_ms,
-     _, quota_entity, quota_kind, quota_limit, shadow, would_throttle_ms, _, _) = row
-    topics, broker_throttle_ms, error_codes = payload_fields(row, topic_names)
-    return {
-        "schema_version": SCHEMA_VERSION,
-        "ts_ms": ts_ms,
-        "instance": instance,
-        "broker_id": broker_id,
-        "client_address": client_address,
-        "principal": principal,
-        "client_id": client_id,
-        "client_software_name": software_name,
-        "client_software_version": software_version,
-        "api_key": api_key,
-        "api_name": api_name(api_key),
-        "api_version": api_version,
-        "correlation_id": correlation_id,
-        "request_bytes": request_bytes,
-        "response_bytes": response_bytes,
-        "topics": topics,
-        "upstream_latency_ms": upstream_latency_ms,
-        "throttle_time_ms": throttle_ms,
-        "broker_throttle_time_ms": broker_throttle_ms,
-        "quota_entity": quota_entity,
-        "quota_kind": quota_kind,
-        "quota_limit": quota_limit,
-        "shadow": shadow,
-        "would_throttle_ms": would_throttle_ms,
-        "error_codes": error_codes,
-        "worker": worker,
-    }
-
-
-# the row's fields the payload walks read (by position)
-_API_KEY, _API_VERSION = ROW_FIELDS.index("api_key"), ROW_FIELDS.index("api_version")
-_BROKER_HEAD = ROW_FIELDS.index("broker_throttle_head")
-_REQUEST, _RESPONSE = ROW_FIELDS.index("request_payload"), ROW_FIELDS.index("response_payload")
 _HOUR_MS = 3_600_000  # UTC hours are whole multiples of it in epoch milliseconds
 
 
-def _broker_throttle(payload: bytes | None, api_key: int, api_version: int) -> int | None:
-    if payload is None:
-        return None
-    try:
-        return read_throttle_time_ms(payload, api_key, api_version)
-    except ProtocolError:
-        return None
-
-
-def _topic(p: Any, topic_names: dict[bytes, str]) -> dict[str, object]:
-    name = p.topic if p.topic is not None else topic_names.get(p.topic_id or b"", (p.topic_id or b"").hex())
-    return {"topic": name, "partition": p.partition, "records": p.records, "bytes": p.bytes}
-
-
-_ARROW_SCHEMA: Any = None
-
-
-def arrow_schema() -> Any:
-    """The record schema as a pyarrow schema (from `contracts.access_log.FIELDS`), built once."""
-    global _ARROW_SCHEMA
-    if _ARROW_SCHEMA is None:
-        import pyarrow as pa
-
-        scalar = {"string": pa.string(), "int16": pa.int16(), "int32": pa.int32(), "int64": pa.int64(),
-                  "double": pa.float64(), "boolean": pa.bool_(), "array<int16>": pa.list_(pa.int16())}
-
-        def arrow_type(field: Field) -> Any:
-            if field.type == "array<struct>":
-                members = [pa.field(f.name, arrow_type(f), f.nullable) for f in field.fields]
-                return pa.list_(pa.struct(members))
-            return scalar[field.type]
-
-        _ARROW_SCHEMA = pa.schema([pa.field(f.name, arrow_type(f), f.nullable) for f in FIELDS])
-    return _ARROW_SCHEMA
-
-
 class RecordFiles:
-    """Appends records to files partitioned by UTC date and hour, rotating by size and hour."""
+    """Appends record batches to files partitioned by UTC date and hour, rotating by size and hour.
+
+    A batch is cut where a record's hour differs from the open file's, or where the file is full
+    (Parquet: `_PARQUET_ROW_BYTES` a record; JSON: the lines' bytes), so each record lands where
+    it would if records came one by one."""
 
     def __init__(self, root: Path, instance: str, log_format: str, rotate_bytes: int,
                  worker: int | None, sink: RecordSink | None) -> None:
@@ -242,28 +118,63 @@ class RecordFiles:
         self._file_bytes = 0
         self._seq = 0
         self._path: Path | None = None
-        self._columns: dict[str, list[object]] = {name: [] for name in FIELD_NAMES}
+        self._pending: list[Any] = []   # Parquet: record batches not yet in a row group
         self._rows = 0
         self._parquet: Any = None   # pyarrow.parquet.ParquetWriter of the open file
 
-    def write(self, record: dict[str, object]) -> None:
-        ts_ms = int(record["ts_ms"])  # type: ignore[call-overload]
-        self._roll(ts_ms)
+    def write_batch(self, batch: Any) -> None:
+        """Append the records of an Arrow record batch (`proxy.ops.access_log_arrow`)."""
+        import pyarrow.compute as pc
+
+        n = batch.num_rows
+        if not n:
+            return
+        lines: list[str] | None = None
+        ends: list[int] = []  # JSON: the file bytes records 0..i add, cumulated
         if self.log_format == "json" or self._sink is not None:
-            line = dumps_record(record)
+            lines = [dumps_record(record) for record in batch.to_pylist()]
+            if self.log_format == "json":
+                ends = list(itertools.accumulate(len(line) + 1 for line in lines))
+        ts_ms = batch.column("ts_ms")
+        hours = pc.divide(ts_ms, _HOUR_MS)
+        starts = [0]
+        if n > 1:  # where a record's hour differs from the one before
+            changed = pc.not_equal(hours.slice(1), hours.slice(0, n - 1))
+            starts += [i + 1 for i in pc.indices_nonzero(changed).to_pylist()]
+        starts.append(n)
+        for run_start, run_end in itertools.pairwise(starts):
+            start = run_start
+            while start < run_end:
+                self._roll(ts_ms[start].as_py())
+                end = min(run_end, start + self._room(ends, start))
+                self._append(batch, lines, start, end)
+                start = end
+
+    def _room(self, ends: list[int], start: int) -> int:
+        """How many records from `start` on the open file takes: the one that fills it is the last."""
+        left = self.rotate_bytes - self._file_bytes
+        if self.log_format == "json":
+            before = ends[start - 1] if start else 0
+            return bisect.bisect_left(ends, before + left, lo=start) - start + 1
+        return max(1, -(-left // _PARQUET_ROW_BYTES))
+
+    def _append(self, batch: Any, lines: list[str] | None, start: int, end: int) -> None:
+        if lines is not None:
+            part = lines[start:end]
             if self.log_format == "json":
                 assert self._file is not None
-                self._file.write(line + "\n")
-                self._file_bytes += len(line) + 1
+                text = "".join(line + "\n" for line in part)
+                self._file.write(text)
+                self._file_bytes += len(text)  # characters, as the rotation has always counted
             if self._sink is not None:
-                self._sink.send(line)
+                for line in part:
+                    self._sink.send(line)
         if self.log_format == "parquet":
-            for name, column in self._columns.items():
-                column.append(record[name])
-            self._rows += 1
-            self._file_bytes += _PARQUET_ROW_BYTES
-            if self._rows >= _PARQUET_ROWS:
-                self._write_row_group()
+            self._pending.append(batch.slice(start, end - start))
+            self._rows += end - start
+            self._file_bytes += (end - start) * _PARQUET_ROW_BYTES
+            while self._rows >= _PARQUET_ROWS:
+                self._write_row_group(_PARQUET_ROWS)
 
     def _roll(self, ts_ms: int) -> None:
         """A new file when the hour changes or the file is full."""
@@ -283,22 +194,23 @@ class RecordFiles:
         if self.log_format == "json":
             self._file = open(path, "a", encoding="utf-8")  # noqa: SIM115 - closed in close()
 
-    def _write_row_group(self) -> None:
+    def _write_row_group(self, rows: int) -> None:
+        """The first `rows` pending records (at most) as one row group."""
         if not self._rows:
             return
         import pyarrow as pa
         import pyarrow.parquet as pq
 
         schema = arrow_schema()
-        try:
-            table = pa.Table.from_pydict(self._columns, schema=schema)
-            if self._parquet is None:
-                assert self._path is not None
-                self._parquet = pq.ParquetWriter(self._path, schema)
-            self._parquet.write_table(table)
-        finally:  # a row group pyarrow refuses is dropped, never written again with the next ones
-            self._columns = {name: [] for name in FIELD_NAMES}
-            self._rows = 0
+        table = pa.Table.from_batches(self._pending, schema=schema)
+        rows = min(rows, self._rows)
+        rest = table.slice(rows)
+        self._pending = rest.to_batches() if rest.num_rows else []
+        self._rows = rest.num_rows
+        if self._parquet is None:
+            assert self._path is not None
+            self._parquet = pq.ParquetWriter(self._path, schema)
+        self._parquet.write_table(table.slice(0, rows).combine_chunks(), row_group_size=rows)
 
     def flush(self) -> None:
         if self._file is not None:
@@ -309,10 +221,13 @@ class RecordFiles:
             self._file.close()
             self._file = None
         if self.log_format == "parquet":
-            self._write_row_group()
-            if self._parquet is not None:
-                self._parquet.close()
-                self._parquet = None
+            try:
+                self._write_row_group(self._rows)
+            finally:  # a row group pyarrow refuses is dropped, never written again with the next ones
+                self._pending, self._rows = [], 0
+                if self._parquet is not None:
+                    self._parquet.close()
+                    self._parquet = None
 
 
 def serve(conn: Connection, root: str, instance: str, log_format: str, rotate_bytes: int,
@@ -339,14 +254,7 @@ def serve(conn: Connection, root: str, instance: str, log_format: str, rotate_by
                     break
                 if not data:
                     break
-                rows: list[Row] = pickle.loads(data)
-                for row in rows:
-                    try:
-                        files.write(build_record(row, instance, topic_names, worker))
-                        shared[WRITTEN] += 1
-                    except Exception:  # a bad record must not stop the log
-                        shared[FAILED] += 1
-                        log.exception("cannot write an access-log record")
+                write_message(data, files, instance, worker, topic_names, shared)
             if sink is not None:
                 sink.poll()  # delivery reports: every record sent is counted delivered or dropped
             if time.monotonic() - last_flush >= 1.0:
@@ -356,3 +264,20 @@ def serve(conn: Connection, root: str, instance: str, log_format: str, rotate_by
         files.close()
         if sink is not None:
             sink.close()
+
+
+def write_message(data: bytes, files: RecordFiles, instance: str, worker: int | None,
+                  topic_names: dict[bytes, str], counters: Any) -> None:
+    """One batch from the proxy into the files; its records counted written or failed."""
+    rows = 0
+    try:
+        batch = LogBatch.from_message(data)
+        rows = len(batch)
+        record_batch, failed = to_record_batch(batch, instance, worker, topic_names)
+        files.write_batch(record_batch)
+    except Exception:  # a bad batch must not stop the log
+        counters[FAILED] += rows
+        log.exception("cannot write a batch of %d access-log record(s)", rows)
+        return
+    counters[FAILED] += failed
+    counters[WRITTEN] += record_batch.num_rows

@@ -1,11 +1,10 @@
-"""The access-log writer: tuples handed over on the loop, records written by the writer process,
-Parquet by default and JSON lines on request, every record valid against the shared contract."""
+"""The access-log writer: rows added to a column batch on the loop, records written by the writer
+process, Parquet by default and JSON lines on request, every record valid against the shared contract."""
 
 from __future__ import annotations
 
 import json
 import os
-import pickle
 import signal
 import struct
 import threading
@@ -21,8 +20,9 @@ from protocol.apis import ApiKey
 from proxy.flow.inflight import InFlight
 from proxy.flow.pipeline import ConnectionContext, Pipeline, ResponseOutcome, StageBase
 from proxy.ops import access_log_files
-from proxy.ops.access_log import DEGRADED_HOLD_S, AccessLogStage, AccessLogWriter, WriterBackoff, row_of
-from proxy.ops.access_log_files import Row, build_record, serve
+from proxy.ops.access_log import DEGRADED_HOLD_S, AccessLogStage, AccessLogWriter, WriterBackoff
+from proxy.ops.access_log_batch import LogBatch
+from proxy.ops.access_log_files import serve
 from quotas.clock import FakeClock
 from tests.harness.wait import eventually, wait_until
 from tests.unit.protocol.test_records import LEGACY
@@ -77,7 +77,7 @@ def test_a_full_handoff_drops_and_counts_instead_of_blocking(tmp_path: Path) -> 
     writer = AccessLogWriter(tmp_path / "logs", "unit", queue_size=100)  # not started: nothing drains
     assert writer.problems() == []
     serve_requests(writer, 150)
-    assert len(writer.handoff) == 100 and writer.dropped == 50
+    assert writer.waiting == 100 and writer.dropped == 50 and writer.queue_depth == 100
     assert writer.drops == {"queue_full": 50, "writer_died": 0, "topic": 0}
     # degraded while records are dropped, and for DEGRADED_HOLD_S after the last one
     assert writer.problems() == ["access log: records dropped in the last 10 s (in all: 50 queue_full)"]
@@ -142,38 +142,41 @@ def test_the_brokers_throttle_is_logged_even_when_sluice_patched_a_larger_one() 
     entry.upstream_response_bytes = entry.response_received_ms = len(broker)
     pipeline.on_response(CTX, entry, broker)
     pipeline.on_complete(CTX, entry, 0)
-    record = build_record(row_of(writer.handoff[0]), "unit", {})
+    (record,) = records_of(writer._take())
     assert record["broker_throttle_time_ms"] == 450
 
 
 # ------------------------------------------------------------------ the writer process's loop
 
 HOUR_MS = 3_600_000
-T0 = 1_767_225_600_000 + HOUR_MS - 40  # 40 ms before 01:00 UTC: the rows cross an hour
+T0 = 1_767_225_600_000 + HOUR_MS - 40  # 40 ms before 01:00 UTC: the batches cross an hour
 
 
-def mixed_rows(n: int) -> list[Row]:
-    """Rows of every kind the writer reads payloads of, a broken one, and payload-less ones."""
-    from tests.unit.protocol.test_records import fetch_v4_response, produce_v3_request, produce_v10_response
+def records_of(batch: LogBatch, topic_names: dict[bytes, str] | None = None) -> list[dict[str, object]]:
+    from proxy.ops.access_log_arrow import to_record_batch
 
-    kinds: list[tuple[int, int, bytes | None, bytes | None, bytes | None]] = [
-        (ApiKey.PRODUCE, 3, produce_v3_request(), None, None),          # topics a/0, a/1, b/7
-        (ApiKey.PRODUCE, 10, None, produce_v10_response(), None),       # no request kept: no topics
-        (ApiKey.FETCH, 4, None, fetch_v4_response(), None),             # topics and error codes
-        (ApiKey.FETCH, 4, None, None, struct.pack(">ii", 0, 250)),      # streamed: the head's throttle
-        (ApiKey.METADATA, 1, None, struct.pack(">i", 0) + b"\x00" * 8, None),
-        (ApiKey.FETCH, 4, None, b"\x00\x00\x00\x01\xff", None),         # truncated: what could be read
-        (ApiKey.API_VERSIONS, 3, None, None, None),                     # nothing to read
-    ]
-    rows: list[Row] = []
-    for i in range(n):
-        api_key, version, request, response, head = kinds[i % len(kinds)]
-        rows.append((T0 + i, 1 if i % 3 else None, "10.0.0.7:5211", "alice", f"app-{i % 4}", None, None,
-                     api_key, version, i, 100 + i, None if i % 5 == 0 else 64, 0.5 * (i % 3), i % 2,
-                     head, "client-id=app" if i % 2 else None, "producer_byte_rate" if i % 2 else None,
-                     1048576.0 if i % 2 else None, i % 7 == 0, 3 if i % 7 == 0 else None,
-                     request, response))
-    return rows
+    record_batch, failed = to_record_batch(LogBatch.from_message(batch.message()), "unit", None,
+                                           {} if topic_names is None else topic_names)
+    assert failed == 0
+    return list(record_batch.to_pylist())
+
+
+def mixed_batch(first: int, count: int) -> LogBatch:
+    """Records first..first+count-1 of the endless traffic mix (`access_log_traffic`: every kind of
+    record), record i received at T0 + i ms with correlation id i."""
+    from tests.unit.proxy.access_log_traffic import CONTEXTS, exchanges, serve_one
+
+    writer = AccessLogWriter(Path("/nonexistent"), "unit", queue_size=10**6)  # not started
+    stage = AccessLogStage(writer, FakeClock(0))
+    stage._epoch_offset_ms = T0
+    pipeline = Pipeline([stage])
+    mix = list(exchanges())
+    for i in range(first, first + count):
+        serve_one(pipeline, CONTEXTS[i % 2], mix[i % len(mix)], i, i)
+    return writer._take()
+
+
+MIX = 19  # exchanges in the traffic mix
 
 
 def written(root: Path) -> list[tuple[str, int, list[dict[str, object]]]]:
@@ -185,20 +188,20 @@ def written(root: Path) -> list[tuple[str, int, list[dict[str, object]]]]:
     return out
 
 
-def serve_batches(root: Path, batches: list[list[Row]], worker: int | None = None,
-                  rotate_bytes: int = 1 << 30) -> tuple[int, int]:
-    """Runs the writer process's main loop in this process over `batches` (then the empty message
-    that ends it); returns its (written, failed) counters."""
+def serve_batches(root: Path, batches: list[bytes], worker: int | None = None,
+                  rotate_bytes: int = 1 << 30, log_format: str = "parquet") -> tuple[int, int]:
+    """Runs the writer process's main loop in this process over `batches` (messages; then the
+    empty message that ends it); returns its (written, failed) counters."""
     receiver, sender = Pipe(duplex=False)
 
     def feed() -> None:  # a thread sends, as the proxy would: a pipe holds less than these batches
-        for message in [*map(pickle.dumps, batches), b""]:
+        for message in [*batches, b""]:
             sender.send_bytes(message)
 
     feeder = threading.Thread(target=feed)
     feeder.start()
     counters = [0] * len(access_log_files.COUNTERS)
-    serve(receiver, str(root), "unit", "parquet", rotate_bytes, worker, None, counters)
+    serve(receiver, str(root), "unit", log_format, rotate_bytes, worker, None, counters)
     feeder.join()
     return counters[0], counters[1]
 
@@ -214,14 +217,13 @@ def no_signal_handlers(monkeypatch: pytest.MonkeyPatch) -> None:
 def test_batches_become_records_split_by_hour_size_and_row_group(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch, worker: int | None) -> None:
     monkeypatch.setattr(access_log_files, "_PARQUET_ROWS", 64)   # several row groups per file
-    rows = mixed_rows(500)
-    batches = [rows[i:i + 97] for i in range(0, len(rows), 97)]
+    batches = [mixed_batch(i, min(97, 500 - i)).message() for i in range(0, 500, 97)]
     assert serve_batches(tmp_path, batches, worker, rotate_bytes=200 * 150) == (500, 0)  # ~150 a file
     got = written(tmp_path)
     # the hour boundary and the size rotation split files: 40 rows in hour 00, then 150-row files
     assert [(name.split("/")[1], len(records)) for name, _, records in got] == [
         ("hour=00", 40), ("hour=01", 150), ("hour=01", 150), ("hour=01", 150), ("hour=01", 10)]
-    # row groups of at most 64 rows: 150 rows make three
+    # row groups of at most 64 rows, across batches: 150 rows make three
     assert [groups for _, groups, _ in got] == [1, 3, 3, 3, 1]
     records = [r for _, _, rs in got for r in rs]
     assert [r["correlation_id"] for r in records] == list(range(500))
@@ -229,22 +231,47 @@ def test_batches_become_records_split_by_hour_size_and_row_group(
     assert records[0]["topics"] == [{"topic": "a", "partition": 0, "records": 5, "bytes": 127},
                                     {"topic": "a", "partition": 1, "records": 0, "bytes": 0},  # null set
                                     {"topic": "b", "partition": 7, "records": None, "bytes": len(LEGACY)}]
-    assert records[1]["topics"] is None                            # Produce without its request kept
-    assert records[3]["broker_throttle_time_ms"] == 250            # read from the streamed head
-    assert records[5]["topics"] is None and records[5]["error_codes"] == []  # truncated: none read
-    assert records[6]["topics"] is None and records[6]["error_codes"] == []
+    assert records[0]["error_codes"] == [6, 19] and records[0]["broker_throttle_time_ms"] == 120
+    assert records[6]["topics"] is None and records[6]["broker_throttle_time_ms"] == 33  # walk failed
+    assert records[10]["topics"] is None and records[10]["broker_throttle_time_ms"] == 250  # streamed head
+    assert records[11]["topics"] is None and records[11]["error_codes"] == []  # truncated: none read
+    assert records[15]["error_codes"] == [27]                                  # read by the writer (kio)
     assert all(r["worker"] == worker and r["instance"] == "unit" for r in records)
-    # every record owns its error-code list (payload-less rows too)
-    kept = [build_record(row, "unit", {}) for row in rows[6:21:7]]   # three ApiVersions rows
-    assert len({id(r["error_codes"]) for r in kept}) == 3
 
 
 @pytest.mark.usefixtures("no_signal_handlers")
-def test_a_row_that_cannot_be_read_is_counted_and_the_others_are_written(tmp_path: Path) -> None:
-    rows = mixed_rows(10)
-    rows[4] = (*rows[4][:21], 12345)  # a bug's row (a Metadata response that is no bytes): it raises
-    assert serve_batches(tmp_path, [rows[:6], rows[6:]]) == (9, 1)
-    assert [r["correlation_id"] for _, _, rs in written(tmp_path) for r in rs] == [0, 1, 2, 3, 5, 6, 7, 8, 9]
+def test_json_lines_rotate_by_their_size_as_records_one_by_one_would(tmp_path: Path) -> None:
+    batches = [mixed_batch(i, 50).message() for i in range(40, 240, 50)]  # all in hour 01
+    lines_bytes = 0
+    assert serve_batches(tmp_path, batches, rotate_bytes=4_000, log_format="json") == (200, 0)
+    files = sorted(tmp_path.rglob("*.jsonl"))
+    sizes = [len(p.read_text()) for p in files]
+    # each file was started empty and took records until it reached 4,000 characters: every file
+    # but the last is at least that full, and would have been under it without its last line
+    for path, size in zip(files[:-1], sizes, strict=False):
+        last = path.read_text().splitlines()[-1]
+        assert size >= 4_000 > size - len(last) - 1, (path, size)
+    records = [json.loads(line) for p in files for line in p.read_text().splitlines()]
+    lines_bytes = sum(sizes)
+    assert [r["correlation_id"] for r in records] == list(range(40, 240)) and lines_bytes > 4_000 * 3
+
+
+@pytest.mark.usefixtures("no_signal_handlers")
+def test_a_deferred_response_that_cannot_be_read_is_counted_and_the_others_are_written(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from protocol import records
+
+    def broken(payload: bytes, api_key: int, api_version: int) -> list[int]:
+        if api_key == ApiKey.HEARTBEAT:
+            raise RuntimeError("a bug in the decoder")
+        return real(payload, api_key, api_version)
+
+    real = records.response_error_codes
+    monkeypatch.setattr(records, "response_error_codes", broken)
+    # records 15 and 16 are Heartbeats: the writer reads their error codes
+    assert serve_batches(tmp_path, [mixed_batch(0, 10).message(), mixed_batch(10, 9).message()]) == (17, 2)
+    assert [r["correlation_id"] for _, _, rs in written(tmp_path) for r in rs] == [
+        i for i in range(19) if i not in (15, 16)]
 
 
 def test_the_topic_sinks_settings_are_secret_and_need_the_sink() -> None:
@@ -275,7 +302,7 @@ def test_records_the_topic_sink_cannot_deliver_are_counted_dropped_not_delivered
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     receiver, sender = Pipe(duplex=False)
-    sender.send_bytes(pickle.dumps(mixed_rows(10)))
+    sender.send_bytes(mixed_batch(0, 10).message())
     sender.send_bytes(b"")
     counters = [0] * len(access_log_files.COUNTERS)
     serve(receiver, str(tmp_path), "unit", "json", 1 << 20, None,
