@@ -20,7 +20,10 @@ forwarder's in the same run. This is the issue-12 measure with the broker taken 
 * loop CPU: `time.thread_time` of the event-loop thread (what competes with the sockets);
 * process CPU: `time.process_time` of the proxy process (the loop plus the access-log feeder thread);
 * writer CPU (``--access-log``): the access-log writer process's CPU from /proc, over the same pairs,
-  after it has written every record.
+  after it has written every record;
+* Python calls per pair: the Python functions one more round enters (`sys.setprofile`), the
+  working set a request runs cold over sockets (the in-memory transports' own methods included:
+  3 per pair, which is the raw row's count).
 
 **The access log's own paths**, in this process, over the pairs' in-flight entries (best of
 ``--repeats``, CPU per record): the loop's capture (`produce_parts` and `LogBatch.add`), the
@@ -29,6 +32,7 @@ feeder's message of each 1,000-record batch, and the writer's Arrow record batch
 
     .venv/bin/python -m bench.bench_hot_path                 # both halves, 20,000 pairs x 5
     .venv/bin/python -m bench.bench_hot_path --profile OUT   # cProfile of the loop, log on
+    .venv/bin/python -m bench.bench_hot_path --no-sockets    # the in-memory half only, ~1 min
 
 Writes bench/results/hot_path.json. Absolute figures depend on the machine and its load; compare
 runs of the same day, and log off against log on within a run.
@@ -189,6 +193,23 @@ async def wait_logged(server: ProxyServer, expected: int, timeout_s: float = 120
         await asyncio.sleep(0.05)  # the counters live in shared memory written by another process
 
 
+def python_calls(run: Callable[[], None]) -> int:
+    """How many Python functions `run` calls (frames entered; calls of C functions not counted)."""
+    calls = 0
+
+    def count(frame: object, event: str, arg: object) -> None:
+        nonlocal calls
+        if event == "call":
+            calls += 1
+
+    sys.setprofile(count)
+    try:
+        run()
+    finally:
+        sys.setprofile(None)
+    return calls - 1  # run itself
+
+
 async def measure(mode: str, pairs_n: int, repeats: int, tmp: Path, profile: Path | None) -> dict[str, Any]:
     pairs = [(produce_request(i % 2**31), produce_response(i % 2**31)) for i in range(pairs_n)]
     config: dict[str, Any] = {
@@ -224,11 +245,16 @@ async def measure(mode: str, pairs_n: int, repeats: int, tmp: Path, profile: Pat
             best_loop, best_process = min(best_loop, loop_s), min(best_process, process_s)
             best_writer = min(best_writer, writer_s)
             await asyncio.sleep(0)
+        calls = python_calls(run) / pairs_n  # one more round, untimed, under a call counter
+        logged += pairs_n
+        if server is not None:
+            await wait_logged(server, logged)
     finally:
         if server is not None:
             await server.drain(5.0)
     per = 1e6 / pairs_n
     return {"mode": mode, "pairs": pairs_n, "repeats": repeats,
+            "python_calls_per_pair": round(calls, 1),
             "loop_us_per_pair": round(best_loop * per, 2),
             "process_us_per_pair": round(best_process * per, 2),
             "writer_us_per_pair": round(best_writer * per, 2) if mode == "log_on" else None}
@@ -437,6 +463,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--profile", type=Path, help="write a cProfile of one log-on round here")
     parser.add_argument("--out", type=Path, default=RESULTS)
+    parser.add_argument("--no-sockets", action="store_true",
+                        help="only the half with no sockets (and the writer's paths)")
     parser.add_argument("--canned-broker", type=int, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.canned_broker:
@@ -444,7 +472,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     rows = []
     with tempfile.TemporaryDirectory(prefix="sluice-hot-path-") as tmp:
-        sockets_rows = measure_sockets(args.pairs, args.repeats, Path(tmp))
+        sockets_rows = [] if args.no_sockets else measure_sockets(args.pairs, args.repeats, Path(tmp))
         writer_paths = measure_writer_paths(args.pairs, args.repeats, Path(tmp))
         print("writer paths, us/record: " + ", ".join(f"{k} {v:.2f}" for k, v in writer_paths.items()),
               flush=True)
@@ -452,7 +480,8 @@ def main(argv: list[str] | None = None) -> int:
             rows.append(asyncio.run(measure(mode, args.pairs, args.repeats, Path(tmp), args.profile)))
             r = rows[-1]
             writer = f"  writer {r['writer_us_per_pair']:7.2f}" if r["writer_us_per_pair"] is not None else ""
-            print(f"no sockets {mode:8s} loop {r['loop_us_per_pair']:7.2f} us/pair  "
+            print(f"no sockets {mode:8s} {r['python_calls_per_pair']:5.1f} Python calls/pair  "
+                  f"loop {r['loop_us_per_pair']:7.2f} us/pair  "
                   f"process {r['process_us_per_pair']:7.2f}{writer}", flush=True)
     report = {"what": __doc__.split("\n")[0], "load_average": os.getloadavg(), "cpu_count": os.cpu_count(),
               "python": sys.version.split()[0], "sockets": sockets_rows, "no_sockets": rows,

@@ -210,7 +210,8 @@ def read_response_correlation_id(payload):
 
 
 def read_produce_acks(payload, header):
-    """`protocol.produce.read_produce_acks`: v9+ one-byte transactional_id lengths in C."""
+    """`protocol.produce.read_produce_acks`: v0-v8 (int16 transactional_id lengths) and v9+
+    (one-byte compact lengths) in C."""
     if type(payload) is not bytes or header.api_key != PRODUCE:
         return _pure_read_produce_acks(payload, header)
     cdef int version = header.api_version
@@ -218,6 +219,17 @@ def read_produce_acks(payload, header):
     cdef Py_ssize_t n = PyBytes_GET_SIZE(payload)
     cdef const uint8_t* p = <const uint8_t*>PyBytes_AS_STRING(payload)
     cdef int length
+    if 0 <= version <= 8:
+        if version >= 3:  # transactional_id: int16 length, -1 = null
+            if pos < 0 or pos + 2 > n:
+                return _pure_read_produce_acks(payload, header)
+            length = _i16(p + pos)
+            if length < -1:
+                return _pure_read_produce_acks(payload, header)
+            pos += 2 + (length if length > 0 else 0)
+        if pos < 0 or pos + 2 > n:
+            return _pure_read_produce_acks(payload, header)
+        return _i16(p + pos)
     if version < 9 or version > 13 or pos >= n or p[pos] >= 0x80:
         return _pure_read_produce_acks(payload, header)
     length = p[pos]  # compact nullable string: length + 1, 0 = null

@@ -56,7 +56,7 @@ from proxy.stages.quota import DecisionObserver, QuotaStage
 from proxy.stages.topic_resolver import TopicIdResolver
 from proxy.stages.topic_usage import TopicNames
 from quotas import fastpath as quota_fastpath
-from quotas.clock import Clock, SystemClock
+from quotas.clock import Clock
 from quotas.connection_limits import BufferBudget, ConnectionLimiter
 from quotas.engine import QuotaEngine
 from quotas.fleet import DEFAULT_HEADROOM, FleetFallback, FleetView
@@ -73,7 +73,7 @@ class ProxyServer:
         self.config = config
         self.config_at_start = config  # what the parts read only at start were built from
         self.worker_index = worker_index  # one of `--workers N`: listeners shared with SO_REUSEPORT
-        self.clock = clock or SystemClock()
+        self.clock = clock or quota_fastpath.SystemClockImpl()  # SystemClock, or its compiled twin
         self._extra_stages = list(stages)
         self.registry_metrics = CollectorRegistry()
         self.metrics = SluiceMetrics(self.registry_metrics)

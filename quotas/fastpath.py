@@ -8,6 +8,9 @@ bucket) and measures it. Those two stats have two implementations with one contr
 * their compiled twins in `quotas._speedups` (Cython, C doubles and 64-bit ms clocks), which give
   the same floats bit for bit (tests/unit/differential).
 
+The clock every request reads (`quotas.clock.SystemClock`, ``time.monotonic_ns() // 1_000_000``)
+has a compiled twin too, `SystemClockImpl`, on Linux (where both read CLOCK_MONOTONIC).
+
 The compiled ones are used when they were built (`pip install` builds them when a C compiler is
 present) and `SLUICE_PURE_PYTHON` is not set to a true value (1, true, yes), the same switch as the
 byte path's (`protocol.fastpath`). The quota manager and the connection-rate limiter construct
@@ -17,12 +20,13 @@ reference classes. `IMPLEMENTATION` says which one is in use ("compiled" or "pur
 
 from __future__ import annotations
 
+import sys
 from typing import Final, cast
 
 from contracts.compiled import choose
-from quotas import stats
+from quotas import clock, stats
 
-_TWINS: Final = ("SampledRate", "TokenBucket")
+_TWINS: Final = ("SampledRate", "TokenBucket", "SystemClock")
 
 _CHOICE: Final = choose("quotas._speedups", _TWINS)
 COMPILED_MODULE: Final = _CHOICE.compiled_module
@@ -39,3 +43,6 @@ SampledRateImpl: Final = cast(type[stats.SampledRate],
 TokenBucketImpl: Final = cast(type[stats.TokenBucket],
                               stats.TokenBucket if _impl is None else _impl.TokenBucket)
 
+SystemClockImpl: Final = cast(type[clock.SystemClock],
+                              clock.SystemClock if _impl is None or not sys.platform.startswith("linux")
+                              else _impl.SystemClock)

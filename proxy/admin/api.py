@@ -249,6 +249,9 @@ class QuotaAdminStage(StageBase):
         self._backend = backend
         self._admins = frozenset(admins)
 
+    def handles(self, hook: str, api_key: int, api_version: int) -> bool:
+        return api_key == ApiKey.DESCRIBE_CLIENT_QUOTAS or api_key == ApiKey.ALTER_CLIENT_QUOTAS
+
     def on_request(self, ctx: ConnectionContext, entry: InFlight, header: RequestHeader,
                    payload: bytes) -> RequestOutcome | None:
         api_key = header.api_key

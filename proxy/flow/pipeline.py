@@ -173,7 +173,15 @@ class Stage(Protocol):
 
 
 class StageBase:
-    """No-op defaults, so a stage implements only the hooks it needs."""
+    """No-op defaults, so a stage implements only the hooks it needs.
+
+    `handles` lets a stage say which requests a hook can have a say on: the pipeline asks it once
+    per (hook, API key, version) and leaves the stage out of that hook for the requests it answers
+    False for. The answer may depend on nothing else (it is cached): a stage whose interest changes
+    at run time keeps answering True and decides in the hook."""
+
+    def handles(self, hook: str, api_key: int, api_version: int) -> bool:
+        return True
 
     def on_request(self, ctx: ConnectionContext, entry: InFlight, header: RequestHeader,
                    payload: bytes) -> RequestOutcome | None:
@@ -191,6 +199,29 @@ def _implements(stage: Stage, hook: str) -> bool:
     return method is not None and method is not getattr(StageBase, hook)
 
 
+def _handles(stage: Stage, hook: str, api_key: int, api_version: int) -> bool:
+    handles = getattr(stage, "handles", None)
+    return handles is None or bool(handles(hook, api_key, api_version))
+
+
+RequestHook = Callable[[ConnectionContext, InFlight, RequestHeader, bytes], RequestOutcome | None]
+ResponseHook = Callable[[ConnectionContext, InFlight, bytes], ResponseOutcome | None]
+CompleteHook = Callable[[ConnectionContext, InFlight, int], None]
+
+
+@dataclass(frozen=True, slots=True)
+class Route:
+    """The stages of each hook that can have a say on one API key and version, bound once."""
+
+    on_request: tuple[RequestHook, ...]
+    on_response: tuple[ResponseHook, ...]
+    on_complete: tuple[CompleteHook, ...]
+
+
+#: Routes a pipeline keeps (a client may send any int16 key and version; beyond this it starts over).
+MAX_ROUTES = 4096
+
+
 def broker_throttle_ms(entry: InFlight) -> int | None:
     """The broker's throttle_time_ms in its response to `entry`; None if it has none or unreadable."""
     if entry.broker_response is None:
@@ -202,19 +233,42 @@ def broker_throttle_ms(entry: InFlight) -> int | None:
 
 
 class Pipeline:
-    """Calls, per hook, only the stages that implement it (this runs for every request)."""
+    """Calls, per hook, only the stages that implement it and handle the request's API key and
+    version (this runs for every request: the stages of each key and version are found once)."""
 
     def __init__(self, stages: Sequence[Stage]) -> None:
         self.stages = list(stages)
         self._on_request = [s for s in self.stages if _implements(s, "on_request")]
         self._on_response = [s for s in self.stages if _implements(s, "on_response")]
         self._on_complete = [s for s in self.stages if _implements(s, "on_complete")]
+        self._routes: dict[int, Route] = {}
+
+    def route(self, api_key: int, api_version: int) -> Route:
+        """The stages of every hook for requests of `api_key` v`api_version` (the hooks below look
+        the route up themselves, so that a known one costs a dict lookup, not a call)."""
+        key = ((api_key & 0xFFFF) << 16) | (api_version & 0xFFFF)
+        route = self._routes.get(key)
+        if route is None:
+            route = Route(
+                tuple(s.on_request for s in self._on_request
+                      if _handles(s, "on_request", api_key, api_version)),
+                tuple(s.on_response for s in self._on_response
+                      if _handles(s, "on_response", api_key, api_version)),
+                tuple(s.on_complete for s in self._on_complete
+                      if _handles(s, "on_complete", api_key, api_version)))
+            if len(self._routes) >= MAX_ROUTES:
+                self._routes.clear()
+            self._routes[key] = route
+        return route
 
     def on_request(self, ctx: ConnectionContext, entry: InFlight, header: RequestHeader,
                    payload: bytes) -> RequestOutcome:
         outcome: RequestOutcome | None = None
-        for stage in self._on_request:
-            said = stage.on_request(ctx, entry, header, payload)
+        route = self._routes.get(((header.api_key & 0xFFFF) << 16) | (header.api_version & 0xFFFF))
+        if route is None:
+            route = self.route(header.api_key, header.api_version)
+        for on_request in route.on_request:
+            said = on_request(ctx, entry, header, payload)
             if said is None:
                 continue
             outcome = said if outcome is None else combine_request(outcome, said)
@@ -225,8 +279,11 @@ class Pipeline:
     def on_response(self, ctx: ConnectionContext, entry: InFlight, payload: bytes) -> ResponseOutcome:
         entry.broker_response = payload
         outcome: ResponseOutcome | None = None
-        for stage in self._on_response:
-            said = stage.on_response(ctx, entry, payload)
+        route = self._routes.get(((entry.api_key & 0xFFFF) << 16) | (entry.api_version & 0xFFFF))
+        if route is None:
+            route = self.route(entry.api_key, entry.api_version)
+        for on_response in route.on_response:
+            said = on_response(ctx, entry, payload)
             if said is None:
                 continue
             outcome = said if outcome is None else combine_response(outcome, said)
@@ -234,5 +291,8 @@ class Pipeline:
         return ResponseOutcome(payload) if outcome is None else outcome
 
     def on_complete(self, ctx: ConnectionContext, entry: InFlight, sent_ms: int) -> None:
-        for stage in self._on_complete:
-            stage.on_complete(ctx, entry, sent_ms)
+        route = self._routes.get(((entry.api_key & 0xFFFF) << 16) | (entry.api_version & 0xFFFF))
+        if route is None:
+            route = self.route(entry.api_key, entry.api_version)
+        for on_complete in route.on_complete:
+            on_complete(ctx, entry, sent_ms)

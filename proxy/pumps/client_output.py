@@ -10,8 +10,10 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Callable
 
-from protocol.framing import size_prefix
+from protocol._wire import I32
 from proxy.pumps.limits import ClientBuffer, ConnectionWatchdog
+
+_pack_size = I32.pack  # `protocol.framing.size_prefix` without its call
 
 
 class ClientOutput:
@@ -39,8 +41,15 @@ class ClientOutput:
             self._wrote(transport)
 
     def frame(self, payload: bytes) -> None:
-        """One whole Kafka frame: the size prefix, then the payload."""
-        self.writelines((size_prefix(len(payload)), payload))
+        """One whole Kafka frame: the size prefix, then the payload (`writelines` and `_wrote` in
+        one call: every response goes through here)."""
+        transport = self._transport
+        if transport is not None and not transport.is_closing():
+            transport.writelines((_pack_size(len(payload)), payload))
+            self._watchdog.last_active_ms = self._now_ms()
+            buffer = self._buffer
+            if transport.get_write_buffer_size() != buffer.held_bytes:
+                buffer.measure()
 
     def _wrote(self, transport: asyncio.Transport) -> None:
         self._watchdog.last_active_ms = self._now_ms()

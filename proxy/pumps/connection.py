@@ -40,7 +40,6 @@ from typing import Any, cast
 from protocol.apis import ApiKey
 from protocol.errors import ProtocolError
 from protocol.fastpath import FrameSplitter, read_produce_acks, read_request_header
-from protocol.headers import RequestHeader
 from protocol.sasl import SASL_API_KEYS
 from proxy.flow.connection_stats import ConnectionStats
 from proxy.flow.inflight import InFlight, InFlightRequests
@@ -229,10 +228,13 @@ class ClientConnection(asyncio.Protocol):
             return
         self._processing = True
         gate = self._gate
+        splitter = self._splitter
+        next_frame = splitter.next_frame
         try:
-            while gate.frames_allowed():
+            # (nothing buffered: no frame, and the gate is not asked; frames_allowed() runs per frame)
+            while splitter.buffered_bytes and gate.frames_allowed():
                 try:
-                    payload = self._splitter.next_frame()
+                    payload = next_frame()
                 except ProtocolError as exc:
                     self.close(f"malformed frame from client: {exc}")
                     return
@@ -241,7 +243,8 @@ class ClientConnection(asyncio.Protocol):
                 self._client_frame(payload)
         finally:
             self._processing = False
-        gate.update()
+        if gate.paused or not gate.frames_allowed():
+            gate.update()  # (reading and allowed frames is the state update() keeps as it is)
         if gate.draining:
             self.close_if_drained()
 
@@ -253,7 +256,13 @@ class ClientConnection(asyncio.Protocol):
             return
         now_ms = self._clock.now_ms()
         api_key = header.api_key
-        expects_response = api_key != ApiKey.PRODUCE or _expects_response(self.ctx, header, payload)
+        expects_response = True
+        if api_key == ApiKey.PRODUCE:  # acks=0: no response will come
+            try:
+                expects_response = read_produce_acks(payload, header) != 0
+            except ProtocolError as exc:
+                log.warning("connection %d: cannot read Produce acks (%s); expecting a response",
+                            self.ctx.connection_id, exc)
         entry = InFlight(header.correlation_id, api_key, header.api_version, header.client_id,
                          len(payload), now_ms, expects_response=expects_response)
         if not self._watchdog.handshake_done:
@@ -366,16 +375,6 @@ def unread_bytes(transport: asyncio.BaseTransport | None) -> int:
     except (OSError, ValueError):  # not a socket, or already closed
         return 0
     return int.from_bytes(buf, sys.byteorder, signed=True)
-
-
-def _expects_response(ctx: ConnectionContext, header: RequestHeader, payload: bytes) -> bool:
-    """False for a Produce with acks=0 (no response will come)."""
-    try:
-        return read_produce_acks(payload, header) != 0
-    except ProtocolError as exc:
-        log.warning("connection %d: cannot read Produce acks (%s); expecting a response",
-                    ctx.connection_id, exc)
-        return True
 
 
 def _log_closed(ctx: ConnectionContext, reason: str | None, exc: Exception | None, pending: int) -> None:

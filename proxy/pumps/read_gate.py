@@ -67,8 +67,10 @@ class ReadGate:
         self._transport = transport
 
     def frames_allowed(self) -> bool:
-        """Whether the next buffered frame may be handled."""
-        return self._mute.state is _NOT_MUTED and self._open()
+        """Whether the next buffered frame may be handled (`_open` and not muted, in one call: it
+        runs before every frame)."""
+        return (self._mute.state is _NOT_MUTED and self.upstream_up
+                and len(self._in_flight) < self._max_in_flight and not (self.backpressure or self.closed))
 
     def _open(self) -> bool:
         """Everything but the mute that lets frames in."""

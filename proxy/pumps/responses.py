@@ -96,7 +96,9 @@ class ResponseOrder:
         """Write the responses at the head whose turn has come; then read on (which also ends a drain)."""
         send, ctx, on_complete, clock = self._send, self._ctx, self._pipeline.on_complete, self._clock
         sent_any = False
-        for entry in self._inflight.ready():
+        slots = self._inflight.queue  # `InFlightRequests.ready`, without the generator's two calls
+        while slots and slots[0].response is not None:
+            entry = slots.popleft()
             response = entry.response
             assert response is not None
             if entry.own is not None:  # never the client's: nothing is sent, nothing completes

@@ -63,6 +63,7 @@ REWRITTEN_APIS = frozenset({*_ADDRESS_REWRITES, ApiKey.API_VERSIONS})
 
 DEFAULT_VERSION_CAPS: dict[int, int] = dict(VERSION_CAPS)
 _FETCH_NODE_ENDPOINTS_SINCE = 16
+_PRODUCE_NODE_ENDPOINTS_SINCE = 10
 
 
 class ResponseRewriter:
@@ -173,6 +174,15 @@ class RewriteStage(StageBase):
 
     def __init__(self, rewriter: ResponseRewriter) -> None:
         self._rewriter = rewriter
+
+    def handles(self, hook: str, api_key: int, api_version: int) -> bool:
+        """Only the responses above; Produce before v10 and Fetch before v16 carry no leader
+        endpoints (their rewrites return the payload as it is)."""
+        if api_key == ApiKey.PRODUCE:
+            return api_version >= _PRODUCE_NODE_ENDPOINTS_SINCE
+        if api_key == ApiKey.FETCH:
+            return api_version >= _FETCH_NODE_ENDPOINTS_SINCE
+        return api_key in REWRITTEN_APIS
 
     def on_response(self, ctx: ConnectionContext, entry: InFlight, payload: bytes) -> ResponseOutcome | None:
         if entry.api_key not in REWRITTEN_APIS:

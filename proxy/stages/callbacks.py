@@ -168,6 +168,9 @@ class ClusterMetadataStage(StageBase):
         self._feed = feed
         self._wanted = wanted
 
+    def handles(self, hook: str, api_key: int, api_version: int) -> bool:
+        return api_key == ApiKey.METADATA  # whether it is `wanted` changes at run time: asked per response
+
     def on_response(self, ctx: ConnectionContext, entry: InFlight, payload: bytes) -> ResponseOutcome | None:
         if entry.api_key != ApiKey.METADATA or not self._wanted():
             return None

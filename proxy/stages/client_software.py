@@ -19,6 +19,9 @@ log = logging.getLogger("sluice.client_info")
 
 
 class ClientSoftwareStage(StageBase):
+    def handles(self, hook: str, api_key: int, api_version: int) -> bool:
+        return api_key == ApiKey.API_VERSIONS and api_version >= 3
+
     def on_request(self, ctx: ConnectionContext, entry: InFlight, header: RequestHeader,
                    payload: bytes) -> RequestOutcome | None:
         if header.api_key == ApiKey.API_VERSIONS and header.api_version >= 3:

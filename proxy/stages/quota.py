@@ -64,6 +64,9 @@ from quotas.manager import ThrottleDecision
 
 log = logging.getLogger("sluice.quotas")
 
+#: (principal, client id) pairs the stage keeps made identities for; beyond it, it starts over.
+MAX_IDENTITIES = 10_000
+
 _NOT_REQUEST_RATED = frozenset({ApiKey.API_VERSIONS, ApiKey.SASL_HANDSHAKE, ApiKey.SASL_AUTHENTICATE})
 
 
@@ -75,6 +78,15 @@ class QuotaStage(StageBase):
         self._engine = engine
         self._observer = observer
         self.topic_names = TopicNames() if topic_names is None else topic_names  # Produce v13, Fetch v13+
+        # (principal, client id) -> its ClientIdentity, made once: the same object every request, so
+        # the quota managers' lookups by it compare by identity (equal either way: same decisions)
+        self._identities: dict[tuple[str, str | None], ClientIdentity] = {}
+
+    def _identity(self, names: tuple[str, str | None]) -> ClientIdentity:
+        if len(self._identities) >= MAX_IDENTITIES:
+            self._identities.clear()
+        identity = self._identities[names] = ClientIdentity.of(*names)
+        return identity
 
     # ------------------------------------------------------------------ requests
 
@@ -83,7 +95,10 @@ class QuotaStage(StageBase):
         engine = self._engine
         if not engine.active_kinds:
             return None  # no quota configured: nothing to record, nothing to remember
-        identity = ClientIdentity.of(ctx.principal, header.client_id)
+        names = (ctx.principal, header.client_id)
+        identity = self._identities.get(names)
+        if identity is None:
+            identity = self._identity(names)
         api_key = header.api_key
         forward: bytes | None = None
         verdict: RequestVerdict

@@ -143,7 +143,9 @@ def spark_submit(job: Path, master: str, job_args: list[str], *, cwd: Path,
     """spark-submit a job file (client mode, small memory, no UI, loopback), started, not awaited."""
     settings = {"spark.ui.enabled": "false", "spark.driver.host": "127.0.0.1",
                 "spark.driver.bindAddress": "127.0.0.1", "spark.sql.shuffle.partitions": "4",
-                "spark.driver.extraJavaOptions": "-XX:+UseSerialGC"} | dict(conf or {})
+                "spark.driver.extraJavaOptions": "-XX:+UseSerialGC",
+                "spark.executor.extraJavaOptions": "-XX:+UseSerialGC -XX:TieredStopAtLevel=1",
+                } | dict(conf or {})
     cmd = [str(pyspark_bin() / "spark-submit"), "--master", master, "--driver-memory", "512m"]
     for key, value in settings.items():
         cmd += ["--conf", f"{key}={value}"]

@@ -135,3 +135,83 @@ def test_the_brokers_throttle_is_its_own_whatever_stage_patched_first() -> None:
 
 def test_no_broker_response_no_broker_throttle() -> None:
     assert broker_throttle_ms(entry()) is None
+
+
+# ---------------------------------------------------------------------- routes: which stages run
+
+
+class OnlyFor(Says):
+    """Has a say only on `api_key` (and counts how often the pipeline asked)."""
+
+    def __init__(self, api_key: int, request: RequestOutcome | None = None,
+                 response: ResponseOutcome | None = None) -> None:
+        super().__init__(request, response)
+        self.api_key = api_key
+        self.asked: list[tuple[str, int, int]] = []
+        self.completed = 0
+
+    def handles(self, hook: str, api_key: int, api_version: int) -> bool:
+        self.asked.append((hook, api_key, api_version))
+        return api_key == self.api_key
+
+    def on_complete(self, ctx: ConnectionContext, entry: InFlight, sent_ms: int) -> None:
+        self.completed += 1
+
+
+def test_a_stage_is_left_out_of_the_requests_it_does_not_handle() -> None:
+    fetch_only = OnlyFor(ApiKey.FETCH, Close("never for a produce"), ResponseOutcome(b"never", 99))
+    pipeline = Pipeline([fetch_only])
+    e = entry()  # a Produce
+    assert pipeline.on_request(CTX, e, HEADER, b"client") is FORWARD
+    assert pipeline.on_response(CTX, e, b"broker") == ResponseOutcome(b"broker")
+    pipeline.on_complete(CTX, e, 0)
+    assert fetch_only.seen == [] and fetch_only.completed == 0
+
+    fetch = InFlight(8, ApiKey.FETCH, 12, "app", 20, 0)
+    fetch_header = RequestHeader(ApiKey.FETCH, 12, 8, "app", 1, 10)
+    assert pipeline.on_request(CTX, fetch, fetch_header, b"client") == Close("never for a produce")
+    assert pipeline.on_response(CTX, fetch, b"broker") == ResponseOutcome(b"never", 99)
+    pipeline.on_complete(CTX, fetch, 0)
+    assert fetch_only.seen == [b"client", b"broker"] and fetch_only.completed == 1
+
+
+def test_a_stage_is_asked_once_per_api_key_and_version() -> None:
+    stage = OnlyFor(ApiKey.PRODUCE)
+    pipeline = Pipeline([stage])
+    for _ in range(3):
+        e = entry()
+        pipeline.on_request(CTX, e, HEADER, b"client")
+        pipeline.on_response(CTX, e, b"broker")
+        pipeline.on_complete(CTX, e, 0)
+    assert sorted(stage.asked) == [("on_complete", ApiKey.PRODUCE, 8), ("on_request", ApiKey.PRODUCE, 8),
+                                   ("on_response", ApiKey.PRODUCE, 8)]
+    assert len(stage.seen) == 6 and stage.completed == 3
+    pipeline.route(ApiKey.PRODUCE, 9)  # another version: asked again
+    assert len(stage.asked) == 6
+
+
+def test_the_production_stages_handle_only_their_apis() -> None:
+    from proxy.admin.api import QuotaAdminStage
+    from proxy.stages.addresses import RewriteStage
+    from proxy.stages.callbacks import ClusterMetadataStage
+    from proxy.stages.client_software import ClientSoftwareStage
+
+    software = ClientSoftwareStage()
+    assert software.handles("on_request", ApiKey.API_VERSIONS, 3)
+    assert not software.handles("on_request", ApiKey.API_VERSIONS, 2)  # no client software before v3
+    assert not software.handles("on_request", ApiKey.PRODUCE, 9)
+    admin = QuotaAdminStage.__new__(QuotaAdminStage)
+    assert admin.handles("on_request", ApiKey.ALTER_CLIENT_QUOTAS, 1)
+    assert admin.handles("on_request", ApiKey.DESCRIBE_CLIENT_QUOTAS, 1)
+    assert not admin.handles("on_request", ApiKey.PRODUCE, 9)
+    metadata = ClusterMetadataStage.__new__(ClusterMetadataStage)
+    assert metadata.handles("on_response", ApiKey.METADATA, 12)
+    assert not metadata.handles("on_response", ApiKey.FETCH, 12)
+    rewrite = RewriteStage.__new__(RewriteStage)
+    # KIP-951 leader endpoints: Produce v10+, Fetch v16+; the control plane in every version
+    assert [v for v in range(14) if rewrite.handles("on_response", ApiKey.PRODUCE, v)] == [10, 11, 12, 13]
+    assert [v for v in range(18) if rewrite.handles("on_response", ApiKey.FETCH, v)] == [16, 17]
+    for api_key in (ApiKey.METADATA, ApiKey.FIND_COORDINATOR, ApiKey.DESCRIBE_CLUSTER, ApiKey.API_VERSIONS,
+                    ApiKey.SHARE_FETCH, ApiKey.SHARE_ACKNOWLEDGE):
+        assert rewrite.handles("on_response", api_key, 0)
+    assert not rewrite.handles("on_response", ApiKey.LIST_OFFSETS, 7)

@@ -202,3 +202,32 @@ def test_fetch_requests_are_capped_to_what_the_quota_allows_in_one_window() -> N
     assert isinstance(verdict, Forward) and verdict.payload is not None
     # KAFKA-9677: quota x (samples - 1) x window = 1000 B/s x 10 x 1 s = 10 000 bytes
     assert struct.unpack_from(">i", verdict.payload, len(head) + 12)[0] == 10_000
+
+
+def test_one_identity_object_per_principal_and_client_id() -> None:
+    """The identity a request is charged to is made once per (principal, client id) and then the same
+    object (the managers' lookups compare it by identity); other client ids and principals get
+    their own, and a null client id is "" (Kafka's)."""
+    from proxy.stages import quota as quota_stage
+
+    clock = FakeClock(0)
+    stage, _ = stage_with(clock, producer_byte_rate=10**9)
+    header, payload = produce_request(100, "app")
+    notes = [on_request(stage, header, payload)[1].quota for _ in range(3)]
+    assert all(n is not None for n in notes)
+    first = notes[0].identity  # type: ignore[union-attr]
+    assert first == ClientIdentity("ANONYMOUS", "app")
+    assert all(n.identity is first for n in notes)  # type: ignore[union-attr]
+    other, other_payload = produce_request(100, "other")
+    assert on_request(stage, other, other_payload)[1].quota.identity == ClientIdentity("ANONYMOUS", "other")  # type: ignore[union-attr]
+    null_id = RequestHeader(ApiKey.PRODUCE, 8, 7, None, 1, 10)
+    assert on_request(stage, null_id, payload)[1].quota.identity == ClientIdentity("ANONYMOUS", "")  # type: ignore[union-attr]
+    user = ConnectionContext(2, "127.0.0.1:5001", "broker 1", 1, principal="User:alice")
+    entry = InFlight(7, ApiKey.PRODUCE, 8, "app", len(payload), 0)
+    stage.on_request(user, entry, header, payload)
+    assert entry.quota is not None and entry.quota.identity == ClientIdentity("User:alice", "app")
+    # bounded: past MAX_IDENTITIES pairs it starts over, and still answers the right identity
+    for i in range(quota_stage.MAX_IDENTITIES + 5):
+        h, p = produce_request(30, f"c{i}")
+        assert on_request(stage, h, p)[1].quota.identity.client_id == f"c{i}"  # type: ignore[union-attr]
+    assert len(stage._identities) <= quota_stage.MAX_IDENTITIES
