@@ -62,7 +62,15 @@ def _kio_field(hint: Any, max_items: int) -> st.SearchStrategy[Any]:
         return st.one_of(*(_kio_field(arg, max_items) for arg in args))
     if isinstance(hint, type) and dataclasses.is_dataclass(hint):
         return kio_entities(hint, max_items)
+    if isinstance(hint, type) and issubclass(hint, datetime.timedelta):
+        # kio encodes any i64 of milliseconds but its reader overflows past about 2**62 (a session
+        # lifetime of 292 million years came back as "timedelta milliseconds overflow"): durations
+        # up to 2**53 ms (285,000 years) cover every field's meaning and what kio reads back
+        return st.from_type(hint).filter(lambda d: abs(d) <= _KIO_READABLE_TIMEDELTA)
     return st.from_type(hint)
+
+
+_KIO_READABLE_TIMEDELTA = datetime.timedelta(milliseconds=2**53)
 
 
 def kio_versions(api_key: int) -> list[int]:
