@@ -6,15 +6,18 @@ and real clients.
   order; the same client id draining a second prefilled topic with no entry is not held (its span is
   a fraction of T's floor), so the budget is the topic's, not the client's.
 * ShareFetch: a librdkafka share consumer of a topic with a bytes/s entry accepts every record
-  exactly once, and Sluice exports throttled requests for that topic's sensor.
+  exactly once, takes at least the floor the quota implies, and Sluice exports throttled requests
+  for that topic's sensor.
 
-Feature removal: with the topic entries replaced by an entry for an unrelated topic, the Fetch
-cases fail on the span floor (T drains as fast as the free topic) and the ShareFetch case fails on
-the topic throttle metric (no sample). Windows are 11 samples of 500 ms.
+Checked against feature removal: with each entry's topic replaced by an unrelated topic, all
+four fail: the held topic drained in 0.3 s (bytes), 0.1 s (records) and 0.1 s (requests) against
+floors of 8.5, 5.7 and 8.3 s, and the share case (before its span bound was added) failed on the
+topic throttle metric having no sample. Windows are 11 samples of 500 ms.
 """
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 from typing import Any
 
@@ -129,23 +132,40 @@ def test_a_topic_consume_quota_holds_that_topic_not_the_client(kafka: KafkaClust
 def test_a_share_consumer_is_held_by_a_topic_byte_quota_and_accepts_every_record_once(
         kafka: KafkaCluster, tmp_path: Path) -> None:
     quota = 64 * KiB
-    total = 6000  # x 100 B = 600 KB: burst 320 KiB, the rest ~4.5 s at the quota
+    total = 9000
+    value_bytes = 100
     topic = create_topic(kafka.bootstrap, unique_name("tc-share"))
-    prefill(kafka.bootstrap, topic, total, 100, 16 * KiB)
+    prefill(kafka.bootstrap, topic, total, value_bytes, 8 * KiB)
+    # as for Fetch: ~900 KB at 64 KiB/s, burst 320 KiB: floor ~7.2 s, ~8.7 s expected. The span is
+    # taken from the first poll that saw an accepted record to the one that saw the last, so it is
+    # short of the true span by at most one poll interval and the first poll's batch (<= 100
+    # records = 10 KB, inside the tolerances).
+    floor_s = (total * value_bytes - 1.1 * BURST_WINDOWS_S * quota) / (1.15 * quota)
     sluice, port = start_sluice(kafka, tmp_path, [{"topic": topic, "consumer_byte_rate": quota}])
     group = unique_name("tc-sg")
     member: ConfluentShareMember | None = None
+    first: list[float] = []
     try:
         # librdkafka has no admin call for group configs: set share.auto.offset.reset with Kafka's tool
         KafkaTools(sluice.bootstrap).configs("--alter", "--entity-type", "groups", "--entity-name", group,
                                              "--add-config", "share.auto.offset.reset=earliest").check()
         member = ConfluentShareMember(sluice.bootstrap, group, topic, "tc-share-reader")
-        wait_until(lambda: member.log.count() >= total or member.failure is not None, 90,
-                   f"{total} records accepted (so far {member.log.count()})")
+
+        def done() -> bool:
+            assert member is not None
+            count = member.log.count()
+            if count and not first:
+                first.append(time.monotonic())
+            return count >= total or member.failure is not None
+
+        wait_until(done, 120, f"{total} records accepted (so far {member.log.count()})")
+        span_s = time.monotonic() - first[0]
         member.stop()
         assert member.failure is None, member.failure
         values = [int(d.value[:8]) for d in member.log.accepted]
         assert sorted(values) == list(range(total)), f"{len(values)} accepted, {len(set(values))} distinct"
+        print(f"share consumer: {total} records in {span_s:.1f} s (floor {floor_s:.1f} s)")
+        assert span_s >= floor_s, f"{total} records accepted in {span_s:.1f} s, floor {floor_s:.1f} s"
         throttled = Metrics(port).value("sluice_quota_topic_throttled_requests_total", topic=topic)
         assert throttled is not None and throttled > 0, "no throttled request on the topic sensor"
     finally:
