@@ -334,7 +334,9 @@ def replay_sensor(const long long[:] ts_ms, const int[:] client, const double[:]
             if at >= end_ms:
                 continue
             j = head[c]
-            asked = queued[c] if coalesce else remaining[j]
+            asked = remaining[j]  # a fetch: all its client waits for, never less than the head (replay_loop)
+            if coalesce and queued[c] > asked:
+                asked = queued[c]
             throttle = sensor.decide(at, asked, &delivered)
             last_at[c] = at
             if throttle > 0:

@@ -100,7 +100,11 @@ def run_loop(ts_ms: Sequence[int], client: Sequence[int], value: Sequence[float]
         if at >= end_ms:
             continue  # not decided within the recording: stays queued (deferred)
         j = head[c]
-        throttle, delivered = decide(at, c, j, queued[c] if coalesce else remaining[j])
+        # a fetch asks for all its client waits for, and never less than the head still wants:
+        # `queued` is a running float sum, and drifted ~1e-10 below the head's remainder it asked
+        # for nothing, was given nothing and was decided again at the same instant, for ever
+        # (seen in bench_tune's 1 M-record simulation: a worker at one `now` for minutes)
+        throttle, delivered = decide(at, c, j, max(queued[c], remaining[j]) if coalesce else remaining[j])
         last_at[c] = at
         if throttle > 0:
             t_at.append(at)

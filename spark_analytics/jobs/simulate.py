@@ -43,6 +43,10 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--window-size-ms", type=int, default=1000, help="quota.window.size.seconds x 1000")
     g.add_argument("--sim-rate-scope", choices=("broker", "cluster"),
                    help="one budget per broker (Kafka's) or per cluster; default: the plan policy's")
+    g.add_argument("--produce-service-ms", type=int, default=None,
+                   help="the brokers' produce service time in ms, which a throttled produce's delay "
+                        "follows (KIP-219); default: per broker, the median wait of the recorded "
+                        "produces that found it idle")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -72,6 +76,8 @@ def model_of(args: argparse.Namespace) -> tuple[RateConfig, RateModel, int | Non
             check_burst_ms(window, args.burst_ms)
     except (QuotaConfigError, ValueError) as exc:
         raise common.UsageError(f"--window-samples/--window-size-ms/--burst-ms: {exc}") from exc
+    if (getattr(args, "produce_service_ms", None) or 0) < 0:
+        raise common.UsageError("--produce-service-ms: must be >= 0 ms")
     return window, RateModel(args.rate_model), args.burst_ms
 
 
@@ -93,8 +99,10 @@ def configs(plan: Plan, baseline: str, window: RateConfig, rate_model: RateModel
 
 
 def simulate_rows(spark: SparkSession, logs: DataFrame, plan: Plan, candidate: QuotaConfig,
-                  baseline: QuotaConfig, rate_scope: str) -> list[dict[str, Any]]:
-    """The replay of `logs` under `candidate` and `baseline`: one dict per (entity, key, broker)."""
+                  baseline: QuotaConfig, rate_scope: str, *,
+                  service_ms: int | None = None, demand_resolution_ms: int = 1) -> list[dict[str, Any]]:
+    """The replay of `logs` under `candidate` and `baseline`: one dict per (entity, key, broker);
+    `service_ms`: the brokers' produce service time (None: each broker's, from the recording)."""
     from pyspark.sql import functions as F
 
     from spark_analytics.simulate import (
@@ -119,7 +127,8 @@ def simulate_rows(spark: SparkSession, logs: DataFrame, plan: Plan, candidate: Q
         if not entries:
             continue
         mode_keys = sorted({e.quota_key for e in entries})
-        arr = logs.transform(arrivals(mode_keys, topics=topics)).cache()
+        arr = logs.transform(arrivals(mode_keys, topics=topics, service_ms=service_ms,
+                                      demand_resolution_ms=demand_resolution_ms)).cache()
         try:
             groups = group_rows(candidate, identities(arr), topics=topics)
             if not groups:
@@ -143,13 +152,17 @@ def run(spark: SparkSession, args: argparse.Namespace, progress: Progress,
     from spark_analytics.simulate import format_table, simulation_doc, timelines
 
     window, rate_model, burst_ms = model_of(args)
+    service_ms = getattr(args, "produce_service_ms", None)
     plan = read_plan(args.plan)
     candidate, base, label = configs(plan, args.baseline, window, rate_model, burst_ms)
     scope = args.sim_rate_scope or plan_rate_scope(plan)
     progress.step("reading the logs and replaying them through the quota engine")
     if logs is None:
         logs = common.extract_logs(spark, args)
-    rows = simulate_rows(spark, logs, plan, candidate, base, scope)
+    # a consumer's demand timed to a tenth of the quota's sample (`retime_partition`): it moves
+    # the windowed rate by at most a tenth of one sample's worth of it
+    rows = simulate_rows(spark, logs, plan, candidate, base, scope, service_ms=service_ms,
+                         demand_resolution_ms=max(window.window_ms // 10, 1))
     doc = simulation_doc(rows, plan=str(args.plan), baseline=label, window=window, rate_model=rate_model,
                          burst_ms=burst_ms, rate_scope=scope)
     progress.step("writing the simulation")

@@ -64,6 +64,28 @@ def test_arrivals_take_what_each_key_counts(spark: SparkSession) -> None:
     assert per_topic == [("a", 600.0, 12), ("b", 400.0, 12)]  # one row per topic, with that topic's bytes
 
 
+def test_a_produce_mute_follows_its_brokers_service_time_not_the_recorded_queues(spark: SparkSession) -> None:
+    # Broker 1: "pipe" sends 5 produces at once, the first answered in 2 ms and each later one 400
+    # ms after the one before (its own queue: 402, 802, ... 1602 ms); "lone" sends 10, alone,
+    # answered in 2 ms. Idle-broker waits: pipe's first and lone's ten, all 2 ms: 2 ms for both
+    # clients. Broker 2: one produce answered in 7 ms. A fetch's delay starts at the decision: 0.
+    pipe = [produce(T0 + i, 1000, client_id="pipe", upstream_latency_ms=2.0 + 400 * i) for i in range(5)]
+    lone = [produce(T0 + 3000 + 100 * k, 1000, client_id="lone", upstream_latency_ms=2.0) for k in range(10)]
+    records = (pipe + lone
+               + [produce(T0 + 100, 1000, client_id="other", broker_id=2, upstream_latency_ms=7.0),
+                  fetch(T0 + 200, 900, client_id="lone", upstream_latency_ms=300.0)])
+    logs = frame(spark, records)
+    keys = ["producer_byte_rate", "consumer_byte_rate"]
+    got = {(r["client_id"], r["broker_id"], r["quota_key"], r["response_ms"])
+           for r in logs.transform(arrivals(keys, topics=False)).collect()}
+    assert got == {("pipe", 1, "producer_byte_rate", 2), ("lone", 1, "producer_byte_rate", 2),
+                   ("other", 2, "producer_byte_rate", 7), ("lone", 1, "consumer_byte_rate", 0)}
+    # --produce-service-ms: the operator's figure for every broker
+    given = {r["response_ms"] for r in logs.transform(arrivals(keys, topics=False, service_ms=5)).collect()
+             if r["quota_key"] == "producer_byte_rate"}
+    assert given == {5}
+
+
 def test_groups_follow_the_engine_precedence() -> None:
     plan = _config({("client-id-prefix=batch-", "producer_byte_rate"): 1000,
                     ("user=alice", "producer_byte_rate"): 2000,
@@ -105,7 +127,8 @@ def test_simulate_replays_each_sharing_group_through_the_engine(spark: SparkSess
     assert sorted(rows) == ["client-id-prefix=batch-@1", "user=alice@1"]
 
     # The Spark result is the engine's replay of the same arrivals, group by group.
-    # (each produce's response time: the log's 2.5 ms rounded half up; no request waited behind another)
+    # (the broker's service time: every produce found it idle and waited the log's 2.5 ms, rounded
+    # half up: 3 ms)
     alice = [Arrival(T0 + t, ClientIdentity("alice", "app"), 300, response_ms=3)
              for t in range(0, 20_000, 100)]
     want = summarize(alice, replay(alice, plan, QuotaKind.PRODUCE))
@@ -255,9 +278,10 @@ def test_a_consumers_demand_is_the_data_produced_for_it_when_it_was_produced() -
     got = retime_partition(table, topics=False).to_pylist()
     # offset = min over fetches of (produced by its response - fetched by then) = min(5 - 5, 10 - 10)
     # = 0: it read offsets 1..10, all of them; each batch is wanted when it was written, but never
-    # before the consumer's first fetch (2500): 2 records at 2500, 3 at 2500, 5 at 3000
+    # before the consumer's first fetch (2500): 2 records at 2500, 3 at 2500 (one row: the same
+    # fetch delivered both, in the same millisecond), 5 at 3000
     assert [(r["client_id"], r["ts_ms"], r["records"], r["bytes"]) for r in got] == [
-        ("c", 2500, 2, 800.0), ("c", 2500, 3, 1200.0), ("c", 3000, 5, 2000.0)]
+        ("c", 2500, 5, 2000.0), ("c", 3000, 5, 2000.0)]
     assert all(r["topic"] is None and r["api_key"] == FETCH_API_KEY for r in got)
     # A consumer that started behind: it fetched 4 records by 2600 when 5 existed and 4 more at
     # 3900 when 10 existed: offset = min(5 - 4, 10 - 8) = 1, it read offsets 2..9: one of the
@@ -267,6 +291,17 @@ def test_a_consumers_demand_is_the_data_produced_for_it_when_it_was_produced() -
     again = retime_partition(behind, topics=True).to_pylist()
     assert [(r["ts_ms"], r["records"], r["topic"]) for r in again] == [(1000, 1, "t"), (2000, 3, "t"),
                                                                      (3000, 4, "t")]
+    # A consumer that asked at 500 (nothing there yet) and got all 10 records at 3900 (4000
+    # bytes: 400 per record): offset = min(0 - 0, 10 - 10) = 0, one fetch delivered every batch.
+    # To the millisecond: 2 at 1000, 3 at 2000, 5 at 3000. In steps of 2500 ms: the batches of
+    # 1000 and 2000 (step 0) are one row at the later's time, 2000; 3000 (step 1) its own.
+    late = _pieces([made(1000, 2), made(2000, 3), made(3000, 5),
+                    fetched(500, 900, 0, 0.0), fetched(3800, 3900, 10, 4000.0)])
+    fine = retime_partition(late, topics=False).to_pylist()
+    assert [(r["ts_ms"], r["records"], r["bytes"]) for r in fine] == [(1000, 2, 800.0), (2000, 3, 1200.0),
+                                                                     (3000, 5, 2000.0)]
+    coarse = retime_partition(late, topics=False, resolution_ms=2500).to_pylist()
+    assert [(r["ts_ms"], r["records"], r["bytes"]) for r in coarse] == [(2000, 5, 2000.0), (3000, 5, 2000.0)]
     # a partition no producer wrote in the recording: the fetches as recorded
     alone = retime_partition(_pieces([fetched(2500, 2600, 5, 2000.0)]), topics=False).to_pylist()
     assert [(r["ts_ms"], r["records"], r["bytes"]) for r in alone] == [(2500, 5, 2000.0)]

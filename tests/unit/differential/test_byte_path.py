@@ -22,7 +22,13 @@ from protocol.apis import ApiKey, is_flexible, request_header_version
 from protocol.errors import ProtocolError
 from protocol.headers import RequestHeader
 from tests.unit.differential.impls import PURE, compiled, outcome
-from tests.unit.protocol.kio_support import KIO_EXAMPLES, kio_api_keys, kio_versions, response_payload
+from tests.unit.protocol.kio_support import (
+    KIO_EXAMPLES,
+    kio_api_keys,
+    kio_entities,
+    kio_versions,
+    response_payload,
+)
 
 I32 = struct.Struct(">i")
 SETTINGS = settings(max_examples=100, deadline=None)
@@ -66,6 +72,7 @@ def _drain(splitter: Any) -> list[Any]:
             return out
 
 
+@pytest.mark.both_twins
 @SETTINGS
 @given(frames=payloads, cuts=st.lists(st.integers(min_value=0, max_value=4000), max_size=12),
        kinds=st.lists(st.sampled_from([bytes, bytearray, memoryview]), min_size=1))
@@ -85,6 +92,7 @@ def test_framing_whole_frames_in_any_chunks(frames: list[bytes], cuts: list[int]
     assert [r[1] for r in got_fast if r[1] is not None] == frames  # and both are right
 
 
+@pytest.mark.both_twins
 @SETTINGS
 @given(data=st.binary(max_size=200), max_frame=st.integers(min_value=0, max_value=64),
        cuts=st.lists(st.integers(min_value=0, max_value=200), max_size=6))
@@ -96,6 +104,7 @@ def test_framing_garbage_and_limits(data: bytes, max_frame: int, cuts: list[int]
         assert _drain(fast) == _drain(pure)
 
 
+@pytest.mark.both_twins
 @SETTINGS
 @given(frames=st.lists(st.binary(max_size=100), min_size=1, max_size=6),
        ops=st.lists(st.tuples(st.sampled_from(["pending", "partial", "next", "unread", "feed"]),
@@ -130,6 +139,7 @@ def test_framing_cut_through_and_unread(frames: list[bytes], ops: list[tuple[str
         assert fast.buffered_bytes == pure.buffered_bytes
 
 
+@pytest.mark.both_twins
 def test_framing_errors_match_exactly() -> None:
     for splitter in (PURE.FrameSplitter, compiled().FrameSplitter):
         with pytest.raises(ValueError, match="max_frame_bytes"):
@@ -170,6 +180,7 @@ def request_frames(draw: st.DrawFn) -> bytes:
     return frame if cut is None else frame[:cut]
 
 
+@pytest.mark.both_twins
 @SETTINGS
 @given(frame=request_frames())
 def test_request_headers(frame: bytes) -> None:
@@ -198,6 +209,7 @@ def produce_requests(draw: st.DrawFn) -> tuple[bytes, RequestHeader]:
     return frame, PURE.read_request_header(frame)
 
 
+@pytest.mark.both_twins
 @SETTINGS
 @given(request=produce_requests())
 def test_produce_acks(request: tuple[bytes, RequestHeader]) -> None:
@@ -206,6 +218,7 @@ def test_produce_acks(request: tuple[bytes, RequestHeader]) -> None:
     assert outcome(compiled().read_produce_acks, frame, header) == expected
 
 
+@pytest.mark.both_twins
 def test_produce_acks_of_another_api_is_refused_alike() -> None:
     frame = struct.pack(">hhih", ApiKey.FETCH, 12, 1, -1) + b"\x00" * 20
     header = PURE.read_request_header(frame)
@@ -226,17 +239,19 @@ def _same_patch(payload: bytes, api_key: int, api_version: int, new: int) -> Non
         assert outcome(getattr(fast, name), *args) == outcome(getattr(PURE, name), *args), name
 
 
+@pytest.mark.both_twins
 @pytest.mark.parametrize("api_version", kio_versions(ApiKey.PRODUCE))
 @KIO_EXAMPLES
 @given(data=st.data(), new=throttles)
 def test_produce_responses(api_version: int, data: st.DataObject, new: int) -> None:
-    payload = response_payload(data.draw(st.from_type(load_response_schema(ApiKey.PRODUCE, api_version))))
+    payload = response_payload(data.draw(kio_entities(load_response_schema(ApiKey.PRODUCE, api_version))))
     _same_patch(payload, ApiKey.PRODUCE, api_version, new)
     cut = data.draw(st.integers(min_value=0, max_value=len(payload)))
     _same_patch(payload[:cut], ApiKey.PRODUCE, api_version, new)  # truncated: the same error
     _same_patch(payload + b"\x00", ApiKey.PRODUCE, api_version, new)  # trailing garbage
 
 
+@pytest.mark.both_twins
 @pytest.mark.parametrize("api_version", kio_versions(ApiKey.PRODUCE))
 @given(topics=st.lists(st.tuples(st.binary(min_size=0, max_size=12),
                                  st.lists(st.tuples(st.integers(-1, 2**31 - 1), st.integers(0, 120)),
@@ -264,16 +279,18 @@ def _responses_with_throttle() -> list[tuple[int, int]]:
     return [(k, v) for k in kio_api_keys() for v in kio_versions(k) if k != ApiKey.PRODUCE]
 
 
+@pytest.mark.both_twins
 @pytest.mark.parametrize(("api_key", "api_version"), _responses_with_throttle())
 @settings(max_examples=2, deadline=None, suppress_health_check=KIO_EXAMPLES.suppress_health_check)
 @given(data=st.data(), new=throttles)
 def test_every_other_response(api_key: int, api_version: int, data: st.DataObject, new: int) -> None:
-    payload = response_payload(data.draw(st.from_type(load_response_schema(api_key, api_version))))
+    payload = response_payload(data.draw(kio_entities(load_response_schema(api_key, api_version))))
     _same_patch(payload, api_key, api_version, new)
     cut = data.draw(st.integers(min_value=0, max_value=min(len(payload), 12)))
     _same_patch(payload[:cut], api_key, api_version, new)
 
 
+@pytest.mark.both_twins
 @SETTINGS
 @given(payload=st.binary(max_size=64), api_key=api_keys, api_version=st.integers(-3, 40), new=throttles)
 def test_arbitrary_bytes_and_versions(payload: bytes, api_key: int, api_version: int, new: int) -> None:
@@ -282,6 +299,7 @@ def test_arbitrary_bytes_and_versions(payload: bytes, api_key: int, api_version:
         PURE.read_response_correlation_id, payload)
 
 
+@pytest.mark.both_twins
 def test_patched_response_is_a_new_object_and_the_original_is_untouched() -> None:
     payload = I32.pack(1) + b"\x00" + I32.pack(0) + b"\x00" * 12  # Fetch v12: throttle first
     original = bytes(payload)
@@ -291,6 +309,7 @@ def test_patched_response_is_a_new_object_and_the_original_is_untouched() -> Non
     assert compiled().patch_throttle_time(patched, ApiKey.FETCH, 12, 100) is patched  # no change: same object
 
 
+@pytest.mark.both_twins
 def test_errors_are_protocol_errors_on_both() -> None:
     for impl in (PURE, compiled()):
         with pytest.raises(ProtocolError):
@@ -314,6 +333,7 @@ record_sets = st.one_of(
 )
 
 
+@pytest.mark.both_twins
 @SETTINGS
 @given(data=record_sets, cut=st.integers(0, 400), start=st.integers(-2, 5))
 def test_count_records(data: bytes, cut: int, start: int) -> None:
@@ -357,6 +377,7 @@ def fetch_responses(draw: st.DrawFn) -> tuple[bytes, int]:
     return payload, version
 
 
+@pytest.mark.both_twins
 @SETTINGS
 @given(response=fetch_responses())
 def test_fetch_response_walk(response: tuple[bytes, int]) -> None:
@@ -367,17 +388,19 @@ def test_fetch_response_walk(response: tuple[bytes, int]) -> None:
     assert outcome(compiled().fetch_response_partitions, payload, version) == expected
 
 
+@pytest.mark.both_twins
 @pytest.mark.parametrize("api_version", kio_versions(ApiKey.FETCH))
 @KIO_EXAMPLES
 @given(data=st.data())
 def test_fetch_responses_kio_builds(api_version: int, data: st.DataObject) -> None:
     from protocol import records
 
-    payload = response_payload(data.draw(st.from_type(load_response_schema(ApiKey.FETCH, api_version))))
+    payload = response_payload(data.draw(kio_entities(load_response_schema(ApiKey.FETCH, api_version))))
     expected = outcome(records.fetch_response_partitions, payload, api_version)
     assert outcome(compiled().fetch_response_partitions, payload, api_version) == expected
 
 
+@pytest.mark.both_twins
 def test_a_stale_build_is_not_used(monkeypatch: pytest.MonkeyPatch) -> None:
     """A protocol._speedups built from an older .pyx lacks a twin: the selector refuses it whole."""
     import importlib

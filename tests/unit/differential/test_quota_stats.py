@@ -61,6 +61,7 @@ def test_the_selector_uses_the_compiled_twins_unless_told_otherwise() -> None:
         assert manager.SampledRateImpl is impl.SampledRate
 
 
+@pytest.mark.both_twins
 @pytest.mark.parametrize(("pure_env", "expected"), [("1", "pure"), ("yes", "pure"), ("", "compiled")])
 def test_sluice_pure_python_picks_the_reference_stats(pure_env: str, expected: str) -> None:
     compiled()
@@ -87,6 +88,7 @@ rate_ops = st.lists(st.tuples(st.sampled_from(["record", "measure", "parts", "to
                               values), max_size=60)
 
 
+@pytest.mark.both_twins
 @SETTINGS
 @given(config=configs, start=st.integers(-10**12, 10**12), ops=rate_ops)
 def test_sampled_rate_twin_gives_the_same_floats(config: RateConfig, start: int,
@@ -119,6 +121,7 @@ bucket_ops = st.lists(st.tuples(st.booleans(), steps, values,
                       max_size=60)
 
 
+@pytest.mark.both_twins
 @SETTINGS
 @given(start=st.integers(-10**12, 10**12), ops=bucket_ops)
 def test_token_bucket_twin_gives_the_same_floats(start: int,
@@ -213,6 +216,7 @@ def run_manager(model: str, burst_ms: int | None, window: RateConfig, bounds: di
     return seen
 
 
+@pytest.mark.both_twins
 @settings(max_examples=120, deadline=None)
 @given(model=st.sampled_from(["windowed", "token_bucket"]),
        burst_ms=st.one_of(st.none(), st.integers(1, 2_000)),
@@ -230,6 +234,7 @@ def test_the_manager_decides_the_same_on_both_stats(model: str, burst_ms: int | 
     assert got == expected
 
 
+@pytest.mark.both_twins
 def test_the_manager_differential_can_fail() -> None:
     """The comparison sees a difference: a twin that rounds its window differently is caught."""
 

@@ -29,7 +29,7 @@ from protocol import (
     read_throttle_time_ms,
 )
 from protocol.fetch import cap_fetch_max_bytes
-from tests.unit.protocol.kio_support import KIO_EXAMPLES, kio_versions
+from tests.unit.protocol.kio_support import KIO_EXAMPLES, kio_entities, kio_versions
 
 # --- read_fetch_session --------------------------------------------------------------------------
 
@@ -77,7 +77,7 @@ def test_before_v7_there_is_no_session() -> None:
 @KIO_EXAMPLES
 @given(data=st.data())
 def test_session_at_every_kio_version(api_version: int, data: st.DataObject) -> None:
-    body = data.draw(st.from_type(load_request_schema(ApiKey.FETCH, api_version)))
+    body = data.draw(kio_entities(load_request_schema(ApiKey.FETCH, api_version)))
     header_version = 2 if api_version >= 12 else 1
     payload = encode_request(RequestHeader(1, api_version, 5, "consumer", header_version, 0), body)
     session = read_fetch_session(payload, read_request_header(payload))

@@ -17,7 +17,7 @@ from protocol.apis import ApiKey
 from protocol.errors import DecodeError
 from protocol.fetch_tail import PADDING_TAG, FetchTailFinder, _read_tags, fit_tail
 from protocol.rewrite import BrokerAddress, _fetch_top_level_tags_offset
-from tests.unit.protocol.kio_support import KIO_EXAMPLES, response_payload
+from tests.unit.protocol.kio_support import KIO_EXAMPLES, kio_entities, response_payload
 
 CORR = struct.pack(">i", 7)
 TOPIC_ID = bytes(range(16))
@@ -220,7 +220,7 @@ def _tags_offset(payload: bytes, version: int) -> int:
 @given(data=st.data())
 def test_matches_kio_responses_in_any_chunking(version: int, data: st.DataObject) -> None:
     cls = load_response_schema(ApiKey.FETCH, version)
-    body = data.draw(st.from_type(cls))
+    body = data.draw(kio_entities(cls))
     endpoint_cls = typing.get_type_hints(cls)["node_endpoints"].__args__[0]
     endpoints = data.draw(st.lists(st.builds(
         endpoint_cls, node_id=st.integers(0, 5), host=st.text(max_size=40),

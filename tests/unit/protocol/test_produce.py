@@ -18,7 +18,7 @@ from protocol import (
     read_produce_acks,
     read_request_header,
 )
-from tests.unit.protocol.kio_support import KIO_EXAMPLES, kio_versions
+from tests.unit.protocol.kio_support import KIO_EXAMPLES, kio_entities, kio_versions
 
 
 def header_v1(api_version: int) -> bytes:
@@ -72,7 +72,7 @@ def test_v9_compact_transactional_id(transactional_id: bytes, acks: int) -> None
 @KIO_EXAMPLES
 @given(data=st.data())
 def test_every_kio_version(api_version: int, data: st.DataObject) -> None:
-    body = data.draw(st.from_type(load_request_schema(ApiKey.PRODUCE, api_version)))
+    body = data.draw(kio_entities(load_request_schema(ApiKey.PRODUCE, api_version)))
     header_version = 2 if api_version >= 9 else 1
     payload = encode_request(RequestHeader(0, api_version, 5, "client", header_version, 0), body)
     assert read_produce_acks(payload, read_request_header(payload)) == body.acks

@@ -57,7 +57,13 @@ from protocol import (
     topic_ids_from_metadata_response,
 )
 from protocol.records import count_records
-from tests.unit.protocol.kio_support import KIO_EXAMPLES, kio_api_keys, kio_versions, response_payload
+from tests.unit.protocol.kio_support import (
+    KIO_EXAMPLES,
+    kio_api_keys,
+    kio_entities,
+    kio_versions,
+    response_payload,
+)
 
 CORR = struct.pack(">i", 0x01020304)  # correlation_id of every golden response
 NULL_UUID = uuid.UUID(int=0)
@@ -312,7 +318,7 @@ def with_record_sets(
 @KIO_EXAMPLES
 @given(data=st.data())
 def test_produce_request_every_kio_version(api_version: int, data: st.DataObject) -> None:
-    drawn = data.draw(st.from_type(load_request_schema(ApiKey.PRODUCE, api_version)))
+    drawn = data.draw(kio_entities(load_request_schema(ApiKey.PRODUCE, api_version)))
     body, expected = with_record_sets(data, drawn, "topic_data", "partition_data")
     header_version = 2 if api_version >= 9 else 1
     payload = encode_request(RequestHeader(0, api_version, 5, "client", header_version, 0), body)
@@ -407,7 +413,7 @@ def test_produce_response_v1_v2_from_aiokafka(struct_cls: Any, topics: Any) -> N
 @KIO_EXAMPLES
 @given(data=st.data())
 def test_produce_response_errors_every_kio_version(api_version: int, data: st.DataObject) -> None:
-    body = data.draw(st.from_type(load_response_schema(ApiKey.PRODUCE, api_version)))
+    body = data.draw(kio_entities(load_response_schema(ApiKey.PRODUCE, api_version)))
     codes = [int(p.error_code) for t in body.responses for p in t.partition_responses]
     expected = [c for i, c in enumerate(codes) if c and c not in codes[:i]]
     payload = response_payload(body)
@@ -568,7 +574,7 @@ def test_fetch_v16_golden_topic_id_and_node_endpoints() -> None:
 @KIO_EXAMPLES
 @given(data=st.data())
 def test_fetch_response_every_kio_version(api_version: int, data: st.DataObject) -> None:
-    drawn = data.draw(st.from_type(load_response_schema(ApiKey.FETCH, api_version)))
+    drawn = data.draw(kio_entities(load_response_schema(ApiKey.FETCH, api_version)))
     body, expected = with_record_sets(data, drawn, "responses", "partitions")
     payload = response_payload(body)
     by_id = api_version >= 13
@@ -632,7 +638,7 @@ def test_metadata_topic_ids_golden() -> None:
 @KIO_EXAMPLES
 @given(data=st.data())
 def test_metadata_topic_ids_every_kio_version(api_version: int, data: st.DataObject) -> None:
-    body = data.draw(st.from_type(load_response_schema(ApiKey.METADATA, api_version)))
+    body = data.draw(kio_entities(load_response_schema(ApiKey.METADATA, api_version)))
     expected = {
         t.topic_id.bytes: t.name for t in body.topics
         if t.topic_id is not None and t.topic_id != NULL_UUID and t.name is not None}
@@ -666,7 +672,7 @@ def _all_kio_response_versions() -> list[tuple[int, int]]:
 def test_response_error_codes_every_api_kio_knows(
     api_key: int, api_version: int, data: st.DataObject
 ) -> None:
-    body = data.draw(st.from_type(load_response_schema(api_key, api_version)))
+    body = data.draw(kio_entities(load_response_schema(api_key, api_version)))
     payload = response_payload(body)
     if api_key == ApiKey.API_VERSIONS and body.error_code == ErrorCode.unsupported_version:
         assert response_error_codes(payload, api_key, api_version) == [35]

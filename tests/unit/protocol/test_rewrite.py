@@ -39,7 +39,13 @@ from protocol import (
     rewrite_metadata_response,
     rewrite_produce_response_node_endpoints,
 )
-from tests.unit.protocol.kio_support import KIO_EXAMPLES, changed_offsets, kio_versions, response_payload
+from tests.unit.protocol.kio_support import (
+    KIO_EXAMPLES,
+    changed_offsets,
+    kio_entities,
+    kio_versions,
+    response_payload,
+)
 
 CORR = struct.pack(">i", 0x01020304)
 
@@ -122,7 +128,7 @@ def test_metadata_v12_keeps_unknown_tags() -> None:
 @settings(KIO_EXAMPLES, max_examples=6)  # Metadata entities are big: generation dominates
 @given(data=st.data())
 def test_metadata_equals_kio_full_rewrite(api_version: int, data: st.DataObject) -> None:
-    body = data.draw(st.from_type(load_response_schema(ApiKey.METADATA, api_version)))
+    body = data.draw(kio_entities(load_response_schema(ApiKey.METADATA, api_version)))
     payload = response_payload(body)
     new, original = rewrite_metadata_response(payload, api_version, to_proxy)
     assert original == addresses(body.brokers, "node_id")
@@ -198,7 +204,7 @@ def test_find_coordinator_v4_skips_failed_lookups() -> None:
 @KIO_EXAMPLES
 @given(data=st.data())
 def test_find_coordinator_equals_kio_full_rewrite(api_version: int, data: st.DataObject) -> None:
-    body = data.draw(st.from_type(load_response_schema(ApiKey.FIND_COORDINATOR, api_version)))
+    body = data.draw(kio_entities(load_response_schema(ApiKey.FIND_COORDINATOR, api_version)))
     payload = response_payload(body)
     new, original = rewrite_find_coordinator_response(payload, api_version, to_proxy)
     if api_version <= 3:
@@ -218,7 +224,7 @@ def test_find_coordinator_equals_kio_full_rewrite(api_version: int, data: st.Dat
 @KIO_EXAMPLES
 @given(data=st.data())
 def test_describe_cluster_equals_kio_full_rewrite(api_version: int, data: st.DataObject) -> None:
-    body = data.draw(st.from_type(load_response_schema(ApiKey.DESCRIBE_CLUSTER, api_version)))
+    body = data.draw(kio_entities(load_response_schema(ApiKey.DESCRIBE_CLUSTER, api_version)))
     payload = response_payload(body)
     new, original = rewrite_describe_cluster_response(payload, api_version, to_proxy)
     assert original == addresses(body.brokers, "broker_id")
@@ -363,7 +369,7 @@ def test_cap_equals_kio_full_rewrite(
 ) -> None:
     cls = load_response_schema(ApiKey.API_VERSIONS, api_version)
     entry_cls = typing.get_type_hints(cls)["api_keys"].__args__[0]
-    body = data.draw(st.from_type(cls))
+    body = data.draw(kio_entities(cls))
     body = dataclasses.replace(
         body,
         error_code=ErrorCode.none if data.draw(st.booleans()) else body.error_code,
@@ -429,7 +435,7 @@ def test_client_software_before_v3() -> None:
 @KIO_EXAMPLES
 @given(data=st.data())
 def test_client_software_every_kio_version(api_version: int, data: st.DataObject) -> None:
-    body = data.draw(st.from_type(load_request_schema(ApiKey.API_VERSIONS, api_version)))
+    body = data.draw(kio_entities(load_request_schema(ApiKey.API_VERSIONS, api_version)))
     payload = encode_request(RequestHeader(18, api_version, 1, "c", 2, 0), body)
     assert read_api_versions_request_client_software(payload, read_request_header(payload)) == (
         body.client_software_name, body.client_software_version)
@@ -449,7 +455,7 @@ def test_client_software_errors() -> None:
 
 def _with_endpoints(api_key: int, api_version: int, data: st.DataObject) -> Any:
     cls = load_response_schema(api_key, api_version)
-    body = data.draw(st.from_type(cls))
+    body = data.draw(kio_entities(cls))
     endpoint_cls = typing.get_type_hints(cls)["node_endpoints"].__args__[0]
     endpoints = data.draw(st.lists(st.builds(
         endpoint_cls, node_id=st.integers(-1, 5), host=st.text(max_size=140),

@@ -22,7 +22,7 @@ from protocol.share import (
     rewrite_share_acknowledge_response,
     rewrite_share_fetch_response,
 )
-from tests.unit.protocol.kio_support import KIO_EXAMPLES, changed_offsets, response_payload
+from tests.unit.protocol.kio_support import KIO_EXAMPLES, changed_offsets, kio_entities, response_payload
 
 CORR = struct.pack(">i", 7)
 TOPIC_ID = bytes(range(16))
@@ -125,7 +125,7 @@ def test_share_acknowledge_v2_golden() -> None:
 
 def _with_endpoints(api_key: int, api_version: int, data: st.DataObject) -> Any:
     cls = load_response_schema(api_key, api_version)
-    body = data.draw(st.from_type(cls))
+    body = data.draw(kio_entities(cls))
     endpoint_cls = typing.get_type_hints(cls)["node_endpoints"].__args__[0]
     endpoints = data.draw(st.lists(st.builds(
         endpoint_cls, node_id=st.integers(0, 5), host=st.text(max_size=140),
@@ -186,7 +186,7 @@ def test_cap_share_fetch_max_bytes(version: int) -> None:
 @settings(KIO_EXAMPLES, max_examples=10)
 @given(data=st.data())
 def test_cap_share_fetch_equals_kio(version: int, data: st.DataObject) -> None:
-    body = data.draw(st.from_type(load_request_schema(ApiKey.SHARE_FETCH, version)))
+    body = data.draw(kio_entities(load_request_schema(ApiKey.SHARE_FETCH, version)))
     payload = encode_request(RequestHeader(ApiKey.SHARE_FETCH, version, 1, "c", 2, 0), body)
     capped = cap_share_fetch_max_bytes(payload, read_request_header(payload), 1000)
     expected = dataclasses.replace(body, max_bytes=min(body.max_bytes, 1000),

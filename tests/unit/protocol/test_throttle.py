@@ -39,6 +39,7 @@ from tests.unit.protocol.kio_support import (
     KIO_EXAMPLES,
     changed_offsets,
     kio_api_keys,
+    kio_entities,
     kio_versions,
     ms,
     response_payload,
@@ -141,7 +142,7 @@ def test_fetch_prefix_is_enough_to_patch() -> None:
 @KIO_EXAMPLES
 @given(data=st.data(), new=throttles)
 def test_fetch_every_kio_version(api_version: int, data: st.DataObject, new: int) -> None:
-    body = data.draw(st.from_type(load_response_schema(ApiKey.FETCH, api_version)))
+    body = data.draw(kio_entities(load_response_schema(ApiKey.FETCH, api_version)))
     payload = response_payload(body)
     assert throttle_time_offset(payload, ApiKey.FETCH, api_version) == (5 if api_version >= 12 else 4)
     patched = check_patch(payload, ApiKey.FETCH, api_version, ms(body.throttle_time), new)
@@ -244,7 +245,7 @@ def test_produce_v10_trailing_garbage_is_detected() -> None:
 @KIO_EXAMPLES
 @given(data=st.data(), new=throttles)
 def test_produce_every_kio_version(api_version: int, data: st.DataObject, new: int) -> None:
-    body = data.draw(st.from_type(load_response_schema(ApiKey.PRODUCE, api_version)))
+    body = data.draw(kio_entities(load_response_schema(ApiKey.PRODUCE, api_version)))
     payload = response_payload(body)
     body_offset = 5 if api_version >= 9 else 4
     walked = produce_throttle_offset_walk(payload, body_offset, api_version)
@@ -332,7 +333,7 @@ def _all_kio_response_versions() -> list[tuple[int, int]]:
 @given(data=st.data())
 def test_every_api_and_version_kio_knows(api_key: int, api_version: int, data: st.DataObject) -> None:
     cls = load_response_schema(api_key, api_version)
-    body = data.draw(st.from_type(cls))
+    body = data.draw(kio_entities(cls))
     payload = response_payload(body)
     if "throttle_time" not in cls.__dataclass_fields__:
         assert throttle_time_offset(payload, api_key, api_version) is None

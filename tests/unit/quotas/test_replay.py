@@ -14,7 +14,7 @@ import pytest
 
 from quotas import QuotaConfig, QuotaEntry, RateModel
 from quotas.entity import ClientIdentity, QuotaEntity, QuotaKind
-from quotas.replay import Arrival, replay, replay_summary, summarize, unqueued_response_ms
+from quotas.replay import Arrival, replay, replay_summary, service_time_ms, summarize
 
 ALICE = ClientIdentity("alice", "app")
 
@@ -103,16 +103,26 @@ def test_a_produce_delay_starts_when_its_response_is_sent() -> None:
     assert fetch.throttles and fetch == replay(steady(ALICE, 300, 100, 6000), fetch_cfg, QuotaKind.FETCH)
 
 
-def test_a_throttled_produce_waits_for_the_broker_not_for_its_own_queue() -> None:
-    # A pipelining client in an unthrottled recording, (arrival, wait) in ms. Unqueued = arrived
-    # once every earlier request had its response: (0, 5) yes, free at 5; (10, 1000) yes (10 >= 5),
-    # free at 1010; (20, 995) no (20 < 1010), free at 1015; (2000, 7) yes; (3000, 9) yes.
-    # Waits 5, 7, 9, 1000: the median is (7 + 9) / 2 = 8 ms.
-    assert unqueued_response_ms([(0, 5), (10, 1000), (20, 995), (2000, 7), (3000, 9)]) == 8
-    # Three requests queued behind the first for ~4 s: only (0, 5) and (4100, 6) are unqueued
-    # (4100 >= 1 + 4000), median 5.5 -> 6 ms; the median of every wait would be ~4 s, the queue's.
-    assert unqueued_response_ms([(0, 5), (1, 4000), (2, 3999), (3, 3998), (4100, 6)]) == 6
-    assert unqueued_response_ms([]) == 0
+def test_a_throttled_produce_waits_for_the_brokers_service_time_not_for_queues() -> None:
+    # Every produce sent to one broker in an unthrottled recording, (arrival, wait) in ms, of any
+    # client. Idle = arrived once every earlier produce had its response: (0, 5) yes, free at 5;
+    # (10, 30) yes (10 >= 5), free at 40; (20, 995) no (20 < 40), free at 1015; (2000, 7) yes;
+    # (3000, 9) yes. Waits 5, 30, 7, 9: the mean is 51 / 4 = 12.75 -> 13 ms.
+    assert service_time_ms([(0, 5), (10, 30), (20, 995), (2000, 7), (3000, 9)]) == 13
+    # Three produces queued behind the first for ~4 s (a pipelining client's own queue, or a
+    # flooder's requests ahead of another client's): only (0, 5) and (4100, 6) found the broker
+    # idle (4100 >= 1 + 4000), mean 5.5 -> 6 ms (half to even); the mean of every wait would be
+    # ~2.4 s, the queue's.
+    assert service_time_ms([(0, 5), (1, 4000), (2, 3999), (3, 3998), (4100, 6)]) == 6
+    # A bursty client's produces wait >= 362 ms: 4 bursts of 5 sent at once (pipelined: each
+    # waits for the ones before it); only each burst's first found the broker idle. Here the
+    # broker answered that first one in 2 ms; two other clients' 20 produces, alone, in 1 to 3 ms
+    # (7 x 1, 7 x 2, 6 x 3 = 39). Idle waits: 4 x 2 and the 20: (8 + 39) / 24 = 1.96 -> 2 ms,
+    # where the bursty client's own waits average 802 ms.
+    bursty = [(1000 * b + i, 2.0 + 400 * i) for b in range(1, 5) for i in range(5)]
+    others = [(5000 + 100 * k, 1.0 + k % 3) for k in range(20)]
+    assert service_time_ms(bursty + others) == 2
+    assert service_time_ms([]) == 0
 
 
 def test_a_burst_under_the_token_bucket() -> None:
