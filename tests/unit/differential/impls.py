@@ -21,12 +21,16 @@ PURE = SimpleNamespace(
 )
 
 
-def compiled() -> Any:
-    """protocol._speedups; the differential tests fail (never skip) when it was not built."""
-    module = fastpath.COMPILED_MODULE
+def built(module: Any, name: str) -> Any:
+    """A compiled twin's module; the differential tests fail (never skip) when it was not built."""
     if module is None:
-        pytest.fail("protocol._speedups is not built: run `pip install -e .` with a C compiler present")
+        pytest.fail(f"{name} is not built: run `pip install -e .` with a C compiler present")
     return module
+
+
+def compiled() -> Any:
+    """protocol._speedups."""
+    return built(fastpath.COMPILED_MODULE, "protocol._speedups")
 
 
 def outcome(call: Any, *args: Any) -> tuple[str, Any]:

@@ -20,7 +20,7 @@ from protocol.encode import encode_request
 from protocol.errors import ProtocolError
 from protocol.fastpath import read_request_header
 from protocol.headers import RequestHeader
-from tests.unit.differential.impls import outcome
+from tests.unit.differential.impls import built, outcome
 from tests.unit.protocol.kio_support import KIO_EXAMPLES, kio_versions, response_payload
 from tests.unit.protocol.test_records import LEGACY, v2_batch, with_record_sets
 
@@ -28,11 +28,8 @@ SETTINGS = settings(max_examples=60, deadline=None)
 
 
 def compiled() -> Any:
-    """protocol._log_speedups; these tests fail (never skip) when it was not built."""
-    module = log_fastpath.COMPILED_MODULE
-    if module is None:
-        pytest.fail("protocol._log_speedups is not built: run `pip install -e .` with a C compiler present")
-    return module
+    """protocol._log_speedups."""
+    return built(log_fastpath.COMPILED_MODULE, "protocol._log_speedups")
 
 
 def same_parts(payload: bytes, header: RequestHeader) -> Any:

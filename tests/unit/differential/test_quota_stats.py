@@ -27,16 +27,14 @@ from quotas.clock import FakeClock
 from quotas.config import QuotaConfig
 from quotas.entity import ClientIdentity, QuotaKind
 from quotas.stats import RateConfig
+from tests.unit.differential.impls import built
 
 SETTINGS = settings(max_examples=150, deadline=None)
 
 
 def compiled() -> Any:
-    """quotas._speedups; these tests fail (never skip) when it was not built."""
-    module = fastpath.COMPILED_MODULE
-    if module is None:
-        pytest.fail("quotas._speedups is not built: run `pip install -e .` with a C compiler present")
-    return module
+    """quotas._speedups."""
+    return built(fastpath.COMPILED_MODULE, "quotas._speedups")
 
 
 def exact(value: Any) -> Any:

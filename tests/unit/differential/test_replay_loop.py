@@ -22,17 +22,15 @@ from quotas import replay as replay_module
 from quotas.entity import ClientIdentity, QuotaEntity, QuotaKind
 from quotas.replay import sensor_model
 from quotas.replay_loop import SensorModel, replay_sensor, run_loop
+from tests.unit.differential.impls import built
 
 KINDS = (QuotaKind.PRODUCE, QuotaKind.PRODUCER_RECORD_RATE, QuotaKind.REQUEST_RATE, QuotaKind.FETCH)
 CLIENTS = [ClientIdentity("alice", f"app-{i}") for i in range(3)]
 
 
 def compiled() -> Any:
-    """quotas._replay_speedups; the differential tests fail (never skip) when it was not built."""
-    module = replay_module.COMPILED_MODULE
-    if module is None:
-        pytest.fail("quotas._replay_speedups is not built: run `pip install -e .` with a C compiler present")
-    return module
+    """quotas._replay_speedups."""
+    return built(replay_module.COMPILED_MODULE, "quotas._replay_speedups")
 
 
 @st.composite
