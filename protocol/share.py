@@ -35,6 +35,8 @@ from collections.abc import Callable
 from typing import Final
 
 from protocol._wire import (
+    I32,
+    INT32_MAX,
     read_array_len,
     read_i16,
     read_i32,
@@ -167,6 +169,30 @@ def cap_share_fetch_max_bytes(payload: bytes, header: RequestHeader, max_bytes: 
     pos = skip_string(payload, header.body_offset, True, "share_fetch group_id")
     pos = skip_string(payload, pos, True, "share_fetch member_id")
     return cap_min_max_bytes(payload, pos + 8, max_bytes, "share_fetch")  # after epoch, max_wait_ms
+
+
+def cap_share_fetch_max_records(payload: bytes, header: RequestHeader, max_records: int) -> bytes:
+    """The ShareFetch request (v1-v2) with max_records (and batch_size, the broker's preferred
+    acquisition size, never above it) lowered to at most `max_records` (at least 1): what a
+    records quota allows in one fetch. Layout after member_id: share_session_epoch i32,
+    max_wait_ms i32, min_bytes i32, max_bytes i32, max_records i32, batch_size i32. Returns
+    `payload` itself when nothing needs lowering (and for v0, which has no max_records)."""
+    if header.api_key != ApiKey.SHARE_FETCH:
+        raise ValueError(f"not a ShareFetch request: api_key={header.api_key}")
+    _check(ApiKey.SHARE_FETCH, header.api_version, SHARE_FETCH_MAX_VERSION)
+    if header.api_version < 1:
+        return payload
+    pos = skip_string(payload, header.body_offset, True, "share_fetch group_id")
+    pos = skip_string(payload, pos, True, "share_fetch member_id") + 16  # epoch, wait, min, max
+    cap = max(1, min(max_records, INT32_MAX))
+    current = read_i32(payload, pos, "share_fetch max_records")
+    batch = read_i32(payload, pos + 4, "share_fetch batch_size")
+    if current <= cap and batch <= cap:
+        return payload
+    out = bytearray(payload)
+    I32.pack_into(out, pos, min(current, cap))
+    I32.pack_into(out, pos + 4, min(batch, cap))
+    return bytes(out)
 
 
 def _skip_acknowledgements(payload: bytes, pos: int) -> int:

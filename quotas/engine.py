@@ -46,7 +46,7 @@ from quotas.storage import with_base_rate
 
 _MAX_TRACKED_CALLERS = 10_000
 _TOPIC_FETCH_KINDS = frozenset({QuotaKind.FETCH, QuotaKind.CONSUMER_RECORD_RATE, QuotaKind.REQUEST_RATE})
-#: topic kinds that cap a fetch's max_bytes (`QuotaEngine.topic_fetch_cap`)
+#: topic kinds that cap a fetch's max_bytes or max_records (`QuotaEngine.topic_fetch_cap`)
 _TOPIC_CAP_KINDS = frozenset({QuotaKind.FETCH, QuotaKind.CONSUMER_RECORD_RATE})
 
 
@@ -67,12 +67,14 @@ class TopicTally(Protocol):
 class RequestVerdict:
     """What to do with a request: mute the channel for `throttle_ms` now (0: not throttled), and
     for a fetch cap its max_bytes at `fetch_cap_bytes` (None: no cap). `read_whole_response`: the
-    response must be read whole (records or topics are charged from it)."""
+    response must be read whole (records or topics are charged from it). `fetch_cap_records`: for
+    a ShareFetch, the cap on its max_records (None: no cap)."""
 
     decisions: tuple[ThrottleDecision, ...]
     throttle_ms: int
     fetch_cap_bytes: int | None = None
     read_whole_response: bool = False
+    fetch_cap_records: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -190,32 +192,41 @@ class QuotaEngine:
         capped at what the tightest budget allows: the client's own in one window (Kafka's rule,
         KAFKA-9677: ``quota x (samples - 1) x window``), and each of the `topics` it fetches
         (`topic_fetch_cap`; names, as the response side names them), so that no fetch is larger
-        than a topic budget can ever admit."""
+        than a topic budget can ever admit. A ``consumer_record_rate`` (the client's or a fetched
+        topic's) caps a Fetch's bytes at one sample window of records times the last bytes per
+        record, and a ShareFetch's max_records at one sample window of records."""
         decisions: list[ThrottleDecision] = []
         cap = math.inf
+        records_cap = math.inf
+        crr = QuotaKind.CONSUMER_RECORD_RATE
         for manager, kinds in self.for_request(broker_id):
             if QuotaKind.REQUEST_RATE in kinds:
                 decisions.append(manager.record_and_check(QuotaKind.REQUEST_RATE, identity, 1.0))
             if QuotaKind.FETCH in kinds:
                 cap = min(cap, manager.max_value_in_quota_window(QuotaKind.FETCH, identity))
-            if (not share and QuotaKind.CONSUMER_RECORD_RATE in kinds
-                    and (per_record := self._bytes_per_record.get(identity)) is not None):
-                # without it a fetch larger than the window allows would be emptied again and again
-                cap = min(cap, self._one_sample_cap(manager, QuotaKind.CONSUMER_RECORD_RATE, identity)
-                          * per_record)
+            if crr in kinds:
+                if share:
+                    records_cap = min(records_cap, self._one_sample_cap(manager, crr, identity))
+                elif (per_record := self._bytes_per_record.get(identity)) is not None:
+                    # without it a fetch larger than the window allows would be emptied again and again
+                    cap = min(cap, self._one_sample_cap(manager, crr, identity) * per_record)
         if topics and self.topic_kinds & _TOPIC_CAP_KINDS:
             cap = min(cap, self.topic_fetch_cap(broker_id, topics, share=share))
+            if share:
+                records_cap = min(records_cap, self.topic_records_cap(broker_id, topics))
         return RequestVerdict(tuple(decisions), enforced_ms(decisions),
                               None if math.isinf(cap) else int(cap),
-                              read_whole_response=self.needs_fetch_usage)
+                              read_whole_response=self.needs_fetch_usage,
+                              fetch_cap_records=None if math.isinf(records_cap) else max(1, int(records_cap)))
 
     def topic_fetch_cap(self, broker_id: int | None, topics: Collection[str], *,
                         share: bool = False) -> float:
         """The most one fetch of `topics` may ask for by their budgets (`math.inf`: none limits
         it): for each topic with a ``consumer_byte_rate``, one sample window of its bound (under a
         token bucket the bucket's request cap, `QuotaManager.max_value_in_quota_window`); with a
-        ``consumer_record_rate`` (not for ShareFetch, which has its own max_records), one sample
-        window of records times the bytes per record of the topic's last fetched records. The
+        ``consumer_record_rate`` (not for ShareFetch: its max_records is capped instead,
+        `topic_records_cap`), one sample window of records times the bytes per record of the
+        topic's last fetched records. The
         tightest wins, for the whole request (a fetch's max_bytes is one number for every topic
         in it: a free topic fetched beside a held one is fetched in pieces of the held one's cap).
 
@@ -240,6 +251,15 @@ class QuotaEngine:
                 cap = min(cap, self._one_sample_cap(manager, QuotaKind.CONSUMER_RECORD_RATE, who)
                           * per_record)
         return cap
+
+    def topic_records_cap(self, broker_id: int | None, topics: Collection[str]) -> float:
+        """The most records one fetch of `topics` may ask for by their ``consumer_record_rate``
+        budgets: one sample window of the tightest (`math.inf`: none limits it)."""
+        manager = self.for_topics(broker_id)
+        if manager is None or QuotaKind.CONSUMER_RECORD_RATE not in self.topic_kinds:
+            return math.inf
+        return min((self._one_sample_cap(manager, QuotaKind.CONSUMER_RECORD_RATE, topic_identity(t))
+                    for t in topics), default=math.inf)
 
     def request(self, broker_id: int | None, identity: ClientIdentity, *,
                 rated: bool = True) -> RequestVerdict:

@@ -6,8 +6,10 @@ What is recorded, and when:
   prefix, as Kafka's `request.sizeInBytes`), when the request arrives. A throttle mutes the client
   at once; the broker's response then carries the throttle time. acks=0 produces get no response,
   so for them the mute is the whole enforcement.
-- `consumer_byte_rate`: the Fetch response's size, when it comes back from the broker. When the
-  client is throttled (by bytes or requests) the bytes are un-recorded and the client gets an
+- `consumer_byte_rate`: the Fetch response's size, when it comes back from the broker. A Fetch or
+  ShareFetch of a topic with a consumer budget has its max_bytes capped by that budget too (its
+  topics are read from the request, and kept per connection for incremental fetch sessions).
+  When the client is throttled (by bytes or requests) the bytes are un-recorded and the client gets an
   empty response instead (error 0, no records, the broker's fetch session id kept) and fetches the
   same offsets again after the delay: nothing is lost.
 - `consumer_byte_rate` for ShareFetch (KIP-932), as the broker charges it
@@ -18,7 +20,9 @@ What is recorded, and when:
   with their delivery count raised). Sluice delivers them, keeps the bytes recorded, writes the
   throttle time and mutes the channel: the next share fetch waits for the delay, so the rate
   holds, and no record is lost, redelivered or acknowledged twice because Sluice throttled.
-  ShareAcknowledge carries no data: it counts for `request_rate` and `request_percentage`.
+  A `consumer_record_rate` (the client's or a topic's) caps its max_records at one sample window
+  of records, so no response carries far more than the budget admits. ShareAcknowledge carries
+  no data: it counts for `request_rate` and `request_percentage`.
 - `request_rate` (Sluice's own, requests per second): every request but ApiVersions and SASL, when
   it arrives.
 - `request_percentage`: what a proxy can measure of broker time. Kafka meters request-handler
@@ -56,7 +60,7 @@ from protocol.errors import ProtocolError
 from protocol.fastpath import patch_throttle_time
 from protocol.fetch import cap_fetch_max_bytes, empty_fetch_response, fetch_request_topics
 from protocol.headers import RequestHeader, response_body_offset
-from protocol.share import cap_share_fetch_max_bytes, share_fetch_request_topics
+from protocol.share import cap_share_fetch_max_bytes, cap_share_fetch_max_records, share_fetch_request_topics
 from proxy.flow.inflight import InFlight, QuotaNote
 from proxy.flow.pipeline import ConnectionContext, Forward, RequestOutcome, ResponseOutcome, StageBase
 from proxy.stages.topic_usage import TopicNames, TopicUsage, fetch_usage, produce_usage, share_fetch_usage
@@ -123,8 +127,8 @@ class QuotaStage(StageBase):
             topics = self._fetched_topics(ctx, header, payload) if engine.needs_fetch_request_topics else ()
             verdict = engine.fetch_request(ctx.broker_id, identity, share=api_key == ApiKey.SHARE_FETCH,
                                            topics=topics)
-            if verdict.fetch_cap_bytes is not None:
-                forward = _cap_fetch(header, payload, verdict.fetch_cap_bytes)
+            if verdict.fetch_cap_bytes is not None or verdict.fetch_cap_records is not None:
+                forward = _cap_fetch(header, payload, verdict)
             entry.whole_response = verdict.read_whole_response
         else:
             verdict = engine.request(ctx.broker_id, identity, rated=api_key not in _NOT_REQUEST_RATED)
@@ -253,13 +257,18 @@ class QuotaStage(StageBase):
                 self._observer.on_violation(ctx, d)
 
 
-def _cap_fetch(header: RequestHeader, payload: bytes, cap_bytes: int) -> bytes | None:
-    """KAFKA-9677: the request's max_bytes capped at `cap_bytes`; None if it asks for no more."""
+def _cap_fetch(header: RequestHeader, payload: bytes, verdict: RequestVerdict) -> bytes | None:
+    """KAFKA-9677: the request's max_bytes capped at the verdict's `fetch_cap_bytes` (and a
+    ShareFetch's max_records at its `fetch_cap_records`); None if it asks for no more."""
+    capped = payload
     try:
         if header.api_key == ApiKey.SHARE_FETCH:  # as the broker caps a share fetch
-            capped = cap_share_fetch_max_bytes(payload, header, cap_bytes)
-        else:
-            capped = cap_fetch_max_bytes(payload, header, cap_bytes)
+            if verdict.fetch_cap_bytes is not None:
+                capped = cap_share_fetch_max_bytes(capped, header, verdict.fetch_cap_bytes)
+            if verdict.fetch_cap_records is not None:
+                capped = cap_share_fetch_max_records(capped, header, verdict.fetch_cap_records)
+        elif verdict.fetch_cap_bytes is not None:
+            capped = cap_fetch_max_bytes(payload, header, verdict.fetch_cap_bytes)
     except ProtocolError as exc:
         log.warning("cannot cap %s v%d max_bytes: %s", api_name(header.api_key), header.api_version, exc)
         return None

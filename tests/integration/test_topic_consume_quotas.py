@@ -7,9 +7,9 @@ and real clients.
   floor and a ceiling derived below, and gets every record once, in order; the same client id
   draining a second prefilled topic with no entry is not held (its span is a fraction of T's
   floor), so the budget is the topic's, not the client's.
-* ShareFetch: a librdkafka share consumer of a topic with a bytes/s entry accepts every record
-  exactly once, within the same floor and ceiling, and Sluice exports throttled requests for that
-  topic's sensor.
+* ShareFetch: a librdkafka share consumer of a topic with a bytes/s or a records/s entry accepts
+  every record exactly once, within the same floor and ceiling, and Sluice exports throttled
+  requests for that topic's sensor.
 
 * The Java consumer (ConsumerPerformance, default fetch sizes) fetches in incremental sessions
   (KIP-227): it is held within the same floor and ceiling and gets every record.
@@ -205,24 +205,34 @@ def test_a_topic_consume_quota_holds_that_topic_not_the_client(kafka: KafkaClust
         sluice.stop()
 
 
-def test_a_share_consumer_is_held_by_a_topic_byte_quota_and_accepts_every_record_once(
-        kafka: KafkaCluster, tmp_path: Path) -> None:
-    quota = 64 * KiB
-    total = 9000
-    value_bytes = 100
+# ShareFetch cases: (quota, records, value bytes). As for Fetch: bytes: ~1 MB at 64 KiB/s, burst
+# 320 KiB: floor ~7.2 s; records: 9,000 at 1,000/s, burst 5,000: floor ~3.0 s. The span is taken
+# from the first poll that saw an accepted record to the one that saw the last, so it is short of
+# the true span by at most one poll interval and the first poll's batch (<= 100 records, inside
+# the tolerances).
+SHARE_CASES = {"consumer_byte_rate": (64 * KiB, 9000, 100), "consumer_record_rate": (1000, 9000, 50)}
+
+
+@pytest.mark.parametrize("unit", list(SHARE_CASES))
+def test_a_share_consumer_is_held_by_a_topic_consume_quota_and_accepts_every_record_once(
+        kafka: KafkaCluster, tmp_path: Path, unit: str) -> None:
+    quota, total, value_bytes = SHARE_CASES[unit]
     topic = create_topic(kafka.bootstrap, unique_name("tc-share"))
     prefill(kafka.bootstrap, topic, total, value_bytes, 8 * KiB)
-    # as for Fetch: ~900 KB at 64 KiB/s, burst 320 KiB: floor ~7.2 s, ~8.7 s expected. The span is
-    # taken from the first poll that saw an accepted record to the one that saw the last, so it is
-    # short of the true span by at most one poll interval and the first poll's batch (<= 100
-    # records = 10 KB, inside the tolerances).
-    floor_s = (total * value_bytes - 1.1 * BURST_WINDOWS_S * quota) / (1.15 * quota)
+    units = total * value_bytes if unit == "consumer_byte_rate" else total
+    floor_s = (units - 1.1 * BURST_WINDOWS_S * quota) / (1.15 * quota)
     # the ceiling of a Fetch consumer's drain holds for a share consumer too: its fetches are capped
-    # alike and throttled by the same sensor and formula, and a throttled one is delivered, not
-    # emptied (so at most the cut batch is lost, never a whole response)
-    ceiling_s = drain_ceiling_s(log_bytes(kafka.bootstrap, topic), quota, quota * WINDOW_S,
-                                8 * KiB + value_bytes + 11, WINDOW_S + 2 * WINDOW_S)
-    sluice, port = start_sluice(kafka, tmp_path, [{"topic": topic, "consumer_byte_rate": quota}])
+    # alike (max_bytes, or max_records for records) and throttled by the same sensor and formula,
+    # and a throttled one is delivered, not emptied (so at most a cut batch is lost, never a whole
+    # response; a share fetch's records are whole batches)
+    if unit == "consumer_byte_rate":
+        ceiling_s = drain_ceiling_s(log_bytes(kafka.bootstrap, topic), quota, quota * WINDOW_S,
+                                    8 * KiB + value_bytes + 11, WINDOW_S + 2 * WINDOW_S)
+    else:  # max_records is a hint: a share fetch is only sure to bring one (full) batch
+        per_batch = (8 * KiB - 61) // (value_bytes + 11)
+        ceiling_s = drain_ceiling_s(total, quota, quota * WINDOW_S, quota * WINDOW_S - per_batch,
+                                    WINDOW_S + 2 * WINDOW_S)
+    sluice, port = start_sluice(kafka, tmp_path, [{"topic": topic, unit: quota}])
     group = unique_name("tc-sg")
     member: ConfluentShareMember | None = None
     first: list[float] = []
@@ -245,7 +255,7 @@ def test_a_share_consumer_is_held_by_a_topic_byte_quota_and_accepts_every_record
         assert member.failure is None, member.failure
         values = [int(d.value[:8]) for d in member.log.accepted]
         assert sorted(values) == list(range(total)), f"{len(values)} accepted, {len(set(values))} distinct"
-        print(f"share consumer: {total} records in {span_s:.1f} s (floor {floor_s:.1f} s, "
+        print(f"share consumer, {unit}={quota}: {total} records in {span_s:.1f} s (floor {floor_s:.1f} s, "
               f"ceiling {ceiling_s:.1f} s)")
         assert floor_s <= span_s <= ceiling_s, \
             f"{total} records accepted in {span_s:.1f} s, floor {floor_s:.1f} s, ceiling {ceiling_s:.1f} s"

@@ -5,6 +5,7 @@ every version kio has, with random bodies."""
 from __future__ import annotations
 
 import struct
+from dataclasses import replace
 from typing import Any
 
 import pytest
@@ -17,11 +18,12 @@ from protocol import (
     DecodeError,
     RequestHeader,
     UnsupportedVersion,
+    decode_request_body,
     encode_request,
     read_request_header,
 )
 from protocol.fetch import FetchRequestTopics, TopicPartitions, fetch_request_topics
-from protocol.share import share_fetch_request_topics
+from protocol.share import cap_share_fetch_max_records, share_fetch_request_topics
 from tests.unit.protocol.kio_support import kio_entities, kio_versions
 
 
@@ -94,6 +96,21 @@ def test_share_fetch_topics_at_every_kio_version(api_version: int, data: st.Data
     assert got.session_epoch == body.share_session_epoch
     assert got.topics == _expected(body.topics, True, "", "partition_index")
     assert got.forgotten == _expected(body.forgotten_topics_data, True, "", None)
+
+
+@pytest.mark.parametrize("api_version", kio_versions(ApiKey.SHARE_FETCH))
+@given(data=st.data(), cap=st.integers(-5, 2**31 - 1))
+def test_share_fetch_max_records_is_capped_with_batch_size_and_nothing_else(
+        api_version: int, data: st.DataObject, cap: int) -> None:
+    body = data.draw(kio_entities(load_request_schema(ApiKey.SHARE_FETCH, api_version)))
+    payload = encode_request(RequestHeader(ApiKey.SHARE_FETCH, api_version, 5, "consumer", 2, 0), body)
+    capped = cap_share_fetch_max_records(payload, read_request_header(payload), cap)
+    out = decode_request_body(capped, read_request_header(capped))
+    most = max(1, cap)
+    assert out.max_records == min(body.max_records, most) and out.batch_size == min(body.batch_size, most)
+    assert replace(out, max_records=body.max_records, batch_size=body.batch_size) == body
+    if body.max_records <= most and body.batch_size <= most:
+        assert capped is payload
 
 
 def test_share_fetch_v0_is_not_read() -> None:

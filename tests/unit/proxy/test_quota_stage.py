@@ -314,22 +314,37 @@ def test_an_incremental_fetch_session_stays_capped_by_the_topics_it_fetches() ->
     assert capped_to(stage, fetch_request(12, {}, epoch=5)) is None
 
 
-def test_a_share_fetch_of_a_topic_with_a_budget_is_capped_by_it() -> None:
-    stage = _topic_stage(FakeClock(0))
-    stage.topic_names.add({T_ID: "t"})
+def share_fetch(max_records: int = 500) -> tuple[RequestHeader, bytes]:
     body = sf.ShareFetchRequest(group_id="g", member_id="m", share_session_epoch=0,
                                 max_wait=dt.timedelta(milliseconds=500), min_bytes=1, max_bytes=52_428_800,
-                                max_records=500, batch_size=500, topics=(sf.FetchTopic(
+                                max_records=max_records, batch_size=max_records, topics=(sf.FetchTopic(
                                     topic_id=uuid.UUID(bytes=T_ID), partitions=(sf.FetchPartition(
                                         partition_index=0, acknowledgement_batches=()),)),),
                                 forgotten_topics_data=())
     payload = encode_request(RequestHeader(ApiKey.SHARE_FETCH, 1, 9, "app", 2, 0), body)
-    header = read_request_header(payload)
+    return read_request_header(payload), payload
+
+
+def forwarded_share_limits(stage: QuotaStage) -> tuple[int, int, int]:
+    """(max_bytes, max_records, batch_size) of the ShareFetch the stage forwards."""
+    header, payload = share_fetch()
     entry = InFlight(9, ApiKey.SHARE_FETCH, 1, "app", len(payload), 0)
     outcome = stage.on_request(CTX, entry, header, payload)
     assert isinstance(outcome, Forward) and outcome.payload is not None
-    # group_id "g" and member_id "m" (compact: 2 bytes each), share_session_epoch, max_wait_ms, min, max
-    assert struct.unpack_from(">i", outcome.payload, header.body_offset + 4 + 12)[0] == 1000
+    # group_id "g" and member_id "m" (compact: 2 bytes each), share_session_epoch, max_wait_ms, min
+    at = header.body_offset + 4 + 12
+    return struct.unpack_from(">iii", outcome.payload, at)
+
+
+def test_a_share_fetch_of_a_topic_with_a_budget_is_capped_by_it() -> None:
+    stage = _topic_stage(FakeClock(0))
+    stage.topic_names.add({T_ID: "t"})
+    assert forwarded_share_limits(stage) == (1000, 500, 500)  # bytes: 1 000 B/s x one 1 s sample
+    # a records budget caps max_records and batch_size: 40 records/s x one 1 s sample = 40
+    config = QuotaConfig.from_dict({"entries": [{"topic": "t", "consumer_record_rate": 40}]})
+    records = QuotaStage(QuotaEngine(config, FakeClock(0)))
+    records.topic_names.add({T_ID: "t"})
+    assert forwarded_share_limits(records) == (52_428_800, 40, 40)
 
 
 def test_a_fetch_whose_topics_cannot_be_read_is_forwarded_uncapped_with_a_warning(

@@ -402,8 +402,19 @@ def test_a_topic_record_rate_caps_a_fetch_by_the_topic_bytes_per_record() -> Non
     # records cap: min(100/s x 10 s, one sample window: 100/s x 1 s) = 100 records x 100 B = 10 000 B
     assert e.fetch_request(1, APP, topics=("t",)).fetch_cap_bytes == 10_000
     assert e.fetch_request(1, APP, topics=("u",)).fetch_cap_bytes is None  # u has no budget
-    # ShareFetch has max_records of its own: its bytes are not capped by records
-    assert e.fetch_request(1, APP, topics=("t",), share=True).fetch_cap_bytes is None
+    # ShareFetch has max_records of its own: that is capped, at one sample window of t's records
+    # (100/s x 1 s = 100), and its bytes are not capped by records
+    share = e.fetch_request(1, APP, topics=("t",), share=True)
+    assert (share.fetch_cap_bytes, share.fetch_cap_records) == (None, 100)
+    assert e.fetch_request(1, APP, topics=("t",)).fetch_cap_records is None  # a Fetch has no max_records
+    assert e.fetch_request(1, APP, topics=("u",), share=True).fetch_cap_records is None
+
+
+def test_a_client_record_rate_caps_a_share_fetch_max_records() -> None:
+    # the client's consumer_record_rate: min(50/s x 10 s, one sample window: 50/s x 1 s) = 50
+    e = engine([{"client_id": "app", "consumer_record_rate": 50}, {"topic": "t", "consumer_record_rate": 30}])
+    assert e.fetch_request(1, APP, share=True).fetch_cap_records == 50
+    assert e.fetch_request(1, APP, share=True, topics=("t",)).fetch_cap_records == 30  # t's is tighter
 
 
 def _drain(entry: dict[str, object], ask_bytes: int, seconds: int, rtt_ms: int = 5) -> int:
