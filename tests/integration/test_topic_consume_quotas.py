@@ -59,10 +59,13 @@ def start_sluice(kafka: KafkaCluster, tmp_path: Path,
 
 
 def prefill(bootstrap: str, topic: str, total: int, value_bytes: int, batch_bytes: int) -> None:
-    """`total` records `{i:08d}` + padding to `value_bytes`, written straight to the broker."""
+    """`total` records `{i:08d}` + padding to `value_bytes`, written straight to the broker once
+    each and in order (an idempotent producer: a retried batch under load can neither duplicate
+    nor reorder records, which the drains' exactly-once-in-order check would blame on Sluice)."""
     from confluent_kafka import Producer
 
-    producer = Producer({"bootstrap.servers": bootstrap, "linger.ms": 20, "batch.size": batch_bytes})
+    producer = Producer({"bootstrap.servers": bootstrap, "linger.ms": 20, "batch.size": batch_bytes,
+                         "enable.idempotence": True})
     pad = b"x" * (value_bytes - 8)
     for i in range(total):
         while True:
@@ -81,7 +84,11 @@ def drain_span(bootstrap: str, topic: str, total: int, client_id: str,
     keep: list[bytes] = []
     timeline = load.confluent_drain(bootstrap, topic, 90, client_id=client_id, group=unique_name("g"),
                                     config=config, expect=total, keep=keep)
-    assert [int(v[:8]) for v in keep] == list(range(total)), f"{len(keep)} of {total} records"
+    got = [int(v[:8]) for v in keep]
+    if got != list(range(total)):
+        first = next((i for i, (a, b) in enumerate(zip(got, range(total), strict=False)) if a != b), len(got))
+        raise AssertionError(f"{len(got)} of {total} records, {len(set(got))} distinct; the first out of "
+                             f"place at {first}: {got[max(0, first - 3):first + 3]}")
     times = [t for t, _ in timeline.events]
     return max(times) - min(times)
 
