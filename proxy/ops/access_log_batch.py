@@ -5,10 +5,10 @@ small dictionaries for what repeats: a connection's strings (address, principal,
 broker), client ids, the matched quota, topics and error-code sets are each stored once per batch and
 referred to by index. `LogBatch.add` derives one row from the request's in-flight entry:
 
-* Produce: the partitions the request carried, walked when it arrived (`produce_parts`, kept in
-  `InFlight.log_parts`, so no payload is kept); the response's error codes and the broker's
-  throttle_time_ms from one walk of the broker's response (`InFlight.broker_response`, which the
-  pipeline keeps anyway until the response has been sent);
+* Produce: the partitions the request carried, walked when it arrived (`InFlight.produce_parts`, the
+  one walk the quota stage reads too, kept in `InFlight.parts`, so no payload is kept); the
+  response's error codes and the broker's throttle_time_ms from one walk of the broker's response
+  (`InFlight.broker_response`, which the pipeline keeps anyway until the response has been sent);
 * Fetch: partitions and error codes from the compiled Fetch walk of a whole response of at most
   `RESPONSE_WALK_MAX_BYTES`; a streamed (or larger) one gives only the throttle time of its head;
 * ApiVersions: its one error code, read in place;
@@ -36,8 +36,7 @@ from protocol import fastpath
 from protocol._wire import I16, I32
 from protocol.apis import ApiKey
 from protocol.errors import ProtocolError
-from protocol.headers import RequestHeader
-from protocol.log_fastpath import produce_log_parts, produce_log_summary
+from protocol.log_fastpath import produce_log_summary
 from proxy.flow.inflight import InFlight
 from proxy.flow.pipeline import ConnectionContext
 from quotas.entity import QuotaEntity
@@ -69,12 +68,6 @@ Deferred = tuple[int, int, int, bytes]
 """(row, api_key, api_version, response) of a response whose error codes the writer reads."""
 
 _ENTITY_TEXT_MAX: Final = 10_000
-
-
-def produce_parts(payload: bytes, header: RequestHeader) -> Parts | None:
-    """The partitions of a Produce request, for its record; None when its layout cannot be read
-    (the record then has no topics). Compiled when `protocol._log_speedups` is built."""
-    return produce_log_parts(payload, header)
 
 
 def _throttle(payload: bytes, api_key: int, api_version: int) -> int:
@@ -185,7 +178,7 @@ class LogBatch:
         throttle = NULL_INT
         defer: bytes | None = None
         if api_key == ApiKey.PRODUCE:
-            parts = entry.log_parts  # type: ignore[assignment]
+            parts = entry.parts
             if whole:
                 assert response is not None
                 read = False

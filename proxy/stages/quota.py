@@ -105,7 +105,8 @@ class QuotaStage(StageBase):
         if api_key == ApiKey.PRODUCE:
             usage: TopicUsage | None = None
             if engine.needs_produce_usage:
-                usage = produce_usage(payload, header, self.topic_names, ctx.send_own)
+                usage = produce_usage(entry.produce_parts(payload, header), payload, header,
+                                      self.topic_names, ctx.send_own)
             verdict = engine.produce(ctx.broker_id, identity, len(payload), usage)
         elif api_key == ApiKey.FETCH or api_key == ApiKey.SHARE_FETCH:
             verdict = engine.fetch_request(ctx.broker_id, identity, share=api_key == ApiKey.SHARE_FETCH)

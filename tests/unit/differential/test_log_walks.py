@@ -1,7 +1,9 @@
 """The access log's Produce walks: the compiled twin (`protocol._log_speedups`) and the readable
 reference (`protocol.log_walks`) give the same answers, or raise the same errors, on the same
 bytes: kio-built requests and responses of every version, the common shape built by hand (what
-the compiled walk reads in C), truncated and padded frames, and random bytes."""
+the compiled walk reads in C), truncated and padded frames, and random bytes. The topic and records
+quotas read the same request walk (`InFlight.produce_parts`): the per-topic usage made from either
+twin's answer equals the one made from the reference `records.produce_request_partitions`."""
 
 from __future__ import annotations
 
@@ -20,6 +22,8 @@ from protocol.encode import encode_request
 from protocol.errors import ProtocolError
 from protocol.fastpath import read_request_header
 from protocol.headers import RequestHeader
+from protocol.records import produce_request_partitions
+from proxy.stages.topic_usage import TopicNames, TopicUsage, _usage, produce_usage
 from tests.unit.differential.impls import built, outcome
 from tests.unit.protocol.kio_support import KIO_EXAMPLES, kio_versions, response_payload
 from tests.unit.protocol.test_records import LEGACY, v2_batch, with_record_sets
@@ -35,7 +39,27 @@ def compiled() -> Any:
 def same_parts(payload: bytes, header: RequestHeader) -> Any:
     fast = outcome(compiled().produce_log_parts, payload, header)
     assert fast == outcome(log_walks.produce_log_parts, payload, header)
+    same_usage(payload, header)
     return fast
+
+
+def reference_usage(payload: bytes, header: RequestHeader) -> TopicUsage | None:
+    """The topic and records usage from the reference walk, as the quota stage made it before the
+    access log's walk served both."""
+    try:
+        return _usage(produce_request_partitions(payload, header), TopicNames(), None)
+    except (ProtocolError, ValueError):
+        return None
+
+
+def same_usage(payload: bytes, header: RequestHeader) -> None:
+    expected = reference_usage(payload, header)
+    for walk in (compiled().produce_log_parts, log_walks.produce_log_parts):
+        try:
+            parts = walk(payload, header)
+        except (ProtocolError, ValueError):  # a header that is not a Produce one: never charged
+            continue
+        assert produce_usage(parts, payload, header, TopicNames()) == expected
 
 
 def same_summary(payload: bytes, api_version: int) -> Any:
@@ -151,3 +175,4 @@ def test_a_skewed_copy_is_caught() -> None:
     assert parts == (("t", None, 0, 3, 64),)
     skewed = tuple((t, i, p, r + 1, b) for t, i, p, r, b in parts)
     assert skewed != log_walks.produce_log_parts(payload, header)
+    assert produce_usage(skewed, payload, header, TopicNames()) != reference_usage(payload, header)
