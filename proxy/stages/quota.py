@@ -115,7 +115,11 @@ class QuotaStage(StageBase):
             entry.whole_response = verdict.read_whole_response
         else:
             verdict = engine.request(ctx.broker_id, identity, rated=api_key not in _NOT_REQUEST_RATED)
-        self._observe(ctx, verdict.decisions)
+        observer = self._observer
+        if observer is not None:  # `_observe`, inline: every request passes here
+            for d in verdict.decisions:
+                if d.would_throttle_ms > 0:
+                    observer.on_violation(ctx, d)
         enforced = verdict.throttle_ms
         if api_key == ApiKey.PRODUCE and entry.expects_response:
             # KIP-219: the broker records a produce in its response callback and its delay starts
