@@ -448,3 +448,52 @@ def fetch_response_partitions(payload, api_version):
     if pos + 1 != n or p[pos] != 0:  # the response's tags, then exactly the end
         return _pure_fetch_response_partitions(payload, api_version)
     return top_error, out
+
+
+# --- the per-request counters of /metrics (protocol.counters) -----------------------------------
+
+
+cdef class RequestCounters:
+    """`protocol.counters.RequestCounters` over C integers: API keys 0-127 in fixed arrays (every
+    key Kafka has), any other key in a dictionary as the reference keeps them all."""
+
+    cdef long long _requests[N_KEYS]
+    cdef long long _request_bytes[N_KEYS]
+    cdef long long _response_bytes[N_KEYS]
+    cdef dict _others
+
+    def __cinit__(self):
+        cdef int k
+        for k in range(N_KEYS):
+            self._requests[k] = 0
+            self._request_bytes[k] = 0
+            self._response_bytes[k] = 0
+        self._others = {}
+
+    def on_complete(self, ctx, entry, sent_ms):
+        key = entry.api_key
+        request_bytes = entry.request_bytes
+        response_bytes = entry.response_bytes
+        cdef int k
+        if type(key) is int and 0 <= key < N_KEYS:
+            k = key
+            self._requests[k] += 1
+            self._request_bytes[k] += request_bytes
+            self._response_bytes[k] += response_bytes
+            return
+        counts = self._others.get(key)
+        if counts is None:
+            counts = self._others[key] = [0, 0, 0]
+        counts[0] += 1
+        counts[1] += request_bytes
+        counts[2] += response_bytes
+
+    def snapshot(self):
+        cdef int k
+        out = {}
+        for k in range(N_KEYS):
+            if self._requests[k]:
+                out[k] = (self._requests[k], self._request_bytes[k], self._response_bytes[k])
+        for key, c in self._others.items():
+            out[key] = (c[0], c[1], c[2])
+        return out
