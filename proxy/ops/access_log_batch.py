@@ -82,21 +82,11 @@ def _throttle(payload: bytes, api_key: int, api_version: int) -> int:
         return NULL_INT
 
 
-def _matched(decisions: list[ThrottleDecision]) -> ThrottleDecision | None:
-    """The decision that explains the request best: the largest throttle, else any with a quota."""
-    best: ThrottleDecision | None = None
-    for d in decisions:
-        if d.entity is None or d.bound is None:
-            continue
-        if best is None or d.would_throttle_ms > best.would_throttle_ms:
-            best = d
-    return best
-
-
 class LogBatch:
     """The columns of up to a batch's worth of records (see the module's docstring)."""
 
     __slots__ = (
+        "_by_decision",
         "_client_ids",
         "_conns",
         "_entity_text",
@@ -154,6 +144,9 @@ class LogBatch:
         self._conns: dict[Conn, int] = {}
         self._client_ids: dict[str | None, int] = {}
         self._quotas: dict[Quota, int] = {}
+        # id(decision) -> (the decision, its quota index): the engine's compiled common case
+        # hands every not-throttled request of a caller the same decision objects
+        self._by_decision: dict[int, tuple[ThrottleDecision, int]] = {}
         self._topics: dict[str | bytes, int] = {}
         self._error_sets: dict[tuple[int, ...], int] = {(): 0}
         self._entity_text = {} if entity_text is None else entity_text  # shared by a writer's batches
@@ -233,9 +226,18 @@ class LogBatch:
         enforced = 0
         if note is not None:
             enforced = note.enforced_ms
-            matched = _matched(note.decisions)
+            matched: ThrottleDecision | None = None  # `_matched`, inline: every record passes here
+            for d in note.decisions:
+                if d.entity is not None and d.bound is not None and (
+                        matched is None or d.would_throttle_ms > matched.would_throttle_ms):
+                    matched = d
             if matched is not None:
-                quota = self._quota_index(matched)
+                known = self._by_decision.get(id(matched))
+                if known is not None and known[0] is matched:
+                    quota = known[1]
+                else:
+                    quota = self._quota_index(matched)
+                    self._by_decision[id(matched)] = (matched, quota)
                 if matched.shadow:
                     would = matched.would_throttle_ms
         error_sets = self._error_sets
