@@ -40,7 +40,8 @@ from quotas.cluster import ClusterView
 from quotas.config import QuotaConfig
 from quotas.connection_limits import UNLIMITED_CONNECTION, ConnectionVerdict, IpConnectionRates
 from quotas.entity import ClientIdentity, QuotaEntity, QuotaKind, SensorKey
-from quotas.manager import QuotaManager, ThrottleDecision
+from quotas.fastpath import QuickCharge, QuickChargeImpl
+from quotas.manager import SENSOR_SWEEP_INTERVAL_MS, QuotaManager, ThrottleDecision
 from quotas.plugins import Plugins
 from quotas.storage import with_base_rate
 
@@ -174,6 +175,10 @@ class QuotaEngine:
         self._bytes_per_record: dict[ClientIdentity, float] = {}
         # and per topic, for a topic consumer_record_rate (`topic_fetch_cap`); bounded
         self._topic_bytes_per_record: dict[str, float] = {}
+        # produce and other requests in one compiled call while nothing throttles (quotas.fastpath)
+        self._quick: QuickCharge | None = None if QuickChargeImpl is None else QuickChargeImpl(
+            self, ThrottleDecision, RequestVerdict, NOT_LIMITED_REQUEST, QuotaKind.REQUEST_RATE,
+            QuotaKind.PRODUCE, self.plugins.scope == "cluster", SENSOR_SWEEP_INTERVAL_MS)
 
     # ------------------------------------------------------------------ verbs
 
@@ -182,6 +187,10 @@ class QuotaEngine:
         """A Produce request of `size_bytes` (header + body, Kafka's ``request.sizeInBytes``):
         ``request_rate`` 1, ``producer_byte_rate`` its size, ``producer_record_rate`` its records,
         and each topic's bytes, records and the request on the topic budgets."""
+        if usage is None and self._quick is not None:
+            verdict = self._quick.produce(broker_id, identity, size_bytes)
+            if verdict is not None:
+                return verdict
         decisions = self._charge(broker_id, identity, size_bytes, usage, QuotaKind.PRODUCE,
                                  QuotaKind.PRODUCER_RECORD_RATE, count_request=True)
         return RequestVerdict(tuple(decisions), enforced_ms(decisions))
@@ -266,6 +275,10 @@ class QuotaEngine:
         """Any other request: ``request_rate`` 1 unless it is not `rated` (ApiVersions, SASL)."""
         if not rated or QuotaKind.REQUEST_RATE not in self.active_kinds:
             return NOT_LIMITED_REQUEST
+        if self._quick is not None:
+            verdict = self._quick.request(broker_id, identity)
+            if verdict is not None:
+                return verdict
         decisions = [manager.record_and_check(QuotaKind.REQUEST_RATE, identity, 1.0)
                      for manager, kinds in self.for_request(broker_id)
                      if QuotaKind.REQUEST_RATE in kinds]

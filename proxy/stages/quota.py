@@ -96,7 +96,8 @@ class QuotaStage(StageBase):
         if api_key == ApiKey.PRODUCE:
             usage: TopicUsage | None = None
             if engine.needs_produce_usage:
-                usage = produce_usage(payload, header, self.topic_names, ctx.send_own)
+                usage = produce_usage(entry.produce_parts(payload, header), payload, header,
+                                      self.topic_names, ctx.send_own)
             verdict = engine.produce(ctx.broker_id, identity, len(payload), usage)
         elif api_key == ApiKey.FETCH or api_key == ApiKey.SHARE_FETCH:
             topics = self._fetched_topics(ctx, header, payload) if engine.needs_fetch_request_topics else ()
@@ -107,7 +108,11 @@ class QuotaStage(StageBase):
             entry.whole_response = verdict.read_whole_response
         else:
             verdict = engine.request(ctx.broker_id, identity, rated=api_key not in _NOT_REQUEST_RATED)
-        self._observe(ctx, verdict.decisions)
+        observer = self._observer
+        if observer is not None:  # `_observe`, inline: every request passes here
+            for d in verdict.decisions:
+                if d.would_throttle_ms > 0:
+                    observer.on_violation(ctx, d)
         enforced = verdict.throttle_ms
         if api_key == ApiKey.PRODUCE and entry.expects_response:
             # KIP-219: the broker records a produce in its response callback and its delay starts
