@@ -82,11 +82,11 @@ muted would be admitted at its 150 KiB/s demand, 3x.
 Throttled seconds are whole seconds of ~22: a boundary second more or less is 4.5 %, also within.
 Seen on the 2-core machine shared with three other sessions' tests, 5 runs of this version: 3
 with a `yes` hog on one core (loads 30 to 39, 14 to 21, 13 to 22), one beside `make demo` (13 to
-19), one with nothing of mine beside it (9 to 10): worst errors 2.2 % on throttle totals, 3.5 % on an admitted rate, 4.6 %
-on client bytes, 5 % (1 of 20 to 22) on throttled seconds; the flooder's long-run rate +5.2 to
-+7.9 % over its quota. With one-record requests of 4 KiB batches at linger 5 ms, at a load of
-13 to 41 with a hog: -9.4 % on the bursty producer's throttle total, and one run 1 (load ~30)
-that recorded the flooder 2.1 s behind its pace.
+19), one with nothing of mine beside it (9 to 10): worst errors 2.2 % on throttle totals, 3.5 %
+on an admitted rate, 4.6 % on client bytes, 5 % (1 of 20 to 22) on throttled seconds; the
+flooder's long-run rate +5.2 to +7.9 % over its quota. With one-record requests of 4 KiB batches
+at linger 5 ms, at a load of 13 to 41 with a hog: -9.4 % on the bursty producer's throttle
+total, and one run 1 (load ~30) that recorded the flooder 2.1 s behind its pace.
 """
 
 from __future__ import annotations
