@@ -1,6 +1,7 @@
 """Builds the compiled data plane (protocol/_speedups.pyx, and the access log's walks in
 protocol/_log_speedups.pyx), the quota stats (quotas/_speedups.pyx) and the replay's loop
-(quotas/_replay_speedups.pyx), with Cython, when it can.
+(quotas/_replay_speedups.pyx), with Cython, when it can. The two byte-path modules cimport the
+inline helpers of protocol/_walk.pxd (a change there rebuilds both).
 
 Everything else is in pyproject.toml. The extension is optional: without a C compiler (or without
 Cython) `pip install` still succeeds, says so clearly, and Sluice runs its pure-Python data plane,

@@ -26,7 +26,7 @@ forwarder's in the same run. This is the issue-12 measure with the broker taken 
   3 per pair, which is the raw row's count).
 
 **The access log's own paths**, in this process, over the pairs' in-flight entries (best of
-``--repeats``, CPU per record): the loop's capture (`produce_parts` and `LogBatch.add`), the
+``--repeats``, CPU per record): the loop's capture (`InFlight.produce_parts` and `LogBatch.add`), the
 feeder's message of each 1,000-record batch, and the writer's Arrow record batch and Parquet file
 (`to_record_batch`, `RecordFiles.write_batch`).
 
@@ -404,7 +404,7 @@ def measure_writer_paths(n: int, repeats: int, tmp: Path) -> dict[str, float]:
     from proxy.flow.inflight import InFlight
     from proxy.flow.pipeline import ConnectionContext
     from proxy.ops.access_log_arrow import to_record_batch
-    from proxy.ops.access_log_batch import LogBatch, produce_parts
+    from proxy.ops.access_log_batch import LogBatch
     from proxy.ops.access_log_files import RecordFiles
 
     ctx = ConnectionContext(1, "127.0.0.1:50000", "bootstrap", 1)
@@ -422,7 +422,8 @@ def measure_writer_paths(n: int, repeats: int, tmp: Path) -> dict[str, float]:
     def capture() -> None:
         batch = LogBatch()
         for k, (entry, header, request) in enumerate(pairs):
-            entry.log_parts = produce_parts(request, header)
+            entry.parts_walked = False
+            entry.produce_parts(request, header)
             batch.add(ctx, entry, 1_767_225_600_000 + k, 1 << 20)
             if len(batch) == per_batch:
                 batch = LogBatch()

@@ -2,71 +2,151 @@
 """Compiled twins of the access log's Produce walks (Cython). The readable reference is
 `protocol.log_walks`; `protocol.log_fastpath` picks the implementation.
 
-As in `protocol._speedups`: the common, well-formed flexible case (Produce v9-v13 with one-byte
-array and string lengths, record sets under 2 MiB, empty tag sections, no record errors or error
-messages) is read in C; anything else, and any doubt, is handed to the reference, which then
-answers or raises exactly as it always did (tests/unit/differential/test_log_walks.py).
+As in `protocol._speedups`: the common, well-formed cases are read in C: the flexible versions
+(Produce v9-v13 with one-byte array and string lengths, record sets under 2 MiB, empty tag
+sections, no record errors or error messages) and the older ones (requests v3-v8, responses v1-v8:
+no null names or record sets, no record errors); anything else, and any doubt, is handed to the
+reference, which then answers or raises exactly as it always did
+(tests/unit/differential/test_log_walks.py).
 
 No I/O, no asyncio: this is part of the sans-IO `protocol` package.
 """
 
 from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_GET_SIZE
-from libc.stdint cimport int16_t, int32_t, uint8_t, uint16_t, uint32_t
+from libc.stdint cimport int16_t, int32_t, uint8_t
 
+from protocol._walk cimport count_records, read_compact_length, read_i16, read_i32, read_topic_id, read_topic_name
 from protocol import log_walks as _log_walks
 
 cdef object _pure_produce_log_parts = _log_walks.produce_log_parts
 cdef object _pure_produce_log_summary = _log_walks.produce_log_summary
 
-DEF BATCH_HEADER_BYTES = 61
-DEF LOG_OVERHEAD = 12
-DEF MAGIC_OFFSET = 16
-DEF MAGIC_V2 = 2
 DEF MAX_CODES = 32
 
 
-cdef inline int32_t _i32(const uint8_t* p) noexcept nogil:
-    return <int32_t>((<uint32_t>p[0] << 24) | (<uint32_t>p[1] << 16) | (<uint32_t>p[2] << 8) | <uint32_t>p[3])
+cdef object _NOT_READ = object()  # a legacy walk's "not the usual shape": the reference decides
 
 
-cdef inline int16_t _i16(const uint8_t* p) noexcept nogil:
-    return <int16_t>((<uint16_t>p[0] << 8) | <uint16_t>p[1])
+cdef inline bint _note_code(int16_t* codes, int* found, int16_t code) noexcept:
+    """Add a non-zero error code to the distinct ones found; False when there are too many."""
+    cdef int k
+    if code == 0:
+        return True
+    for k in range(found[0]):
+        if codes[k] == code:
+            return True
+    if found[0] == MAX_CODES:
+        return False
+    codes[found[0]] = code
+    found[0] += 1
+    return True
 
 
-cdef long long _count_records(const uint8_t* buf, Py_ssize_t start, Py_ssize_t end) noexcept nogil:
-    """`records.count_records` in C: the total, or -1 where the reference answers None."""
-    cdef long long total = 0
-    cdef Py_ssize_t pos = start
-    cdef int32_t batch_length, count
-    while pos < end:
-        if end - pos < BATCH_HEADER_BYTES:
-            if end - pos > MAGIC_OFFSET and buf[pos + MAGIC_OFFSET] != MAGIC_V2:
-                return -1
-            return total
-        batch_length = _i32(buf + pos + 8)
-        count = _i32(buf + pos + 57)
-        if buf[pos + MAGIC_OFFSET] != MAGIC_V2 or batch_length < BATCH_HEADER_BYTES - LOG_OVERHEAD or count < 0:
-            return -1
-        pos += LOG_OVERHEAD + batch_length
-        if pos > end:
-            return total
-        total += count
-    return total
+cdef object _legacy_parts(bytes payload, const uint8_t* p, Py_ssize_t n, Py_ssize_t pos):
+    """Produce v3-v8 requests (int16 string and int32 array and bytes lengths, no tags), from the
+    transactional_id at `pos`; `_NOT_READ` for a null or negative length, or a layout that does
+    not end exactly at the end of the payload."""
+    cdef int32_t n_topics, n_parts, t, i, length
+    cdef Py_ssize_t start, end
+    if pos < 0 or pos + 2 > n:
+        return _NOT_READ
+    length = read_i16(p + pos)  # transactional_id: -1 = null
+    if length < -1:
+        return _NOT_READ
+    pos += 2 + (length if length > 0 else 0) + 6  # the id, acks, timeout_ms
+    if pos + 4 > n:
+        return _NOT_READ
+    n_topics = read_i32(p + pos)
+    pos += 4
+    if n_topics < 0:
+        return _NOT_READ
+    out = []
+    for t in range(n_topics):
+        if pos + 2 > n:
+            return _NOT_READ
+        length = read_i16(p + pos)
+        end = pos + 2 + length
+        if length < 0 or end + 4 > n:
+            return _NOT_READ
+        topic = payload[pos + 2 : end].decode("utf-8", "replace")
+        n_parts = read_i32(p + end)
+        pos = end + 4
+        if n_parts < 0:
+            return _NOT_READ
+        for i in range(n_parts):
+            if pos + 8 > n:
+                return _NOT_READ
+            index = read_i32(p + pos)
+            length = read_i32(p + pos + 4)
+            start = pos + 8
+            end = start + length
+            if length < 0 or end > n:
+                return _NOT_READ
+            out.append((topic, None, index, count_records(p, start, end), length))
+            pos = end
+    if pos != n:
+        return _NOT_READ
+    return tuple(out)
+
+
+cdef object _legacy_summary(const uint8_t* p, Py_ssize_t n, int api_version):
+    """Produce v1-v8 responses (response header v0); `_NOT_READ` for a null or negative length,
+    too many distinct error codes, or a layout that does not end exactly at the end."""
+    cdef Py_ssize_t fixed = 14 + (8 if api_version >= 2 else 0) + (8 if api_version >= 5 else 0)
+    cdef Py_ssize_t pos = 4
+    cdef int32_t n_topics, n_parts, t, i, length
+    cdef int k, found = 0
+    cdef int16_t codes[MAX_CODES]
+    if n < 8:
+        return _NOT_READ
+    n_topics = read_i32(p + pos)
+    pos += 4
+    if n_topics < 0:
+        return _NOT_READ
+    for t in range(n_topics):
+        if pos + 2 > n:
+            return _NOT_READ
+        length = read_i16(p + pos)
+        pos += 2 + length
+        if length < 0 or pos + 4 > n:
+            return _NOT_READ
+        n_parts = read_i32(p + pos)
+        pos += 4
+        if n_parts < 0:
+            return _NOT_READ
+        for i in range(n_parts):
+            # index, error_code, base_offset, log_append_time_ms (v2+), log_start_offset (v5+)
+            if pos + fixed > n or not _note_code(codes, &found, read_i16(p + pos + 4)):
+                return _NOT_READ
+            pos += fixed
+            if api_version >= 8:  # record_errors (empty), error_message (null or a string)
+                if pos + 6 > n or read_i32(p + pos) != 0:
+                    return _NOT_READ
+                length = read_i16(p + pos + 4)
+                pos += 6 + (length if length > 0 else 0)
+                if length < -1:
+                    return _NOT_READ
+    if pos + 4 != n:
+        return _NOT_READ
+    return tuple(sorted([codes[k] for k in range(found)])), read_i32(p + pos)
 
 
 def produce_log_parts(payload, header):
-    """`log_walks.produce_log_parts` for Produce v9-v13 requests in their usual shape."""
+    """`log_walks.produce_log_parts` for Produce v3-v13 requests in their usual shape."""
     if type(payload) is not bytes or header.api_key != 0:
         return _pure_produce_log_parts(payload, header)
     version = header.api_version
     body = header.body_offset
-    if type(version) is not int or not 9 <= version <= 13 or type(body) is not int:
+    if type(version) is not int or not 3 <= version <= 13 or type(body) is not int:
         return _pure_produce_log_parts(payload, header)
     cdef const uint8_t* p = <const uint8_t*>PyBytes_AS_STRING(payload)
     cdef Py_ssize_t n = PyBytes_GET_SIZE(payload)
+    if version <= 8:
+        legacy = _legacy_parts(payload, p, n, body)
+        return _pure_produce_log_parts(payload, header) if legacy is _NOT_READ else legacy
     cdef bint by_id = version >= 13
-    cdef Py_ssize_t pos = body, start, end
-    cdef int n_topics, n_parts, t, i, length_plus_one
+    cdef Py_ssize_t pos = body, start, end, length
+    cdef int n_topics, n_parts, t, i
     if pos < 0 or pos >= n or p[pos] >= 0x80:  # transactional_id: a one-byte length (or null)
         return _pure_produce_log_parts(payload, header)
     pos += 1 + (p[pos] - 1 if p[pos] else 0) + 6  # the id, acks, timeout_ms
@@ -77,20 +157,15 @@ def produce_log_parts(payload, header):
     out = []
     for t in range(n_topics):
         if by_id:
-            if pos + 16 > n:
-                return _pure_produce_log_parts(payload, header)
             topic = None
-            topic_id = payload[pos : pos + 16]
-            pos += 16
+            topic_id = read_topic_id(payload, n, &pos)
+            if topic_id is None:
+                return _pure_produce_log_parts(payload, header)
         else:
-            if pos >= n or p[pos] >= 0x80 or p[pos] == 0:  # a null name: the reference says what it means
-                return _pure_produce_log_parts(payload, header)
-            end = pos + p[pos]
-            if end > n:
-                return _pure_produce_log_parts(payload, header)
-            topic = payload[pos + 1 : end].decode("utf-8", "replace")
             topic_id = None
-            pos = end
+            topic = read_topic_name(payload, p, n, &pos)
+            if topic is None:  # a null name, or not the usual shape: the reference says what it means
+                return _pure_produce_log_parts(payload, header)
         if pos >= n or p[pos] >= 0x80 or p[pos] == 0:
             return _pure_produce_log_parts(payload, header)
         n_parts = p[pos] - 1
@@ -98,24 +173,16 @@ def produce_log_parts(payload, header):
         for i in range(n_parts):
             if pos + 4 + 3 > n:
                 return _pure_produce_log_parts(payload, header)
-            index = _i32(p + pos)
+            index = read_i32(p + pos)
             pos += 4
-            if p[pos] < 0x80:
-                length_plus_one = p[pos]
-                pos += 1
-            elif p[pos + 1] < 0x80:
-                length_plus_one = (p[pos] & 0x7F) | (p[pos + 1] << 7)
-                pos += 2
-            elif p[pos + 2] < 0x80:
-                length_plus_one = (p[pos] & 0x7F) | ((p[pos + 1] & 0x7F) << 7) | (p[pos + 2] << 14)
-                pos += 3
-            else:
+            length = read_compact_length(p, &pos)
+            if length < 0:
                 return _pure_produce_log_parts(payload, header)
             start = pos
-            end = pos + (length_plus_one - 1 if length_plus_one else 0)
+            end = pos + length
             if end >= n or p[end] != 0:  # past the payload, or partition tags that are not empty
                 return _pure_produce_log_parts(payload, header)
-            out.append((topic, topic_id, index, _count_records(p, start, end), end - start))
+            out.append((topic, topic_id, index, count_records(p, start, end), end - start))
             pos = end + 1
         if pos >= n or p[pos] != 0:  # topic tags
             return _pure_produce_log_parts(payload, header)
@@ -126,11 +193,14 @@ def produce_log_parts(payload, header):
 
 
 def produce_log_summary(payload, api_version):
-    """`log_walks.produce_log_summary` for Produce v9-v13 responses in their usual shape."""
-    if type(payload) is not bytes or type(api_version) is not int or not 9 <= api_version <= 13:
+    """`log_walks.produce_log_summary` for Produce v1-v13 responses in their usual shape."""
+    if type(payload) is not bytes or type(api_version) is not int or not 1 <= api_version <= 13:
         return _pure_produce_log_summary(payload, api_version)
     cdef const uint8_t* p = <const uint8_t*>PyBytes_AS_STRING(payload)
     cdef Py_ssize_t n = PyBytes_GET_SIZE(payload)
+    if api_version <= 8:
+        legacy = _legacy_summary(p, n, api_version)
+        return _pure_produce_log_summary(payload, api_version) if legacy is _NOT_READ else legacy
     cdef bint by_id = api_version >= 13
     cdef Py_ssize_t pos = 5
     cdef int n_topics, n_parts, t, i, k, found = 0
@@ -156,7 +226,7 @@ def produce_log_summary(payload, api_version):
             # errors, a null error message and no tags
             if pos + 33 > n or p[pos + 30] != 1 or p[pos + 31] != 0 or p[pos + 32] != 0:
                 return _pure_produce_log_summary(payload, api_version)
-            code = _i16(p + pos + 4)
+            code = read_i16(p + pos + 4)
             if code != 0:
                 for k in range(found):
                     if codes[k] == code:
@@ -172,4 +242,4 @@ def produce_log_summary(payload, api_version):
         pos += 1
     if pos + 5 != n or p[pos + 4] != 0:  # throttle_time_ms, the response's tags, then the end
         return _pure_produce_log_summary(payload, api_version)
-    return tuple(sorted([codes[k] for k in range(found)])), _i32(p + pos)
+    return tuple(sorted([codes[k] for k in range(found)])), read_i32(p + pos)

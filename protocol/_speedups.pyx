@@ -15,6 +15,11 @@ from cpython.bytearray cimport PyByteArray_AS_STRING, PyByteArray_GET_SIZE
 from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_FromStringAndSize, PyBytes_GET_SIZE
 from libc.stdint cimport int16_t, int32_t, uint8_t, uint16_t, uint32_t
 
+from protocol._walk cimport count_records as _walk_count_records
+from protocol._walk cimport read_compact_length, read_topic_id, read_topic_name
+from protocol._walk cimport read_i16 as _i16
+from protocol._walk cimport read_i32 as _i32
+
 from protocol import framing as _framing
 from protocol import headers as _headers
 from protocol import produce as _produce
@@ -63,14 +68,6 @@ DEF PRODUCE = 0
 DEF FETCH = 1
 DEF CONTROLLED_SHUTDOWN = 7
 DEF API_VERSIONS = 18
-
-
-cdef inline int32_t _i32(const uint8_t* p) noexcept nogil:
-    return <int32_t>((<uint32_t>p[0] << 24) | (<uint32_t>p[1] << 16) | (<uint32_t>p[2] << 8) | <uint32_t>p[3])
-
-
-cdef inline int16_t _i16(const uint8_t* p) noexcept nogil:
-    return <int16_t>((<uint16_t>p[0] << 8) | <uint16_t>p[1])
 
 
 cdef inline bint _flexible(int api_key, int api_version) noexcept nogil:
@@ -374,31 +371,10 @@ from protocol import records as _records
 cdef object _pure_fetch_response_partitions = _records.fetch_response_partitions
 cdef object _traffic = _records._traffic
 
-DEF BATCH_HEADER_BYTES = 61
-DEF LOG_OVERHEAD = 12
-DEF MAGIC_OFFSET = 16
-DEF MAGIC_V2 = 2
-
-
 cdef object _count_records(const uint8_t* buf, Py_ssize_t start, Py_ssize_t end):
     """`records.count_records` in C (same answers: a total, or None for a legacy or impossible batch)."""
-    cdef long long total = 0
-    cdef Py_ssize_t pos = start
-    cdef int32_t batch_length, count
-    while pos < end:
-        if end - pos < BATCH_HEADER_BYTES:
-            if end - pos > MAGIC_OFFSET and buf[pos + MAGIC_OFFSET] != MAGIC_V2:
-                return None
-            return total
-        batch_length = _i32(buf + pos + 8)
-        count = _i32(buf + pos + 57)
-        if buf[pos + MAGIC_OFFSET] != MAGIC_V2 or batch_length < BATCH_HEADER_BYTES - LOG_OVERHEAD or count < 0:
-            return None
-        pos += LOG_OVERHEAD + batch_length
-        if pos > end:
-            return total
-        total += count
-    return total
+    cdef long long total = _walk_count_records(buf, start, end)
+    return None if total < 0 else total
 
 
 def count_records(buf, Py_ssize_t start, Py_ssize_t end):
@@ -416,8 +392,8 @@ def fetch_response_partitions(payload, api_version):
     cdef const uint8_t* p = <const uint8_t*>PyBytes_AS_STRING(payload)
     cdef Py_ssize_t n = PyBytes_GET_SIZE(payload)
     cdef bint by_id = api_version >= 13
-    cdef Py_ssize_t pos = 5, start, end
-    cdef int n_topics, n_parts, t, i, length_plus_one
+    cdef Py_ssize_t pos = 5, start, end, length
+    cdef int n_topics, n_parts, t, i
     cdef int min_topic = (16 if by_id else 1) + 2
     cdef int min_partition = 30 + 4 + 3
     if n < 16 or p[4] != 0:
@@ -433,20 +409,15 @@ def fetch_response_partitions(payload, api_version):
     out = []
     for t in range(n_topics):
         if by_id:
-            if pos + 16 > n:
-                return _pure_fetch_response_partitions(payload, api_version)
             topic = None
-            topic_id = payload[pos : pos + 16]
-            pos += 16
+            topic_id = read_topic_id(payload, n, &pos)
+            if topic_id is None:
+                return _pure_fetch_response_partitions(payload, api_version)
         else:
-            if pos >= n or p[pos] >= 0x80 or p[pos] == 0:  # a null name: the reference says what it means
-                return _pure_fetch_response_partitions(payload, api_version)
-            end = pos + p[pos]
-            if end > n:
-                return _pure_fetch_response_partitions(payload, api_version)
-            topic = payload[pos + 1 : end].decode("utf-8", "replace")
             topic_id = None
-            pos = end
+            topic = read_topic_name(payload, p, n, &pos)
+            if topic is None:  # a null name, or not the usual shape: the reference says what it means
+                return _pure_fetch_response_partitions(payload, api_version)
         if pos >= n or p[pos] >= 0x80:
             return _pure_fetch_response_partitions(payload, api_version)
         n_parts = p[pos] - 1
@@ -461,19 +432,11 @@ def fetch_response_partitions(payload, api_version):
             index = _i32(p + pos)
             error_code = _i16(p + pos + 4)
             pos += 35
-            if p[pos] < 0x80:
-                length_plus_one = p[pos]
-                pos += 1
-            elif p[pos + 1] < 0x80:
-                length_plus_one = (p[pos] & 0x7F) | (p[pos + 1] << 7)
-                pos += 2
-            elif p[pos + 2] < 0x80:
-                length_plus_one = (p[pos] & 0x7F) | ((p[pos + 1] & 0x7F) << 7) | (p[pos + 2] << 14)
-                pos += 3
-            else:
+            length = read_compact_length(p, &pos)
+            if length < 0:
                 return _pure_fetch_response_partitions(payload, api_version)
             start = pos
-            end = pos + (length_plus_one - 1 if length_plus_one else 0)
+            end = pos + length
             if end >= n or p[end] != 0:  # past the payload, or partition tags that are not empty
                 return _pure_fetch_response_partitions(payload, api_version)
             records = _count_records(p, start, end) if end > start else 0
@@ -485,3 +448,52 @@ def fetch_response_partitions(payload, api_version):
     if pos + 1 != n or p[pos] != 0:  # the response's tags, then exactly the end
         return _pure_fetch_response_partitions(payload, api_version)
     return top_error, out
+
+
+# --- the per-request counters of /metrics (protocol.counters) -----------------------------------
+
+
+cdef class RequestCounters:
+    """`protocol.counters.RequestCounters` over C integers: API keys 0-127 in fixed arrays (every
+    key Kafka has), any other key in a dictionary as the reference keeps them all."""
+
+    cdef long long _requests[N_KEYS]
+    cdef long long _request_bytes[N_KEYS]
+    cdef long long _response_bytes[N_KEYS]
+    cdef dict _others
+
+    def __cinit__(self):
+        cdef int k
+        for k in range(N_KEYS):
+            self._requests[k] = 0
+            self._request_bytes[k] = 0
+            self._response_bytes[k] = 0
+        self._others = {}
+
+    def on_complete(self, ctx, entry, sent_ms):
+        key = entry.api_key
+        request_bytes = entry.request_bytes
+        response_bytes = entry.response_bytes
+        cdef int k
+        if type(key) is int and 0 <= key < N_KEYS:
+            k = key
+            self._requests[k] += 1
+            self._request_bytes[k] += request_bytes
+            self._response_bytes[k] += response_bytes
+            return
+        counts = self._others.get(key)
+        if counts is None:
+            counts = self._others[key] = [0, 0, 0]
+        counts[0] += 1
+        counts[1] += request_bytes
+        counts[2] += response_bytes
+
+    def snapshot(self):
+        cdef int k
+        out = {}
+        for k in range(N_KEYS):
+            if self._requests[k]:
+                out[k] = (self._requests[k], self._request_bytes[k], self._response_bytes[k])
+        for key, c in self._others.items():
+            out[key] = (c[0], c[1], c[2])
+        return out

@@ -5,7 +5,8 @@ id, the throttle_time_ms patch, and the Fetch response walk with its record coun
 implementations with one contract:
 
 * the pure-Python reference: `protocol.framing`, `protocol.headers`, `protocol.produce`,
-  `protocol.throttle`, `protocol.records` (what a reader reads first, and the fallback);
+  `protocol.throttle`, `protocol.records`, and the per-request counters of /metrics,
+  `protocol.counters` (what a reader reads first, and the fallback);
 * its compiled twin, `protocol._speedups` (Cython), which handles the common, well-formed case in C
   and hands everything else to the reference, so both answer and raise alike (tests/unit/differential).
 
@@ -20,14 +21,14 @@ from collections.abc import Callable
 from typing import Final, cast
 
 from contracts.compiled import PURE_PYTHON_ENV, choose
-from protocol import framing, headers, produce, records, throttle
+from protocol import counters, framing, headers, produce, records, throttle
 from protocol.headers import RequestHeader
 
 __all__ = ["PURE_PYTHON_ENV"]  # re-exported: the switch's name, for the config's list of known variables
 
 _TWINS: Final = ("FrameSplitter", "read_request_header", "read_response_correlation_id", "read_produce_acks",
                   "throttle_time_offset", "plan_throttle_patch", "patch_throttle_time",
-                  "fetch_response_partitions", "count_records")
+                  "fetch_response_partitions", "count_records", "RequestCounters")
 
 
 _CHOICE: Final = choose("protocol._speedups", _TWINS)
@@ -64,3 +65,6 @@ fetch_response_partitions: Final = cast(
 count_records: Final = cast(Callable[[bytes, int, int], int | None],
                             records.count_records if _impl is None else _impl.count_records)
 
+# the per-request counters of /metrics (`protocol.counters`): C integers, no Python frame per request
+RequestCounters: Final = cast(type[counters.RequestCounters],
+                              counters.RequestCounters if _impl is None else _impl.RequestCounters)

@@ -8,6 +8,7 @@ import dataclasses
 import logging
 import os
 from collections.abc import Awaitable, Callable, Mapping, Sequence
+from typing import cast
 
 from prometheus_client import CollectorRegistry
 
@@ -157,7 +158,7 @@ class ProxyServer:
             stages.append(AccessLogStage(self.access_log, self.clock))
         stages += [QuotaAdminStage(self.quota_service, config.admins),
                    QuotaStage(self.quotas, self._decision_observer(), self.topic_names),
-                   *self._extra_stages, self.metrics]
+                   *self._extra_stages, cast(Stage, self.metrics.requests)]  # /metrics' counters
         if config.connections_endpoint.enabled:
             stages.append(ConnectionStatsStage())
             self.inventory = ConnectionInventory(lambda: self.connections, self.clock, self.worker_index,

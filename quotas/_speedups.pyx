@@ -209,3 +209,211 @@ cdef class SystemClock:
         cdef timespec ts
         clock_gettime(CLOCK_MONOTONIC, &ts)
         return <long long>ts.tv_sec * 1000 + <long long>ts.tv_nsec // 1000000
+
+
+# --- the engine's common case: record and decide in one call (QuotaEngine.produce / request) -----
+
+DEF SWEEP_INTERVAL_MS = 30000  # quotas.manager.SENSOR_SWEEP_INTERVAL_MS (checked in QuickCharge.__init__)
+DEF MAX_ENTRIES = 10000
+
+
+cdef class _Slot:
+    """One budget a caller's request is recorded on: its sensor (`quotas.manager._Sensor`) and the
+    not-throttled decision made for it, with the limit it was made under."""
+
+    cdef object kind
+    cdef object sensor
+    cdef object decision       # ThrottleDecision(kind, key, 0, nan, bound, shadow, entity)
+    cdef object bound
+    cdef object shadow
+    cdef object entity
+
+
+cdef class _Entry:
+    """A caller's cached lookups in one manager: valid while the manager's bindings epoch lasts."""
+
+    cdef object identity
+    cdef object manager
+    cdef object kinds          # the engine's active_kinds they were read under
+    cdef long long epoch
+    cdef _Slot first           # request_rate, or the bytes kind when request_rate is not recorded
+    cdef _Slot second          # the bytes kind after request_rate, or None
+    cdef object verdict        # RequestVerdict of the slots' decisions, throttle 0 ...
+    cdef object verdict_first  # ... made of these two
+    cdef object verdict_second
+
+
+cdef class QuickCharge:
+    """`QuotaEngine.produce` (without per-topic usage) and `QuotaEngine.request` in one compiled
+    call for the common case: the caller's budgets are in one manager (no ``cluster_entries`` or
+    ``broker_bps``), already bound, with no callback that polls or observes, and nothing throttles.
+
+    Per budget, in the engine's order and with one clock read each (as `record_and_check`): the
+    windowed rate (and the token bucket) records in C; a decision that is not a throttle is the
+    slot's preallocated one (`observed` NaN: the rate is not carried; metrics read the sensors);
+    anything else (a sweep due, a cached lookup gone stale, a sensor that owes the fleet, a rate
+    over its bound or a bucket in debt) goes to the manager's own Python for that budget, with the
+    same clock reading, so every decision, throttle and sensor is the reference's bit for bit
+    (tests/unit/differential/test_quick_charge.py). Returns None, having recorded nothing, when the
+    request is not the common case; the engine then runs its Python verbs."""
+
+    cdef object _engine
+    cdef object _decision_type
+    cdef object _verdict_type
+    cdef object _empty
+    cdef object _request_rate
+    cdef object _produce
+    cdef bint _cluster_scope
+    cdef dict _produce_entries
+    cdef dict _request_entries
+
+    def __init__(self, engine, decision_type, verdict_type, empty_verdict, request_rate, produce,
+                 cluster_scope, sweep_interval_ms):
+        if sweep_interval_ms != SWEEP_INTERVAL_MS:
+            raise ValueError(f"QuickCharge assumes a sweep every {SWEEP_INTERVAL_MS} ms, not {sweep_interval_ms}")
+        self._engine = engine
+        self._decision_type = decision_type
+        self._verdict_type = verdict_type
+        self._empty = empty_verdict
+        self._request_rate = request_rate
+        self._produce = produce
+        self._cluster_scope = cluster_scope
+        self._produce_entries = {}
+        self._request_entries = {}
+
+    def produce(self, broker_id, identity, size_bytes):
+        """`QuotaEngine.produce(broker_id, identity, size_bytes, None)`, or None (nothing done)."""
+        return self._charge(self._produce_entries, broker_id, identity, True, self._produce,
+                            <double>size_bytes)
+
+    def request(self, broker_id, identity):
+        """`QuotaEngine.request(broker_id, identity)` of a rated request, or None (nothing done)."""
+        return self._charge(self._request_entries, broker_id, identity, True, None, 0.0)
+
+    cdef object _charge(self, dict entries, object broker_id, object identity, bint count_request,
+                        object bytes_kind, double value):
+        engine = self._engine
+        if engine.cluster_wide is not None or engine._broker_bps is not None:
+            return None
+        manager = engine._managers.get(None if self._cluster_scope else broker_id)
+        if manager is None:
+            return None
+        kinds = engine.active_kinds
+        cdef _Entry entry = entries.get(id(identity))
+        if (entry is None or entry.identity is not identity or entry.manager is not manager
+                or entry.kinds is not kinds or entry.epoch != <long long>manager._bindings_epoch):
+            entry = self._entry(entries, manager, kinds, identity, count_request, bytes_kind)
+            if entry is None:
+                return None
+        if entry.first is None:
+            return self._empty
+        cdef _Slot a = entry.first
+        cdef _Slot b = entry.second
+        cdef object first, second = None
+        first = self._one(manager, entry, a, identity, 1.0 if a.kind is self._request_rate else value)
+        if b is not None:
+            second = self._one(manager, entry, b, identity, value)
+        if first is a.decision and (b is None or second is b.decision):
+            if entry.verdict is None or entry.verdict_first is not first or entry.verdict_second is not second:
+                entry.verdict = self._verdict_type((first,) if b is None else (first, second), 0)
+                entry.verdict_first = first
+                entry.verdict_second = second
+            return entry.verdict
+        decisions = (first,) if b is None else (first, second)
+        cdef long long throttle = 0, ms
+        for d in decisions:
+            ms = 0 if d.shadow else d.would_throttle_ms
+            if ms > throttle:
+                throttle = ms
+        return self._verdict_type(decisions, throttle)
+
+    cdef _Entry _entry(self, dict entries, object manager, object kinds, object identity,
+                       bint count_request, object bytes_kind):
+        """The caller's lookups read afresh from the manager; None while one is not bound yet (the
+        engine's Python path binds it) or is not the common case."""
+        if manager._poll_reset or manager._observer is not None:
+            return None
+        wanted = []
+        if count_request and self._request_rate in kinds:
+            wanted.append(self._request_rate)
+        if bytes_kind is not None and bytes_kind in kinds:
+            wanted.append(bytes_kind)
+        cdef _Entry entry = _Entry()
+        entry.identity = identity
+        entry.manager = manager
+        entry.kinds = kinds
+        entry.epoch = manager._bindings_epoch
+        cdef _Slot slot
+        slots = []
+        for kind in wanted:
+            sensor = manager._bindings[kind].get(identity)
+            if sensor is None or type(sensor.rate) is not SampledRate:
+                return None
+            slot = _Slot()
+            slot.kind = kind
+            slot.sensor = sensor
+            slots.append(slot)
+        if len(slots) > 0:
+            entry.first = slots[0]
+        if len(slots) > 1:
+            entry.second = slots[1]
+        if len(entries) >= MAX_ENTRIES:
+            entries.clear()
+        entries[id(identity)] = entry
+        return entry
+
+    cdef object _one(self, object manager, _Entry entry, _Slot slot, object identity, double value):
+        """`manager.record_and_check(slot.kind, identity, value)`."""
+        now = manager._clock.now_ms()
+        cdef long long now_ms = now
+        kind = slot.kind
+        sensor = slot.sensor
+        last_sweep = manager._last_sweep_ms
+        if now_ms - <long long>last_sweep >= SWEEP_INTERVAL_MS or entry.epoch != <long long>manager._bindings_epoch:
+            return self._slow(manager, kind, identity, value, now)  # a sweep, or one just ran
+        bucket = sensor.bucket
+        bound = sensor.bound
+        if (sensor.touched_sweep_ms != last_sweep or sensor.owed
+                or (bound is not None and type(bound) is not float)
+                or (bucket is not None and type(bucket) is not TokenBucket)):
+            manager._record_on(sensor, value, now)
+            return manager._decide(kind, sensor, now)
+        # manager._record_on
+        sensor.last_record_ms = now
+        cdef SampledRate rate = <SampledRate>sensor.rate
+        rate.record(value, now_ms)
+        sensor.used_total = sensor.used_total + value
+        cdef double b = 0.0
+        if bucket is not None and bound is not None:
+            b = <double>bound
+            (<TokenBucket>bucket).record(value, b, b * <double>sensor.burst_s, now_ms)
+        # manager._decide, up to its throttle
+        cdef double total
+        cdef long long window_ms
+        rate._purge(now_ms, &total, &window_ms)
+        cdef double observed = total / (<double>window_ms / 1000.0)
+        if bound is not None:
+            b = <double>bound
+            if bucket is None:
+                if observed > b:
+                    return manager._decide(kind, sensor, now)
+            elif (<TokenBucket>bucket).measure(b, b * <double>sensor.burst_s, now_ms) < 0:
+                return manager._decide(kind, sensor, now)
+        shadow = sensor.shadow
+        entity = sensor.entity
+        if slot.decision is None or slot.bound is not bound or slot.shadow is not shadow or slot.entity is not entity:
+            slot.decision = self._decision_type(kind, sensor.key, 0, float("nan"), bound, shadow, entity)
+            slot.bound = bound
+            slot.shadow = shadow
+            slot.entity = entity
+        return slot.decision
+
+    cdef object _slow(self, object manager, object kind, object identity, double value, object now):
+        """`record_and_check`'s own steps at the clock reading already taken."""
+        if now - manager._last_sweep_ms >= SWEEP_INTERVAL_MS:
+            manager._sweep(now)
+        if not manager._enabled[kind]:
+            return manager._unlimited(kind, identity)
+        sensor = manager._sensor(kind, identity, now)
+        manager._record_on(sensor, value, now)
+        return manager._decide(kind, sensor, now)

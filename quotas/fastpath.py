@@ -11,6 +11,12 @@ bucket) and measures it. Those two stats have two implementations with one contr
 The clock every request reads (`quotas.clock.SystemClock`, ``time.monotonic_ns() // 1_000_000``)
 has a compiled twin too, `SystemClockImpl`, on Linux (where both read CLOCK_MONOTONIC).
 
+The engine's common case has a compiled form too, `QuickChargeImpl` (`quotas._speedups.QuickCharge`):
+`QuotaEngine.produce` (without per-topic usage) and `QuotaEngine.request` recorded and decided in
+one call while nothing throttles, handing every budget that is not the common case to the
+manager's own Python. Its readable reference is the engine's Python verbs themselves (which run
+when it is None), and tests/unit/differential/test_quick_charge.py holds the two equal.
+
 The compiled ones are used when they were built (`pip install` builds them when a C compiler is
 present) and `SLUICE_PURE_PYTHON` is not set to a true value (1, true, yes), the same switch as the
 byte path's (`protocol.fastpath`). The quota manager and the connection-rate limiter construct
@@ -21,12 +27,16 @@ reference classes. `IMPLEMENTATION` says which one is in use ("compiled" or "pur
 from __future__ import annotations
 
 import sys
-from typing import Final, cast
+from typing import TYPE_CHECKING, Final, Protocol, cast
 
 from contracts.compiled import choose
 from quotas import clock, stats
 
-_TWINS: Final = ("SampledRate", "TokenBucket", "SystemClock")
+if TYPE_CHECKING:
+    from quotas.engine import RequestVerdict
+    from quotas.entity import ClientIdentity
+
+_TWINS: Final = ("SampledRate", "TokenBucket", "SystemClock", "QuickCharge")
 
 _CHOICE: Final = choose("quotas._speedups", _TWINS)
 COMPILED_MODULE: Final = _CHOICE.compiled_module
@@ -46,3 +56,16 @@ TokenBucketImpl: Final = cast(type[stats.TokenBucket],
 SystemClockImpl: Final = cast(type[clock.SystemClock],
                               clock.SystemClock if _impl is None or not sys.platform.startswith("linux")
                               else _impl.SystemClock)
+
+
+class QuickCharge(Protocol):
+    """`quotas._speedups.QuickCharge`: the engine's verb, or None when it did nothing."""
+
+    def produce(self, broker_id: int | None, identity: ClientIdentity,
+                size_bytes: int) -> RequestVerdict | None: ...
+
+    def request(self, broker_id: int | None, identity: ClientIdentity) -> RequestVerdict | None: ...
+
+
+QuickChargeImpl: Final = None if _impl is None else _impl.QuickCharge
+"""The compiled class (constructed by `QuotaEngine` with its types), or None: the engine's Python verbs."""

@@ -49,7 +49,9 @@ class ThrottleDecision:
 
     `would_throttle_ms` is what Kafka would throttle; `throttle_time_ms` is what to enforce, 0 in
     shadow mode. `bound` is `None` when the caller is unlimited; `entity` is the configured entity
-    whose value applied, when the callback can tell.
+    whose value applied, when the callback can tell. `observed` is the rate measured after the
+    record; NaN in a decision that did not throttle when the engine's compiled common case made it
+    (`quotas.fastpath.QuickChargeImpl`: one decision per budget, made once; the sensor has the rate).
     """
 
     kind: QuotaKind
@@ -224,6 +226,10 @@ class QuotaManager:
         # `set_callback`); dropped at the next sweep.
         self._retired: dict[SensorKey, _Sensor] = {}
         self._bindings: dict[QuotaKind, dict[ClientIdentity, _Sensor]] = {k: {} for k in QuotaKind}
+        # bumped whenever `_bindings` are cleared: a cached (kind, identity) -> sensor lookup outside
+        # this class (the engine's compiled fast path, `quotas._speedups.QuickCharge`) is valid
+        # while the epoch it was read in lasts
+        self._bindings_epoch = 0
         self._enabled: dict[QuotaKind, bool] = dict.fromkeys(QuotaKind, self._custom)
         self._last_sweep_ms = clock.now_ms()
         self._scales: dict[QuotaKind, float] = {}  # storage throttle factors (set_limit_scale)
@@ -463,6 +469,7 @@ class QuotaManager:
         self._sensors = {}
         for bindings in self._bindings.values():
             bindings.clear()
+        self._bindings_epoch += 1
         self._apply(self._config)  # enabled kinds; nothing differs, so no callback calls
         if old is not callback:
             old.close()
@@ -687,6 +694,7 @@ class QuotaManager:
         for k, bindings in self._bindings.items():
             if kind is None or k is kind:
                 bindings.clear()
+        self._bindings_epoch += 1
 
     def _touch(self, sensor: _Sensor) -> None:
         """Move a sensor to the end of the dict, at most once per sweep interval, so the dict stays
@@ -712,4 +720,5 @@ class QuotaManager:
         # Cached lookups may point at dropped sensors or at callers long gone: start afresh.
         for bindings in self._bindings.values():
             bindings.clear()
+        self._bindings_epoch += 1
         return len(expired)

@@ -18,6 +18,9 @@ from collections import deque
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
+from protocol.headers import RequestHeader
+from protocol.log_fastpath import produce_log_parts
+from protocol.log_walks import LogPart
 from quotas.entity import ClientIdentity
 from quotas.manager import ThrottleDecision
 
@@ -59,12 +62,24 @@ class InFlight:
     broker_response: bytes | None = field(default=None, repr=False)
     quota: QuotaNote | None = None                               # QuotaStage -> QuotaStage, access log
     whole_response: bool = False      # QuotaStage -> connection: never stream it (topics, records read)
-    log_parts: object | None = field(default=None, repr=False)  # access log: a Produce's partitions
+    # a Produce's partitions, walked once (`produce_parts`) for the access log and the quota stage
+    parts: tuple[LogPart, ...] | None = field(default=None, repr=False)
+    parts_walked: bool = False
     sasl_exchange: object | None = None   # principals.SaslInspector: the exchange this request is part of
     sasl_round: int = 0                   # ... and its client message number (0: the handshake)
     # Sluice's own request on the client's upstream connection (`ClientConnection.send_own`): the
     # broker's response goes to this future, never to the client, and no stage sees either
     own: asyncio.Future[bytes] | None = field(default=None, repr=False)
+
+    def produce_parts(self, payload: bytes, header: RequestHeader) -> tuple[LogPart, ...] | None:
+        """This Produce request's partitions (topic name, topic id, partition, records or -1,
+        bytes), walked at the first call (compiled when `protocol._log_speedups` is built) and
+        kept: the access log's row and the topic and records quotas read the same walk. None when
+        its layout cannot be read."""
+        if not self.parts_walked:
+            self.parts = produce_log_parts(payload, header)
+            self.parts_walked = True
+        return self.parts
 
     def answer(self, payload: bytes, now_ms: int) -> None:
         """Sluice's own response to it (a stage answered here, or later): never forwarded."""

@@ -5,10 +5,10 @@ small dictionaries for what repeats: a connection's strings (address, principal,
 broker), client ids, the matched quota, topics and error-code sets are each stored once per batch and
 referred to by index. `LogBatch.add` derives one row from the request's in-flight entry:
 
-* Produce: the partitions the request carried, walked when it arrived (`produce_parts`, kept in
-  `InFlight.log_parts`, so no payload is kept); the response's error codes and the broker's
-  throttle_time_ms from one walk of the broker's response (`InFlight.broker_response`, which the
-  pipeline keeps anyway until the response has been sent);
+* Produce: the partitions the request carried, walked when it arrived (`InFlight.produce_parts`, the
+  one walk the quota stage reads too, kept in `InFlight.parts`, so no payload is kept); the
+  response's error codes and the broker's throttle_time_ms from one walk of the broker's response
+  (`InFlight.broker_response`, which the pipeline keeps anyway until the response has been sent);
 * Fetch: partitions and error codes from the compiled Fetch walk of a whole response of at most
   `RESPONSE_WALK_MAX_BYTES`; a streamed (or larger) one gives only the throttle time of its head;
 * ApiVersions: its one error code, read in place;
@@ -36,8 +36,7 @@ from protocol import fastpath
 from protocol._wire import I16, I32
 from protocol.apis import ApiKey
 from protocol.errors import ProtocolError
-from protocol.headers import RequestHeader
-from protocol.log_fastpath import produce_log_parts, produce_log_summary
+from protocol.log_fastpath import produce_log_summary
 from proxy.flow.inflight import InFlight
 from proxy.flow.pipeline import ConnectionContext
 from quotas.entity import QuotaEntity
@@ -71,12 +70,6 @@ Deferred = tuple[int, int, int, bytes]
 _ENTITY_TEXT_MAX: Final = 10_000
 
 
-def produce_parts(payload: bytes, header: RequestHeader) -> Parts | None:
-    """The partitions of a Produce request, for its record; None when its layout cannot be read
-    (the record then has no topics). Compiled when `protocol._log_speedups` is built."""
-    return produce_log_parts(payload, header)
-
-
 def _throttle(payload: bytes, api_key: int, api_version: int) -> int:
     """The broker's throttle_time_ms in `payload`, or NULL_INT (no such field, or unreadable)."""
     try:
@@ -89,21 +82,11 @@ def _throttle(payload: bytes, api_key: int, api_version: int) -> int:
         return NULL_INT
 
 
-def _matched(decisions: list[ThrottleDecision]) -> ThrottleDecision | None:
-    """The decision that explains the request best: the largest throttle, else any with a quota."""
-    best: ThrottleDecision | None = None
-    for d in decisions:
-        if d.entity is None or d.bound is None:
-            continue
-        if best is None or d.would_throttle_ms > best.would_throttle_ms:
-            best = d
-    return best
-
-
 class LogBatch:
     """The columns of up to a batch's worth of records (see the module's docstring)."""
 
     __slots__ = (
+        "_by_decision",
         "_client_ids",
         "_conns",
         "_entity_text",
@@ -161,6 +144,9 @@ class LogBatch:
         self._conns: dict[Conn, int] = {}
         self._client_ids: dict[str | None, int] = {}
         self._quotas: dict[Quota, int] = {}
+        # id(decision) -> (the decision, its quota index): the engine's compiled common case
+        # hands every not-throttled request of a caller the same decision objects
+        self._by_decision: dict[int, tuple[ThrottleDecision, int]] = {}
         self._topics: dict[str | bytes, int] = {}
         self._error_sets: dict[tuple[int, ...], int] = {(): 0}
         self._entity_text = {} if entity_text is None else entity_text  # shared by a writer's batches
@@ -185,7 +171,7 @@ class LogBatch:
         throttle = NULL_INT
         defer: bytes | None = None
         if api_key == ApiKey.PRODUCE:
-            parts = entry.log_parts  # type: ignore[assignment]
+            parts = entry.parts
             if whole:
                 assert response is not None
                 read = False
@@ -240,9 +226,18 @@ class LogBatch:
         enforced = 0
         if note is not None:
             enforced = note.enforced_ms
-            matched = _matched(note.decisions)
+            matched: ThrottleDecision | None = None  # `_matched`, inline: every record passes here
+            for d in note.decisions:
+                if d.entity is not None and d.bound is not None and (
+                        matched is None or d.would_throttle_ms > matched.would_throttle_ms):
+                    matched = d
             if matched is not None:
-                quota = self._quota_index(matched)
+                known = self._by_decision.get(id(matched))
+                if known is not None and known[0] is matched:
+                    quota = known[1]
+                else:
+                    quota = self._quota_index(matched)
+                    self._by_decision[id(matched)] = (matched, quota)
                 if matched.shadow:
                     would = matched.would_throttle_ms
         error_sets = self._error_sets

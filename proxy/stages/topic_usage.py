@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from protocol import fastpath, records
 from protocol.errors import ProtocolError
 from protocol.headers import RequestHeader
+from protocol.log_walks import LogPart
 from protocol.share import share_fetch_response_partitions
 
 log = logging.getLogger("sluice.quotas")
@@ -116,16 +117,31 @@ def _usage(parts: list[records.PartitionTraffic], names: TopicNames, via: SendOw
     return TopicUsage(by_topic, records_by_topic, total)
 
 
-def produce_usage(payload: bytes, header: RequestHeader, names: TopicNames,
-                  via: SendOwn | None = None) -> TopicUsage | None:
-    """Per-topic usage of a Produce request; None when its layout cannot be read (then no topic or
-    records quota is charged for it, and it is logged). `via`: the connection it came on."""
-    try:
-        return _usage(records.produce_request_partitions(payload, header), names, via)
-    except (ProtocolError, ValueError) as exc:
+def produce_usage(parts: tuple[LogPart, ...] | None, payload: bytes, header: RequestHeader,
+                  names: TopicNames, via: SendOwn | None = None) -> TopicUsage | None:
+    """Per-topic usage of a Produce request from its partitions (`InFlight.produce_parts`, the
+    walk the access log reads too); None when its layout could not be read (`parts` None: then no
+    topic or records quota is charged for it, and it is logged with the reference walk's reason).
+    `via`: the connection it came on."""
+    if parts is None:
+        try:
+            records.produce_request_partitions(payload, header)
+            reason = "unreadable"
+        except (ProtocolError, ValueError) as exc:
+            reason = str(exc)
         log.warning("produce v%d: topics and records not read, not charged to topic or records quotas: %s",
-                    header.api_version, exc)
+                    header.api_version, reason)
         return None
+    by_topic: dict[str, int] = {}
+    records_by_topic: dict[str, int] = {}
+    total = 0
+    for topic, topic_id, _partition, count, size in parts:
+        name = names.name(topic, topic_id, via)
+        by_topic[name] = by_topic.get(name, 0) + size
+        count = count if count > 0 else 0  # -1: a legacy or impossible record set, counted as none
+        records_by_topic[name] = records_by_topic.get(name, 0) + count
+        total += count
+    return TopicUsage(by_topic, records_by_topic, total)
 
 
 def fetch_usage(payload: bytes, api_version: int, names: TopicNames,

@@ -1,7 +1,9 @@
 """The access log's Produce walks: the compiled twin (`protocol._log_speedups`) and the readable
 reference (`protocol.log_walks`) give the same answers, or raise the same errors, on the same
 bytes: kio-built requests and responses of every version, the common shape built by hand (what
-the compiled walk reads in C), truncated and padded frames, and random bytes."""
+the compiled walk reads in C), truncated and padded frames, and random bytes. The topic and records
+quotas read the same request walk (`InFlight.produce_parts`): the per-topic usage made from either
+twin's answer equals the one made from the reference `records.produce_request_partitions`."""
 
 from __future__ import annotations
 
@@ -20,6 +22,8 @@ from protocol.encode import encode_request
 from protocol.errors import ProtocolError
 from protocol.fastpath import read_request_header
 from protocol.headers import RequestHeader
+from protocol.records import produce_request_partitions
+from proxy.stages.topic_usage import TopicNames, TopicUsage, _usage, produce_usage
 from tests.unit.differential.impls import built, outcome
 from tests.unit.protocol.kio_support import KIO_EXAMPLES, kio_versions, response_payload
 from tests.unit.protocol.test_records import LEGACY, v2_batch, with_record_sets
@@ -35,7 +39,27 @@ def compiled() -> Any:
 def same_parts(payload: bytes, header: RequestHeader) -> Any:
     fast = outcome(compiled().produce_log_parts, payload, header)
     assert fast == outcome(log_walks.produce_log_parts, payload, header)
+    same_usage(payload, header)
     return fast
+
+
+def reference_usage(payload: bytes, header: RequestHeader) -> TopicUsage | None:
+    """The topic and records usage from the reference walk, as the quota stage made it before the
+    access log's walk served both."""
+    try:
+        return _usage(produce_request_partitions(payload, header), TopicNames(), None)
+    except (ProtocolError, ValueError):
+        return None
+
+
+def same_usage(payload: bytes, header: RequestHeader) -> None:
+    expected = reference_usage(payload, header)
+    for walk in (compiled().produce_log_parts, log_walks.produce_log_parts):
+        try:
+            parts = walk(payload, header)
+        except (ProtocolError, ValueError):  # a header that is not a Produce one: never charged
+            continue
+        assert produce_usage(parts, payload, header, TopicNames()) == expected
 
 
 def same_summary(payload: bytes, api_version: int) -> Any:
@@ -129,6 +153,64 @@ def test_produce_responses_in_the_common_shape(api_version: int, throttle: int,
         same_summary(payload[:cut], api_version)
 
 
+@pytest.mark.parametrize("api_version", range(3, 9))
+@given(transactional=st.one_of(st.none(), st.text(max_size=20)),
+       topics=st.lists(st.tuples(st.text(max_size=20), st.lists(
+           st.tuples(st.integers(-(2**31), 2**31 - 1), st.one_of(st.none(), BATCHES)), max_size=4)),
+           max_size=4))
+@SETTINGS
+def test_older_produce_requests_in_the_common_shape(
+        api_version: int, transactional: str | None,
+        topics: list[tuple[str, list[tuple[int, bytes | None]]]]) -> None:
+    """What librdkafka and older clients send (v3-v8: int16 and int32 lengths, no tags), by hand."""
+    body = struct.pack(">h", -1) if transactional is None else _legacy_string(transactional.encode())
+    body += struct.pack(">hi", 1, 30_000) + struct.pack(">i", len(topics))
+    for name, partitions in topics:
+        body += _legacy_string(name.encode()) + struct.pack(">i", len(partitions))
+        for index, record_set in partitions:
+            body += struct.pack(">i", index)
+            body += (struct.pack(">i", -1) if record_set is None
+                     else struct.pack(">i", len(record_set)) + record_set)
+    payload = struct.pack(">hhih", 0, api_version, 7, 3) + b"cli" + body
+    header = read_request_header(payload)
+    kind, parts = same_parts(payload, header)
+    assert kind == "ok" and parts is not None and len(parts) == sum(len(p) for _, p in topics)
+    for cut in (len(payload) - 1, len(payload) // 2, header.body_offset + 1):
+        same_parts(payload[:cut], header)
+    same_parts(payload + b"\x00", header)
+
+
+@pytest.mark.parametrize("api_version", range(1, 9))
+@given(topics=st.lists(st.tuples(st.binary(max_size=12), st.lists(
+           st.tuples(st.integers(-1, 2**31 - 1), st.sampled_from([0, 0, 0, 6, 19, 87, -1, 32767]),
+                     st.one_of(st.none(), st.binary(max_size=8))), max_size=6)), max_size=4),
+       throttle=st.integers(-(2**31), 2**31 - 1))
+@SETTINGS
+def test_older_produce_responses_in_the_common_shape(
+        api_version: int, throttle: int,
+        topics: list[tuple[bytes, list[tuple[int, int, bytes | None]]]]) -> None:
+    body = struct.pack(">i", len(topics))
+    for name, partitions in topics:
+        body += _legacy_string(name) + struct.pack(">i", len(partitions))
+        for index, error, message in partitions:
+            body += struct.pack(">ihq", index, error, 5)
+            body += struct.pack(">q", -1) if api_version >= 2 else b""
+            body += struct.pack(">q", 0) if api_version >= 5 else b""
+            if api_version >= 8:
+                body += struct.pack(">i", 0)  # no record errors, then the message (or null)
+                body += struct.pack(">h", -1) if message is None else _legacy_string(message)
+    payload = struct.pack(">i", 9) + body + struct.pack(">i", throttle)
+    kind, (codes, got_throttle) = same_summary(payload, api_version)
+    expected = sorted({e for _, parts in topics for _, e, _ in parts if e})
+    assert kind == "ok" and list(codes) == expected and got_throttle == throttle
+    for cut in (len(payload) - 1, len(payload) // 2, 5):
+        same_summary(payload[:cut], api_version)
+
+
+def _legacy_string(raw: bytes) -> bytes:
+    return struct.pack(">h", len(raw)) + raw
+
+
 @given(payload=st.binary(max_size=200), api_version=st.integers(0, 15))
 @SETTINGS
 def test_random_bytes(payload: bytes, api_version: int) -> None:
@@ -151,3 +233,4 @@ def test_a_skewed_copy_is_caught() -> None:
     assert parts == (("t", None, 0, 3, 64),)
     skewed = tuple((t, i, p, r + 1, b) for t, i, p, r, b in parts)
     assert skewed != log_walks.produce_log_parts(payload, header)
+    assert produce_usage(skewed, payload, header, TopicNames()) != reference_usage(payload, header)

@@ -19,7 +19,7 @@ from proxy.flow.pipeline import ConnectionContext, Pipeline
 from proxy.ops import access_log_files
 from proxy.ops.access_log import AccessLogStage, AccessLogWriter
 from proxy.ops.access_log_arrow import to_record_batch
-from proxy.ops.access_log_batch import NULL_INT, LogBatch, produce_parts
+from proxy.ops.access_log_batch import NULL_INT, LogBatch
 from quotas.clock import FakeClock
 from quotas.entity import ClientIdentity
 from tests.unit.protocol.test_records import LEGACY, produce_v3_request
@@ -49,8 +49,8 @@ def test_a_produce_row_holds_its_partitions_and_no_payload() -> None:
     from protocol.fastpath import read_request_header
 
     entry = InFlight(7, ApiKey.PRODUCE, 3, "cli", len(payload), 100)
-    entry.log_parts = produce_parts(payload, read_request_header(payload))
-    assert entry.log_parts == (("a", None, 0, 5, 127), ("a", None, 1, 0, 0), ("b", None, 7, -1, len(LEGACY)))
+    entry.produce_parts(payload, read_request_header(payload))
+    assert entry.parts == (("a", None, 0, 5, 127), ("a", None, 1, 0, 0), ("b", None, 7, -1, len(LEGACY)))
     batch = one_batch(entry)
     # columns, not objects: one row, three partitions, and nothing of the payload
     assert len(batch) == 1 and list(batch.topics_end) == [3] and list(batch.topics_valid) == [1]
@@ -72,8 +72,8 @@ def test_a_malformed_produce_request_is_logged_without_topics() -> None:
 
     payload = produce_v3_request()[:-5]
     entry = InFlight(7, ApiKey.PRODUCE, 3, "cli", len(payload), 100)
-    entry.log_parts = produce_parts(payload, read_request_header(payload))
-    assert entry.log_parts is None
+    entry.produce_parts(payload, read_request_header(payload))
+    assert entry.parts is None and entry.parts_walked
     (record,) = records_of(one_batch(entry))
     assert record["topics"] is None and record["error_codes"] == []
 
@@ -130,7 +130,7 @@ def test_metadata_in_a_batch_names_the_topic_ids_of_the_records() -> None:
     metadata.upstream_response_bytes = len(metadata.broker_response)
     payload = produce_v13_request(TOPIC_ID)
     produce = InFlight(2, ApiKey.PRODUCE, 13, "c", len(payload), 100, expects_response=False)
-    produce.log_parts = produce_parts(payload, read_request_header(payload))
+    produce.produce_parts(payload, read_request_header(payload))
     names: dict[bytes, str] = {}
     records = records_of(one_batch(produce, metadata), names)
     assert names == {TOPIC_ID.bytes: "orders"}

@@ -53,3 +53,20 @@ def test_sluices_own_answer_is_never_matched_to_a_broker_response() -> None:
     assert tracker.match_upstream(2) is upstream  # the broker's first response is request 2's
     upstream.response = b"from broker"
     assert [e.response for e in tracker.ready()] == [b"answered by sluice", b"from broker"]
+
+
+def test_a_produce_is_walked_once_for_the_access_log_and_the_quotas() -> None:
+    """`produce_parts` walks at the first call and keeps the answer: the second reader (the quota
+    stage after the access log, or the other way round) gets the same object, not a second walk."""
+    from protocol.fastpath import read_request_header
+    from tests.unit.protocol.test_records import produce_v3_request
+
+    payload = produce_v3_request()
+    header = read_request_header(payload)
+    produce = InFlight(7, 0, 3, "c", len(payload), 0)
+    first = produce.produce_parts(payload, header)
+    assert first is not None and produce.parts_walked
+    assert produce.produce_parts(b"not walked again", header) is first
+    unreadable = InFlight(8, 0, 3, "c", 3, 0)
+    assert unreadable.produce_parts(payload[:-1], header) is None   # its layout does not add up
+    assert unreadable.parts_walked and unreadable.produce_parts(payload, header) is None

@@ -31,8 +31,8 @@ def test_requests_and_bytes_by_api_connections_and_violations() -> None:
     for response_bytes in (100, 300):
         entry = InFlight(1, ApiKey.PRODUCE, 9, "app", 1000, 0)
         entry.response_bytes = response_bytes
-        metrics.on_complete(CTX, entry, 0)
-    metrics.on_complete(CTX, InFlight(2, ApiKey.METADATA, 12, "app", 50, 0), 0)
+        metrics.requests.on_complete(CTX, entry, 0)
+    metrics.requests.on_complete(CTX, InFlight(2, ApiKey.METADATA, 12, "app", 50, 0), 0)
     metrics.connection_opened("broker 1")
     metrics.connection_opened("broker 1")
     metrics.connection_closed("broker 1")
