@@ -165,14 +165,17 @@ def arrivals(keys: Sequence[str], *, topics: bool, service_ms: int | None = None
                 F.lit(0)).cast("long")
         else:
             response_ms = F.lit(0).cast("long")
+        # `seq`: the request's place on its connection (its correlation id): requests of one
+        # client in one millisecond replay in the order it sent them
         base: list[Column | str] = ["principal", "client_id", "broker_id", "ts_ms",
                                     throttled.alias("recorded_throttled"),
-                                    response_ms.alias("response_ms")]
+                                    response_ms.alias("response_ms"),
+                                    F.col("correlation_id").cast("long").alias("seq")]
         if topics:
             rows = (logs.where(produce | fetch)
                     .select(*base, "api_key", F.explode("topics").alias("t"))
                     .groupBy("principal", "client_id", "broker_id", "ts_ms", "recorded_throttled",
-                             "response_ms", "api_key", F.col("t.topic").alias("topic"))
+                             "response_ms", "seq", "api_key", F.col("t.topic").alias("topic"))
                     .agg(F.sum("t.bytes").alias("bytes"),
                          F.sum(F.coalesce(F.col("t.records"), F.lit(0))).alias("records")))
             produce, fetch = F.col("api_key") == PRODUCE_API_KEY, F.col("api_key") != PRODUCE_API_KEY
@@ -199,10 +202,12 @@ def arrivals(keys: Sequence[str], *, topics: bool, service_ms: int | None = None
             else:
                 where, value = F.lit(True), F.lit(1)
             waited = F.col("response_ms") if key in _PRODUCE_KEYS else F.lit(0).cast("long")
+            # a consumer's demand rows are in no request's order: they tie on `value`
+            seq = F.col("seq") if source is rows else F.lit(0).cast("long")
             parts.append(source.where(where).select(
                 "principal", "client_id", "topic", "broker_id", "ts_ms", F.lit(key).alias("quota_key"),
                 value.cast("double").alias("value"), F.col("records").cast("long").alias("records"),
-                "recorded_throttled", waited.alias("response_ms")))
+                "recorded_throttled", waited.alias("response_ms"), seq.alias("seq")))
         out = parts[0]
         for p in parts[1:]:
             out = out.unionByName(p)
@@ -262,8 +267,10 @@ def fetch_demand(*, topics: bool, resolution_ms: int = 1) -> Any:
     later fetches everything that was produced meanwhile. Per topic-partition
     (`retime_partition`) the consumer's records are matched, in offset order, to the produce
     batches that wrote them; the bytes are the consumer's own (the response bytes it got per
-    record). Share fetches (no offset order per consumer) and consumers of a partition no
-    recorded producer wrote keep their recorded fetches."""
+    record). A streamed fetch (its record has no topics) counts in its consumer's partition when
+    the consumer fetched only one from that broker. Share fetches (no offset order per consumer),
+    streamed fetches of a consumer of several partitions and consumers of a partition no recorded
+    producer wrote keep their recorded fetches."""
     from pyspark.sql import functions as F
 
     def transform(logs: DataFrame) -> DataFrame:
@@ -291,17 +298,42 @@ def fetch_demand(*, topics: bool, resolution_ms: int = 1) -> Any:
                                  F.col("wire") * F.col("t.bytes") / F.col("pieces_bytes"))
                           .otherwise(F.col("t.bytes").cast("double")).alias("bytes")))
 
+        # A Fetch response of more than 64 KiB is streamed, and its record has no topics
+        # (docs/operating.md): when its consumer fetched one partition from that broker in the
+        # recording, it was of that partition, with records unknown (`retime_partition` counts
+        # them from its bytes). Left out, a consumer that read a backlog in streamed responses
+        # is matched to that many records too few: its demand lost the last ones produced, and
+        # gained the streamed bytes as recorded, at the moment it caught up.
+        who = ["principal", "client_id", "broker_id"]
+        streamed = (logs.where((api == FETCH_API_KEY) & F.col("topics").isNull())
+                    .select(*who, "ts_ms", "api_key", ready.alias("ready_ms"),
+                            throttled.alias("recorded_throttled"),
+                            F.coalesce(F.col("response_bytes"), F.lit(0)).cast("double").alias("bytes")))
+        partition = F.struct("topic", "partition")
+        single = (wanted.where(F.col("api_key") == FETCH_API_KEY)
+                  .groupBy(*[F.col(c).alias(f"one_{c}") for c in who])
+                  .agg(F.min(partition).alias("first"), F.max(partition).alias("last"))
+                  .where(F.col("first") == F.col("last")))
+        placed = streamed.join(single, [streamed[c].eqNullSafe(single[f"one_{c}"]) for c in who], "left")
+        routed = (placed.where(F.col("first").isNotNull())
+                  .select(*who, "ts_ms", "api_key", "ready_ms", "recorded_throttled",
+                          F.col("first.topic").alias("topic"), F.col("first.partition").alias("partition"),
+                          F.lit(None).cast("long").alias("records"), "bytes"))
+
         def run(table: pa.Table) -> pa.Table:
             return retime_partition(table, topics=topics, resolution_ms=resolution_ms)
-        retimed = wanted.groupBy("topic", "partition").applyInArrow(run, _DEMAND_SCHEMA)
-        # fetches that carried no partition (an empty response) and share fetches, as recorded
+        retimed = wanted.unionByName(routed).groupBy("topic", "partition").applyInArrow(run, _DEMAND_SCHEMA)
+        # fetches that carried no partition (an empty response), streamed ones of a consumer of
+        # several partitions, and share fetches, as recorded
         topic = F.lit(None).cast("string")
-        bare = (logs.where((api == SHARE_FETCH_API_KEY)
-                           | ((api == FETCH_API_KEY) & (F.coalesce(F.size("topics"), F.lit(0)) <= 0)))
-                .select("principal", "client_id", "broker_id", "ts_ms", throttled.alias("recorded_throttled"),
-                        F.lit(0).cast("long").alias("response_ms"), "api_key", topic.alias("topic"),
-                        F.coalesce(F.col("response_bytes"), F.lit(0)).cast("double").alias("bytes"),
-                        F.lit(0).cast("long").alias("records")))
+        as_recorded: list[Column | str] = [
+            *who, "ts_ms", "recorded_throttled", F.lit(0).cast("long").alias("response_ms"), "api_key",
+            topic.alias("topic"), "bytes", F.lit(0).cast("long").alias("records")]
+        bare = (logs.where((api == SHARE_FETCH_API_KEY) | ((api == FETCH_API_KEY) & (F.size("topics") == 0)))
+                .select(*who, "ts_ms", throttled.alias("recorded_throttled"), "api_key",
+                        F.coalesce(F.col("response_bytes"), F.lit(0)).cast("double").alias("bytes"))
+                .select(*as_recorded)
+                .unionByName(placed.where(F.col("first").isNull()).select(*as_recorded)))
         if topics:  # a topic budget counts the topics' bytes: a response with none adds nothing
             return retimed
         return retimed.unionByName(bare)
@@ -325,7 +357,10 @@ def retime_partition(table: pa.Table, *, topics: bool, resolution_ms: int = 1) -
     one's time: a consumer's demand is never earlier than its data, and at most `resolution_ms`
     later (`fetch_demand`: a tenth of the quota's sample). A partition read by F consumers makes up
     to F rows of every produce batch: in bench_tune's 1 M-record recording, one partition's 75 k
-    produce and fetch pieces made 96 k demand rows to the millisecond and 32 k in 100 ms steps."""
+    produce and fetch pieces made 96 k demand rows to the millisecond and 32 k in 100 ms steps.
+    A fetch whose records are unknown (null: a streamed response) counts its bytes at the
+    consumer's bytes per record in its other fetches of the partition; a consumer with no record
+    count at all keeps its recorded fetches."""
     import numpy as np
     import pyarrow as pa
     import pyarrow.compute as pc
@@ -354,12 +389,18 @@ def retime_partition(table: pa.Table, *, topics: bool, resolution_ms: int = 1) -
     values: list[Any] = []
     for group in np.split(fetch, np.nonzero(np.diff(keys))[0] + 1) if len(fetch) else []:
         fetched = records[group]
-        if not len(produce) or not known[group].all() or fetched.sum() <= 0:
+        counted = known[group]
+        if not len(produce) or fetched[counted].sum() <= 0:
             picked.append(group)  # nothing to match them with: as recorded
             at.append(ts[group])
             counts.append(fetched)
             values.append(size[group])
             continue
+        if not counted.all():
+            # a fetch whose records the log does not have (a streamed response, `fetch_demand`):
+            # its bytes at the consumer's bytes per record in the fetches that have them
+            fetched = np.where(counted, fetched, np.rint(
+                size[group] * (fetched[counted].sum() / size[group][counted].sum()))).astype(np.int64)
         fetched_end = np.cumsum(fetched)
         idx = np.searchsorted(produced_ms, ready[group], side="right")
         produced_by = np.where(idx > 0, produced_end[np.maximum(idx - 1, 0)], 0)
@@ -459,7 +500,7 @@ def simulate(setup: SimulationSetup, *, topics: bool) -> Any:
         def run(table: pa.Table) -> pa.Table:
             return simulate_group(table, setup, topics=topics)
         return (arr.select("entity", "quota_key", "broker_id", "principal", "client_id", "topic", "ts_ms",
-                           "value", "records", "recorded_throttled", "response_ms")
+                           "value", "records", "recorded_throttled", "response_ms", "seq")
                 .groupBy("entity", "quota_key", "broker_id").applyInArrow(run, RESULT_SCHEMA))
     return transform
 
@@ -598,10 +639,13 @@ def simulate_group(table: pa.Table, setup: SimulationSetup, *, topics: bool) -> 
                                       pc.fill_null(table.column("client_id"), ""), "\x00")
     client, names = ranked(who)
     topic_rank, _ = ranked(pc.fill_null(table.column("topic"), ""))
-    # a total order, so that ties in ts_ms replay the same however Spark partitioned the input
+    # a total order, so that ties in ts_ms replay the same however Spark partitioned the input:
+    # a client's requests of one millisecond in the order it sent them (`seq`), then by topic and
+    # value (Spark hands a group's rows over in no set order)
     raw_ts = pc.fill_null(table.column("ts_ms"), 0).to_numpy(zero_copy_only=False)
     raw_value = pc.fill_null(table.column("value"), 0.0).to_numpy(zero_copy_only=False)
-    order = np.lexsort((raw_value, topic_rank, client, raw_ts))
+    raw_seq = pc.fill_null(table.column("seq"), 0).to_numpy(zero_copy_only=False)
+    order = np.lexsort((raw_value, topic_rank, raw_seq, client, raw_ts))
 
     def col(name: str, dtype: Any, fill: Any = 0) -> Any:
         raw = pc.fill_null(table.column(name), fill).to_numpy(zero_copy_only=False)

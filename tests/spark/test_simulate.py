@@ -269,7 +269,7 @@ def test_a_consumers_demand_is_the_data_produced_for_it_when_it_was_produced() -
         return {"client_id": "feeder", "api_key": PRODUCE_API_KEY, "ts_ms": ts, "ready_ms": ts,
                 "records": n, "bytes": 100.0 * n}
 
-    def fetched(ts: int, ready: int, n: int, size: float) -> dict[str, Any]:
+    def fetched(ts: int, ready: int, n: int | None, size: float) -> dict[str, Any]:
         return {"client_id": "c", "api_key": FETCH_API_KEY, "ts_ms": ts, "ready_ms": ready, "records": n,
                 "bytes": size}
 
@@ -302,6 +302,75 @@ def test_a_consumers_demand_is_the_data_produced_for_it_when_it_was_produced() -
                                                                      (3000, 5, 2000.0)]
     coarse = retime_partition(late, topics=False, resolution_ms=2500).to_pylist()
     assert [(r["ts_ms"], r["records"], r["bytes"]) for r in coarse] == [(2000, 5, 2000.0), (3000, 5, 2000.0)]
+    # The same consumer, its second fetch streamed (a response over 64 KiB: the log has no record
+    # count): its 2000 bytes at the 400 bytes per record of its first fetch are 5 records. Without
+    # them it would be matched to offsets 1..5 only, and the batch of 3000 left out of its demand.
+    streamed = _pieces([made(1000, 2), made(2000, 3), made(3000, 5),
+                        fetched(2500, 2600, 5, 2000.0), fetched(3800, 3900, None, 2000.0)])
+    counted = retime_partition(streamed, topics=False).to_pylist()
+    assert [(r["ts_ms"], r["records"], r["bytes"]) for r in counted] == [(2500, 5, 2000.0), (3000, 5, 2000.0)]
     # a partition no producer wrote in the recording: the fetches as recorded
     alone = retime_partition(_pieces([fetched(2500, 2600, 5, 2000.0)]), topics=False).to_pylist()
     assert [(r["ts_ms"], r["records"], r["bytes"]) for r in alone] == [(2500, 5, 2000.0)]
+
+
+def test_the_spark_replay_is_the_direct_replay_of_the_same_recording(spark: SparkSession) -> None:
+    """`tune simulate`'s Spark steps and `quotas.replay` called directly on the demand the recording
+    shows give the same numbers, per entity, where the recording has the two things Spark's input
+    order and the log's gaps can hide: requests of one client in one millisecond, and a Fetch
+    response streamed through Sluice (over 64 KiB: its record has no topics)."""
+    from spark_analytics.jobs.simulate import simulate_rows
+    from spark_analytics.plan import Plan, PlanEntry
+
+    feed = [{"topic": "feed", "partition": 0}]
+    # The feeder writes a batch of 4 records every 50 ms, 50 ms to 20 s (400 batches, 1600 records).
+    feeder = [produce(T0 + 50 * k, 4200, client_id="feeder", upstream_latency_ms=1.0, correlation_id=k,
+                      topics=[feed[0] | {"records": 4, "bytes": 4100}]) for k in range(1, 401)]
+
+    # The reader keeps up: every 100 ms it fetches the 2 batches written since (8 records, 1030
+    # wire bytes each), except from 3 s to 4 s, where it was late: at 4 s it got the 20 batches
+    # written since 3 s (80 records, 82,400 bytes) in one response, streamed (topics null).
+    def read(j: int) -> dict[str, object]:
+        return fetch(T0 + 100 * j, 8 * 1030, client_id="reader", upstream_latency_ms=0.0, correlation_id=j,
+                     topics=[feed[0] | {"records": 8, "bytes": 8 * 1025}])
+
+    reader = ([read(j) for j in range(1, 31)]
+              + [fetch(T0 + 4000, 80 * 1030, client_id="reader", upstream_latency_ms=0.0, correlation_id=40,
+                       topics=None)]
+              + [read(j) for j in range(41, 201)])
+    # The pipe sends two produces in the same millisecond every second, 2000 B then 500 B (its
+    # correlation ids say so; in the log, the one answered first comes first: the 500 B one).
+    sends = [(T0 + 1000 * k + 7, 2 * k + n, size) for k in range(20) for n, size in ((1, 500), (0, 2000))]
+    pipe = [produce(ts, size, client_id="pipe", upstream_latency_ms=1.0, correlation_id=correlation_id)
+            for ts, correlation_id, size in sends]
+    logs = frame(spark, feeder + reader + pipe)
+    end_ms = T0 + 20_000 + 1  # the recording's last request, + 1
+
+    high = 50 * 1024 * 1024
+    plan = Plan((PlanEntry("client-id=reader", "consumer_byte_rate", None, high, 40 * 1024, "decrease", ""),
+                 PlanEntry("client-id=pipe", "producer_byte_rate", None, high, 1000, "decrease", "")), "", {})
+    candidate = _config({(e.entity, e.quota_key): e.recommended for e in plan.entries})
+    base = _config({(e.entity, e.quota_key): float(high) for e in plan.entries})
+    rows = {r["entity"]: r for r in simulate_rows(spark, logs, plan, candidate, base, "broker",
+                                                  demand_resolution_ms=WINDOW.window_ms // 10)}
+    assert sorted(rows) == ["client-id=pipe", "client-id=reader"]
+
+    # The reader's demand: every batch when it was written (the first two at its first fetch, 100
+    # ms), at its bytes per record, 1030: (1520 x 1030 + 82,400) B / 1600 records.
+    who = ClientIdentity("alice", "reader")
+    wanted = [Arrival(T0 + max(50 * k, 100), who, 4 * 1030.0) for k in range(1, 401)]
+    # The pipe's produces in the order it sent them; a throttled produce's delay starts after the
+    # broker's service time, 1 ms (every produce found the broker idle and waited 1 ms).
+    sent = [Arrival(ts, ClientIdentity("alice", "pipe"), float(size), response_ms=1)
+            for ts, _, size in sorted(sends)]
+    for entity, arrivals_, kind in (("client-id=reader", wanted, QuotaKind.FETCH),
+                                    ("client-id=pipe", sent, QuotaKind.PRODUCE)):
+        want = summarize(arrivals_, replay(arrivals_, candidate, kind, end_ms=end_ms))
+        got = rows[entity]
+        assert want.throttles > 0, entity
+        assert (got["plan_throttles"], got["plan_throttled_seconds"], got["plan_throttle_total_ms"],
+                got["plan_max_wait_ms"]) == (want.throttles, want.throttled_seconds, want.throttle_total_ms,
+                                             want.max_wait_ms), entity
+        assert got["span_s"] == pytest.approx(want.span_s), entity
+        for name in ("demand_per_s", "admitted_per_s", "deferred", "max_backlog"):
+            assert got[f"plan_{name}"] == pytest.approx(getattr(want, name), abs=1e-6), (entity, name)
