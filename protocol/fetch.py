@@ -15,12 +15,22 @@ from __future__ import annotations
 
 import datetime
 import struct
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Final
 
 from kio.schema.errors import ErrorCode
 
-from protocol._wire import I32, INT32_MAX, encode_i32, read_i32
+from protocol._wire import (
+    I32,
+    INT32_MAX,
+    encode_i32,
+    read_array_len,
+    read_i32,
+    read_string,
+    skip,
+    skip_tagged_fields,
+)
 from protocol.apis import ApiKey, response_header_version
 from protocol.encode import encode_response, response_schema
 from protocol.errors import EncodeError, UnsupportedVersion
@@ -123,3 +133,96 @@ def cap_min_max_bytes(payload: bytes, min_pos: int, max_bytes: int, what: str) -
     I32.pack_into(out, max_pos, min(current, cap))
     I32.pack_into(out, min_pos, min(min_bytes, cap))
     return bytes(out)
+
+
+@dataclass(frozen=True, slots=True)
+class TopicPartitions:
+    """One topic of a fetch-like request: its name (Fetch v0-12) or 16-byte id (v13+, ShareFetch)
+    and the partition indexes listed for it."""
+
+    name: str | None
+    topic_id: bytes | None
+    partitions: tuple[int, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class FetchRequestTopics:
+    """The topics a Fetch (or ShareFetch) request lists, and those it forgets (KIP-227 incremental
+    sessions, v7+). `session_epoch`: -1 a sessionless full fetch, 0 a full fetch that opens a
+    session, above 0 an incremental fetch (it lists only the partitions that changed)."""
+
+    session_epoch: int
+    topics: tuple[TopicPartitions, ...]
+    forgotten: tuple[TopicPartitions, ...]
+
+
+# per partition after its index: current_leader_epoch (v9+), fetch_offset, last_fetched_epoch
+# (v12+), log_start_offset (v5+), partition_max_bytes; replica_directory_id (v17+) is a tag
+def _partition_rest_bytes(version: int) -> int:
+    return (4 if version >= 9 else 0) + 8 + (4 if version >= 12 else 0) + (8 if version >= 5 else 0) + 4
+
+
+def fetch_request_topics(payload: bytes, header: RequestHeader) -> FetchRequestTopics:
+    """The topics and partitions a Fetch request (v0-v18) lists and forgets, without decoding the
+    rest (no offsets are read): what a topic quota needs to cap the request's max_bytes.
+
+    Raises UnsupportedVersion above v18, DecodeError if the layout does not add up, ValueError for
+    a non-Fetch header.
+    """
+    if header.api_key != ApiKey.FETCH:
+        raise ValueError(f"not a Fetch request: api_key={header.api_key}")
+    version = header.api_version
+    if not 0 <= version <= FETCH_MAX_VERSION:
+        raise UnsupportedVersion(ApiKey.FETCH, version, "topic layout not verified")
+    flexible = version >= 12
+    by_id = version >= 13
+    # replica_id (until v14), max_wait_ms, min_bytes, max_bytes (v3+), isolation_level (v4+)
+    pos = header.body_offset + (4 if version <= 14 else 0) + 8 + (4 if version >= 3 else 0) + (
+        1 if version >= 4 else 0)
+    epoch = SESSIONLESS_SESSION_EPOCH
+    if version >= 7:
+        epoch = read_i32(payload, pos + 4, "fetch session_epoch")
+        pos += 8
+    rest = _partition_rest_bytes(version)
+    topics, pos = _read_topics(payload, pos, flexible, by_id, "fetch", rest, partition_tags=flexible)
+    forgotten: tuple[TopicPartitions, ...] = ()
+    if version >= 7:
+        forgotten, pos = _read_topics(payload, pos, flexible, by_id, "fetch forgotten", None,
+                                      partition_tags=False)
+    return FetchRequestTopics(epoch, topics, forgotten)
+
+
+def _read_topics(payload: bytes, pos: int, flexible: bool, by_id: bool, what: str,
+                 partition_rest: int | None, *, partition_tags: bool,
+                 skip_partition_extra: Callable[[bytes, int], int] | None = None,
+                 ) -> tuple[tuple[TopicPartitions, ...], int]:
+    """An array of topics: name or id, then partitions. `partition_rest` is how many fixed bytes
+    follow each partition index (None: the partitions are a plain int32 array, as in forgotten
+    topics); `skip_partition_extra` skips what follows those (ShareFetch's acknowledgements)."""
+    n_topics, pos = read_array_len(payload, pos, flexible, f"{what} topics", 2)
+    out: list[TopicPartitions] = []
+    for _ in range(n_topics):
+        name: str | None = None
+        topic_id: bytes | None = None
+        if by_id:
+            end = skip(payload, pos, 16, f"{what} topic_id")
+            topic_id = payload[pos:end]
+            pos = end
+        else:
+            name, pos = read_string(payload, pos, flexible, f"{what} topic")
+        item = 4 if partition_rest is None else 4 + partition_rest
+        n_parts, pos = read_array_len(payload, pos, flexible, f"{what} partitions", item)
+        parts: list[int] = []
+        for _ in range(n_parts):
+            parts.append(read_i32(payload, pos, f"{what} partition"))
+            pos += 4
+            if partition_rest is not None:
+                pos = skip(payload, pos, partition_rest, f"{what} partition")
+            if skip_partition_extra is not None:
+                pos = skip_partition_extra(payload, pos)
+            if partition_tags:
+                pos = skip_tagged_fields(payload, pos, f"{what} partition tags")
+        if flexible:
+            pos = skip_tagged_fields(payload, pos, f"{what} topic tags")
+        out.append(TopicPartitions(name, topic_id, tuple(parts)))
+    return tuple(out), pos

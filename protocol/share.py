@@ -35,6 +35,8 @@ from collections.abc import Callable
 from typing import Final
 
 from protocol._wire import (
+    I32,
+    INT32_MAX,
     read_array_len,
     read_i16,
     read_i32,
@@ -45,7 +47,7 @@ from protocol._wire import (
 )
 from protocol.apis import ApiKey
 from protocol.errors import DecodeError, UnsupportedVersion
-from protocol.fetch import cap_min_max_bytes
+from protocol.fetch import FetchRequestTopics, _read_topics, cap_min_max_bytes
 from protocol.headers import RequestHeader, response_body_offset
 from protocol.records import PartitionTraffic, _read_records, count_records
 from protocol.rewrite import (  # the address walker and splicer this package shares
@@ -167,6 +169,68 @@ def cap_share_fetch_max_bytes(payload: bytes, header: RequestHeader, max_bytes: 
     pos = skip_string(payload, header.body_offset, True, "share_fetch group_id")
     pos = skip_string(payload, pos, True, "share_fetch member_id")
     return cap_min_max_bytes(payload, pos + 8, max_bytes, "share_fetch")  # after epoch, max_wait_ms
+
+
+def cap_share_fetch_max_records(payload: bytes, header: RequestHeader, max_records: int) -> bytes:
+    """The ShareFetch request (v1-v2) with max_records (and batch_size, the broker's preferred
+    acquisition size, never above it) lowered to at most `max_records` (at least 1): what a
+    records quota allows in one fetch. Layout after member_id: share_session_epoch i32,
+    max_wait_ms i32, min_bytes i32, max_bytes i32, max_records i32, batch_size i32. Returns
+    `payload` itself when nothing needs lowering (and for v0, which has no max_records)."""
+    if header.api_key != ApiKey.SHARE_FETCH:
+        raise ValueError(f"not a ShareFetch request: api_key={header.api_key}")
+    _check(ApiKey.SHARE_FETCH, header.api_version, SHARE_FETCH_MAX_VERSION)
+    if header.api_version < 1:
+        return payload
+    pos = skip_string(payload, header.body_offset, True, "share_fetch group_id")
+    pos = skip_string(payload, pos, True, "share_fetch member_id") + 16  # epoch, wait, min, max
+    cap = max(1, min(max_records, INT32_MAX))
+    current = read_i32(payload, pos, "share_fetch max_records")
+    batch = read_i32(payload, pos + 4, "share_fetch batch_size")
+    if current <= cap and batch <= cap:
+        return payload
+    out = bytearray(payload)
+    I32.pack_into(out, pos, min(current, cap))
+    I32.pack_into(out, pos + 4, min(batch, cap))
+    return bytes(out)
+
+
+def _skip_acknowledgements(payload: bytes, pos: int) -> int:
+    """A ShareFetch request partition's acknowledgement_batches: [first_offset i64, last_offset
+    i64, acknowledge_types[i8], tags]."""
+    what = "share_fetch acknowledgement_batches"
+    n_batches, pos = read_array_len(payload, pos, True, what, 18)
+    for _ in range(n_batches):
+        pos = skip(payload, pos, 16, what)
+        n_types, pos = read_array_len(payload, pos, True, f"{what} acknowledge_types", 1)
+        pos = skip_tagged_fields(payload, skip(payload, pos, n_types, what), f"{what} tags")
+    return pos
+
+
+def share_fetch_request_topics(payload: bytes, header: RequestHeader) -> FetchRequestTopics:
+    """The topics (by id) and partitions a ShareFetch request (v1-v2) lists and forgets: what a
+    topic quota needs to cap its max_bytes. `session_epoch` is the share session's (0 opens one,
+    -1 closes it, above 0 an incremental request that lists only what changed).
+
+    Layout: group_id str?, member_id str?, share_session_epoch i32, max_wait_ms i32, min_bytes i32,
+    max_bytes i32, max_records i32, batch_size i32, share_acquire_mode i8 (v2), is_renew_ack bool
+    (v2), topics[topic_id uuid, partitions[partition_index i32, acknowledgement_batches[...], tags],
+    tags], forgotten_topics_data[topic_id uuid, partitions[i32], tags], tags. Raises
+    UnsupportedVersion outside v1-v2 (v0 was 4.0's early access), DecodeError if it does not add up.
+    """
+    if header.api_key != ApiKey.SHARE_FETCH:
+        raise ValueError(f"not a ShareFetch request: api_key={header.api_key}")
+    if not 1 <= header.api_version <= SHARE_FETCH_MAX_VERSION:
+        raise UnsupportedVersion(ApiKey.SHARE_FETCH, header.api_version, "topic layout not verified")
+    pos = skip_string(payload, header.body_offset, True, "share_fetch group_id")
+    pos = skip_string(payload, pos, True, "share_fetch member_id")
+    epoch = read_i32(payload, pos, "share_fetch share_session_epoch")
+    pos = skip(payload, pos, 24 + (2 if header.api_version >= 2 else 0), "share_fetch limits")
+    topics, pos = _read_topics(payload, pos, True, True, "share_fetch", 0, partition_tags=True,
+                               skip_partition_extra=_skip_acknowledgements)
+    forgotten, pos = _read_topics(payload, pos, True, True, "share_fetch forgotten", None,
+                                  partition_tags=False)
+    return FetchRequestTopics(epoch, topics, forgotten)
 
 
 def share_fetch_response_partitions(payload: bytes, api_version: int) -> list[PartitionTraffic]:

@@ -6,8 +6,10 @@ What is recorded, and when:
   prefix, as Kafka's `request.sizeInBytes`), when the request arrives. A throttle mutes the client
   at once; the broker's response then carries the throttle time. acks=0 produces get no response,
   so for them the mute is the whole enforcement.
-- `consumer_byte_rate`: the Fetch response's size, when it comes back from the broker. When the
-  client is throttled (by bytes or requests) the bytes are un-recorded and the client gets an
+- `consumer_byte_rate`: the Fetch response's size, when it comes back from the broker. A Fetch or
+  ShareFetch of a topic with a consumer budget has its max_bytes capped by that budget too (its
+  topics are read from the request, and kept per connection for incremental fetch sessions).
+  When the client is throttled (by bytes or requests) the bytes are un-recorded and the client gets an
   empty response instead (error 0, no records, the broker's fetch session id kept) and fetches the
   same offsets again after the delay: nothing is lost.
 - `consumer_byte_rate` for ShareFetch (KIP-932), as the broker charges it
@@ -18,7 +20,9 @@ What is recorded, and when:
   with their delivery count raised). Sluice delivers them, keeps the bytes recorded, writes the
   throttle time and mutes the channel: the next share fetch waits for the delay, so the rate
   holds, and no record is lost, redelivered or acknowledged twice because Sluice throttled.
-  ShareAcknowledge carries no data: it counts for `request_rate` and `request_percentage`.
+  A `consumer_record_rate` (the client's or a topic's) caps its max_records at one sample window
+  of records, so no response carries far more than the budget admits. ShareAcknowledge carries
+  no data: it counts for `request_rate` and `request_percentage`.
 - `request_rate` (Sluice's own, requests per second): every request but ApiVersions and SASL, when
   it arrives.
 - `request_percentage`: what a proxy can measure of broker time. Kafka meters request-handler
@@ -46,15 +50,17 @@ from __future__ import annotations
 
 import logging
 import struct
+from collections import OrderedDict
+from collections.abc import Iterable
 
 from kio.schema.errors import ErrorCode
 
 from protocol.apis import ApiKey, api_name, response_header_version
 from protocol.errors import ProtocolError
 from protocol.fastpath import patch_throttle_time
-from protocol.fetch import cap_fetch_max_bytes, empty_fetch_response
+from protocol.fetch import cap_fetch_max_bytes, empty_fetch_response, fetch_request_topics
 from protocol.headers import RequestHeader, response_body_offset
-from protocol.share import cap_share_fetch_max_bytes
+from protocol.share import cap_share_fetch_max_bytes, cap_share_fetch_max_records, share_fetch_request_topics
 from proxy.flow.inflight import InFlight, QuotaNote
 from proxy.flow.pipeline import ConnectionContext, Forward, RequestOutcome, ResponseOutcome, StageBase
 from proxy.stages.topic_usage import TopicNames, TopicUsage, fetch_usage, produce_usage, share_fetch_usage
@@ -66,6 +72,13 @@ log = logging.getLogger("sluice.quotas")
 
 #: (principal, client id) pairs the stage keeps made identities for; beyond it, it starts over.
 MAX_IDENTITIES = 10_000
+#: Fetch sessions (one per connection and API) whose topics the stage keeps; beyond it, the one
+#: that fetched longest ago is forgotten (its incremental requests are then capped by the topics
+#: they list, until its next full request).
+MAX_FETCH_SESSIONS = 10_000
+
+#: a topic of a fetch request: its name, or its id (Fetch v13+, ShareFetch)
+_TopicRef = tuple[str | None, bytes | None]
 
 _NOT_REQUEST_RATED = frozenset({ApiKey.API_VERSIONS, ApiKey.SASL_HANDSHAKE, ApiKey.SASL_AUTHENTICATE})
 
@@ -78,6 +91,9 @@ class QuotaStage(StageBase):
         self._engine = engine
         self._observer = observer
         self.topic_names = TopicNames() if topic_names is None else topic_names  # Produce v13, Fetch v13+
+        # (connection, Fetch or ShareFetch) -> the partitions of its fetch session, by topic name or
+        # id: what an incremental request fetches from beside what it lists; LRU-bounded
+        self._fetch_sessions: OrderedDict[tuple[int, int], dict[_TopicRef, set[int]]] = OrderedDict()
         # (principal, client id) -> its ClientIdentity, made once: the same object every request, so
         # the quota managers' lookups by it compare by identity (equal either way: same decisions)
         self._identities: dict[tuple[str, str | None], ClientIdentity] = {}
@@ -108,9 +124,11 @@ class QuotaStage(StageBase):
                 usage = produce_usage(payload, header, self.topic_names, ctx.send_own)
             verdict = engine.produce(ctx.broker_id, identity, len(payload), usage)
         elif api_key == ApiKey.FETCH or api_key == ApiKey.SHARE_FETCH:
-            verdict = engine.fetch_request(ctx.broker_id, identity, share=api_key == ApiKey.SHARE_FETCH)
-            if verdict.fetch_cap_bytes is not None:
-                forward = _cap_fetch(header, payload, verdict.fetch_cap_bytes)
+            topics = self._fetched_topics(ctx, header, payload) if engine.needs_fetch_request_topics else ()
+            verdict = engine.fetch_request(ctx.broker_id, identity, share=api_key == ApiKey.SHARE_FETCH,
+                                           topics=topics)
+            if verdict.fetch_cap_bytes is not None or verdict.fetch_cap_records is not None:
+                forward = _cap_fetch(header, payload, verdict)
             entry.whole_response = verdict.read_whole_response
         else:
             verdict = engine.request(ctx.broker_id, identity, rated=api_key not in _NOT_REQUEST_RATED)
@@ -126,6 +144,53 @@ class QuotaStage(StageBase):
         if forward is None and enforced == 0:
             return None
         return Forward(forward, enforced)
+
+    def _fetched_topics(self, ctx: ConnectionContext, header: RequestHeader,
+                        payload: bytes) -> tuple[str, ...]:
+        """The topics a Fetch or ShareFetch request fetches from, named as the response side names
+        them (an id by `TopicNames`). An incremental request of a fetch session (KIP-227; a share
+        session alike) lists only the partitions that changed, so the session's partitions are
+        kept per connection: a full request (epoch 0 or -1) replaces them, an incremental one adds
+        what it lists and drops what it forgets."""
+        try:
+            if header.api_key == ApiKey.SHARE_FETCH:
+                listed = share_fetch_request_topics(payload, header)
+            else:
+                listed = fetch_request_topics(payload, header)
+        except (ProtocolError, ValueError) as exc:
+            log.warning("cannot read the topics of %s v%d, its max_bytes is not capped by topic quotas: %s",
+                        api_name(header.api_key), header.api_version, exc)
+            return ()
+        sessions = self._fetch_sessions
+        key = (ctx.connection_id, header.api_key)
+        session: dict[_TopicRef, set[int]] | None
+        if listed.session_epoch > 0:
+            session = sessions.get(key)
+            if session is None:
+                session = sessions[key] = {}
+            else:
+                sessions.move_to_end(key)
+            for gone in listed.forgotten:
+                parts = session.get((gone.name, gone.topic_id))
+                if parts is not None:
+                    parts.difference_update(gone.partitions)
+                    if not parts:
+                        del session[(gone.name, gone.topic_id)]
+        else:
+            session = None
+            sessions.pop(key, None)
+            if listed.session_epoch == 0:  # opens a session: its incremental requests follow
+                session = sessions[key] = {}
+        if session is None:
+            refs: Iterable[_TopicRef] = ((t.name, t.topic_id) for t in listed.topics)
+        else:
+            for t in listed.topics:
+                session.setdefault((t.name, t.topic_id), set()).update(t.partitions)
+            refs = session
+            if len(sessions) > MAX_FETCH_SESSIONS:
+                sessions.popitem(last=False)  # the longest idle
+        names = self.topic_names
+        return tuple({names.name(name, topic_id, ctx.send_own): None for name, topic_id in refs})
 
     # ------------------------------------------------------------------ responses
 
@@ -192,13 +257,18 @@ class QuotaStage(StageBase):
                 self._observer.on_violation(ctx, d)
 
 
-def _cap_fetch(header: RequestHeader, payload: bytes, cap_bytes: int) -> bytes | None:
-    """KAFKA-9677: the request's max_bytes capped at `cap_bytes`; None if it asks for no more."""
+def _cap_fetch(header: RequestHeader, payload: bytes, verdict: RequestVerdict) -> bytes | None:
+    """KAFKA-9677: the request's max_bytes capped at the verdict's `fetch_cap_bytes` (and a
+    ShareFetch's max_records at its `fetch_cap_records`); None if it asks for no more."""
+    capped = payload
     try:
         if header.api_key == ApiKey.SHARE_FETCH:  # as the broker caps a share fetch
-            capped = cap_share_fetch_max_bytes(payload, header, cap_bytes)
-        else:
-            capped = cap_fetch_max_bytes(payload, header, cap_bytes)
+            if verdict.fetch_cap_bytes is not None:
+                capped = cap_share_fetch_max_bytes(capped, header, verdict.fetch_cap_bytes)
+            if verdict.fetch_cap_records is not None:
+                capped = cap_share_fetch_max_records(capped, header, verdict.fetch_cap_records)
+        elif verdict.fetch_cap_bytes is not None:
+            capped = cap_fetch_max_bytes(payload, header, verdict.fetch_cap_bytes)
     except ProtocolError as exc:
         log.warning("cannot cap %s v%d max_bytes: %s", api_name(header.api_key), header.api_version, exc)
         return None

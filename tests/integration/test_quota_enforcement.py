@@ -86,8 +86,14 @@ def test_java_producer_holds_its_quota(kafka: KafkaCluster, tmp_path: Path, quot
         # the perf tool's 5 s reports do not line up with the window: measure the log's growth
         # on the broker over three whole periods from the first append instead
         with load.WatermarkSampler(kafka.bootstrap, topic) as sampler:
+            # batches sized for the rate, as the librdkafka test does: with Java's default 16 KiB
+            # batches and 5 requests in flight (80 KiB a round trip) an 8 MiB/s flood needs a
+            # round trip under 10 ms, and at load 14-24 the 8 MiB/s case reached only 0.60-0.65 x
+            # the quota over whole cycles; 256 KiB batches (1.25 MiB a round trip) need one under
+            # 150 ms, so the rate measured is Sluice's enforcement, not the producer's round trips
             tools.producer_perf(topic, int(quota * (RUN_S + PERIOD_S) / 1000), 1000,
-                                props={"acks": "1", "client.id": "java-flood"})
+                                props={"acks": "1", "client.id": "java-flood",
+                                       "batch.size": str(min(256 * KiB, quota // 8)), "linger.ms": "20"})
         # over whole throttle cycles: Java waits out each throttle besides Sluice's mute, so under
         # load the periods stretch and a fixed span of three periods holds fewer bursts
         achieved = sampler.timeline(1000).cycle_rate(0, RUN_S + PERIOD_S, or_plain=True)

@@ -3,14 +3,20 @@
 from __future__ import annotations
 
 import datetime as dt
+import importlib
+import logging
 import struct
+import uuid
 
+import pytest
+from kio.index import load_request_schema
 from kio.schema.errors import ErrorCode
 from kio.schema.fetch.v12 import response as fr
+from kio.schema.share_fetch.v1 import request as sf
 
 from protocol.apis import ApiKey
-from protocol.encode import decode_response_body, encode_response
-from protocol.headers import RequestHeader
+from protocol.encode import decode_response_body, encode_request, encode_response
+from protocol.headers import RequestHeader, read_request_header
 from protocol.throttle import read_throttle_time_ms
 from proxy.flow.inflight import InFlight
 from proxy.flow.pipeline import FORWARD, ConnectionContext, Forward, RequestOutcome, ResponseOutcome
@@ -231,3 +237,121 @@ def test_one_identity_object_per_principal_and_client_id() -> None:
         h, p = produce_request(30, f"c{i}")
         assert on_request(stage, h, p)[1].quota.identity.client_id == f"c{i}"  # type: ignore[union-attr]
     assert len(stage._identities) <= quota_stage.MAX_IDENTITIES
+
+
+# ---------------------------------------------------------------- topic budgets cap a fetch
+
+T_ID = bytes(range(16))
+
+
+def _topic_stage(clock: FakeClock) -> QuotaStage:
+    """A topic budget alone: t at 1 000 B/s (one sample window: a fetch of t is capped at 1 000 B)."""
+    config = QuotaConfig.from_dict({"entries": [{"topic": "t", "consumer_byte_rate": 1000}]})
+    return QuotaStage(QuotaEngine(config, clock))
+
+
+def fetch_request(version: int, topics: dict[str | bytes, list[int]], epoch: int = -1,
+                  forgotten: dict[str | bytes, list[int]] | None = None,
+                  max_bytes: int = 52_428_800) -> tuple[RequestHeader, bytes]:
+    """A Fetch request as kio writes it: topics by name (v12) or by id (v13+), 1 MiB per partition."""
+    schema = load_request_schema(ApiKey.FETCH, version)
+    module = importlib.import_module(schema.__module__)
+
+    def topic(key: str | bytes) -> dict[str, object]:
+        return {"topic_id": uuid.UUID(bytes=key)} if isinstance(key, bytes) else {"topic": key}
+
+    body = schema(max_wait=dt.timedelta(milliseconds=500), min_bytes=1, max_bytes=max_bytes, session_id=7,
+                  session_epoch=epoch, topics=tuple(module.FetchTopic(**topic(k), partitions=tuple(
+                      module.FetchPartition(partition=p, fetch_offset=0, partition_max_bytes=1 << 20)
+                      for p in parts)) for k, parts in topics.items()),
+                  forgotten_topics_data=tuple(module.ForgottenTopic(**topic(k), partitions=tuple(parts))
+                                              for k, parts in (forgotten or {}).items()))
+    payload = encode_request(RequestHeader(ApiKey.FETCH, version, 9, "app", 2, 0), body)
+    return read_request_header(payload), payload
+
+
+def capped_to(stage: QuotaStage, request: tuple[RequestHeader, bytes],
+              ctx: ConnectionContext = CTX) -> int | None:
+    """The max_bytes the stage forwards (None: the client's, unchanged)."""
+    header, payload = request
+    entry = InFlight(header.correlation_id, header.api_key, header.api_version, header.client_id,
+                     len(payload), 0)
+    outcome = stage.on_request(ctx, entry, header, payload)
+    if outcome is None or not isinstance(outcome, Forward) or outcome.payload is None:
+        return None
+    # past replica_id (until v14), max_wait_ms and min_bytes
+    at = header.body_offset + (12 if header.api_version <= 14 else 8)
+    return int(struct.unpack_from(">i", outcome.payload, at)[0])
+
+
+def test_a_fetch_of_a_topic_with_a_budget_is_capped_by_it_named_or_by_id() -> None:
+    """Without it a consumer asking 1 MiB per partition of a topic whose budget admits less in a
+    window is answered empty forever (issue 26: 0 of 10 000 records in 90 s)."""
+    stage = _topic_stage(FakeClock(0))
+    # by name (v12): 1 000 B/s x one 1 s sample = 1 000 B, for the whole request
+    assert capped_to(stage, fetch_request(12, {"t": [0, 1]})) == 1000
+    assert capped_to(stage, fetch_request(12, {"free": [0], "t": [2]})) == 1000
+    assert capped_to(stage, fetch_request(12, {"free": [0]})) is None
+    # by id (v13+): named as the response side names it, from Metadata it learned
+    assert capped_to(stage, fetch_request(16, {T_ID: [0]})) is None  # not known yet: its hex form
+    stage.topic_names.add({T_ID: "t"})
+    assert capped_to(stage, fetch_request(16, {T_ID: [0]})) == 1000
+
+
+def test_an_incremental_fetch_session_stays_capped_by_the_topics_it_fetches() -> None:
+    """KIP-227: after a full fetch (epoch 0) the Java consumer lists only partitions that changed;
+    an incremental request that lists none still fetches t, until t is forgotten."""
+    stage = _topic_stage(FakeClock(0))
+    other = ConnectionContext(2, "127.0.0.1:5001", "broker 1", 1)
+    assert capped_to(stage, fetch_request(12, {"t": [0, 1], "free": [0]}, epoch=0)) == 1000
+    assert capped_to(stage, fetch_request(12, {}, epoch=1)) == 1000            # lists nothing: t still
+    assert capped_to(stage, fetch_request(12, {}, epoch=1), other) is None     # another connection's own
+    assert capped_to(stage, fetch_request(12, {}, epoch=2, forgotten={"t": [0]})) == 1000  # t-1 left
+    assert capped_to(stage, fetch_request(12, {}, epoch=3, forgotten={"t": [1]})) is None  # t forgotten
+    assert capped_to(stage, fetch_request(12, {"t": [4]}, epoch=4)) == 1000    # added again
+    # a sessionless fetch (librdkafka's, epoch -1) lists everything and leaves no session behind
+    assert capped_to(stage, fetch_request(12, {"free": [0]}, epoch=-1)) is None
+    assert capped_to(stage, fetch_request(12, {}, epoch=5)) is None
+
+
+def share_fetch(max_records: int = 500) -> tuple[RequestHeader, bytes]:
+    body = sf.ShareFetchRequest(group_id="g", member_id="m", share_session_epoch=0,
+                                max_wait=dt.timedelta(milliseconds=500), min_bytes=1, max_bytes=52_428_800,
+                                max_records=max_records, batch_size=max_records, topics=(sf.FetchTopic(
+                                    topic_id=uuid.UUID(bytes=T_ID), partitions=(sf.FetchPartition(
+                                        partition_index=0, acknowledgement_batches=()),)),),
+                                forgotten_topics_data=())
+    payload = encode_request(RequestHeader(ApiKey.SHARE_FETCH, 1, 9, "app", 2, 0), body)
+    return read_request_header(payload), payload
+
+
+def forwarded_share_limits(stage: QuotaStage) -> tuple[int, int, int]:
+    """(max_bytes, max_records, batch_size) of the ShareFetch the stage forwards."""
+    header, payload = share_fetch()
+    entry = InFlight(9, ApiKey.SHARE_FETCH, 1, "app", len(payload), 0)
+    outcome = stage.on_request(CTX, entry, header, payload)
+    assert isinstance(outcome, Forward) and outcome.payload is not None
+    # group_id "g" and member_id "m" (compact: 2 bytes each), share_session_epoch, max_wait_ms, min
+    at = header.body_offset + 4 + 12
+    return struct.unpack_from(">iii", outcome.payload, at)
+
+
+def test_a_share_fetch_of_a_topic_with_a_budget_is_capped_by_it() -> None:
+    stage = _topic_stage(FakeClock(0))
+    stage.topic_names.add({T_ID: "t"})
+    assert forwarded_share_limits(stage) == (1000, 500, 500)  # bytes: 1 000 B/s x one 1 s sample
+    # a records budget caps max_records and batch_size: 40 records/s x one 1 s sample = 40
+    config = QuotaConfig.from_dict({"entries": [{"topic": "t", "consumer_record_rate": 40}]})
+    records = QuotaStage(QuotaEngine(config, FakeClock(0)))
+    records.topic_names.add({T_ID: "t"})
+    assert forwarded_share_limits(records) == (52_428_800, 40, 40)
+
+
+def test_a_fetch_whose_topics_cannot_be_read_is_forwarded_uncapped_with_a_warning(
+        caplog: pytest.LogCaptureFixture) -> None:
+    stage = _topic_stage(FakeClock(0))
+    _, payload = fetch_request(12, {"t": [0]})
+    truncated = payload[:-12]  # into t's partition
+    with caplog.at_level(logging.WARNING, "sluice.quotas"):
+        assert capped_to(stage, (read_request_header(truncated), truncated)) is None
+    assert "cannot read the topics of Fetch v12" in caplog.text
