@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -176,6 +177,65 @@ def test_entity_names_of_sharing_groups() -> None:
     assert entity_text(SensorKey(QuotaKind.FETCH, "", "", topic="orders")) == "topic=orders"
     assert QuotaConfig((QuotaEntry(QuotaEntity(user="alice"), {QuotaKind.PRODUCE: 5.0}),)) == _config(
         {("user=alice", "producer_byte_rate"): 5})
+
+
+def _steps(spark: SparkSession, logs: Any, plan: QuotaConfig, base: QuotaConfig, keys: list[str],
+           scope: str, *, topics: bool, end_ms: int) -> list[dict[str, Any]]:
+    """The steps one by one (arrivals, identities, groups, the join, `simulate`): the reference."""
+    arr = logs.transform(arrivals(keys, topics=topics, demand_resolution_ms=100))
+    groups = group_rows(plan, identities(arr), topics=topics)
+    setup = SimulationSetup.of(plan, base, keys, scope, end_ms)
+    out = arr.transform(with_groups(spark, groups, scope)).transform(simulate(setup, topics=topics))
+    return sorted((r.asDict() for r in out.collect()),
+                  key=lambda r: tuple((r[k] is not None, r[k]) for k in ("entity", "quota_key", "broker_id")))
+
+
+def _nan_free(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """NaN (no throttle to take a mean of) is not equal to itself: as a string, to compare rows."""
+    return [{k: "NaN" if isinstance(v, float) and math.isnan(v) else v for k, v in r.items()} for r in rows]
+
+
+@pytest.mark.parametrize("scope", ["broker", "cluster"])
+def test_the_jobs_numbered_plan_answers_as_the_steps_do(spark: SparkSession, scope: str) -> None:
+    from spark_analytics.jobs.simulate import simulate_rows
+    from spark_analytics.plan import Plan, PlanEntry
+
+    # Producers on two brokers and a consumer of what they wrote: alice (steady, 3000 B/s), a
+    # client-id-prefix group of two, an unlimited client, a null client id, and bob's consumer
+    # reading topic "orders" as alice writes it; topic budgets on "orders" and "logs". Ties (batch-a and
+    # batch-b send at the same instants) replay in the order of the clients' names on both paths.
+    def part(topic: str, n: int) -> list[dict[str, object]]:
+        return [{"topic": topic, "partition": 0, "records": n, "bytes": 100 * n}]
+
+    records = ([produce(T0 + t, 300, client_id="app", topics=part("orders", 3), broker_id=1 + (t // 100) % 2)
+                for t in range(0, 20_000, 100)]
+               + _steady("u", "batch-a", 600, 500, 20_000)
+               + _steady("u", "batch-b", 600, 500, 20_000)  # at the same instants as batch-a
+               + _steady("carol", "free", 900, 200, 20_000)
+               + [r | {"client_id": None} for r in _steady("x", "nobody", 400, 300, 20_000)]
+               + [fetch(T0 + t, 3000, principal="bob", client_id="reader", topics=part("orders", 30),
+                        upstream_latency_ms=5.0) for t in range(1000, 20_000, 1000)]
+               + [produce(T0 + t, 2000, principal="dave", client_id="logger", topics=part("logs", 20))
+                  for t in range(0, 20_000, 400)])
+    logs = frame(spark, records)
+    end_ms = max(int(r["ts_ms"]) for r in records) + 1  # type: ignore[call-overload]
+    values: dict[tuple[str, str], float] = {
+        ("user=alice", "producer_byte_rate"): 1000, ("client-id-prefix=batch-", "producer_byte_rate"): 1500,
+        ("user=bob", "consumer_byte_rate"): 1000, ("user=<default>", "producer_byte_rate"): 300,
+        ("topic=orders", "producer_byte_rate"): 2000, ("topic=logs", "producer_byte_rate"): 4000}
+    plan = _config(values)
+    base = _config({("user=alice", "producer_byte_rate"): 5000, ("user=bob", "consumer_byte_rate"): 2500})
+    entries = tuple(PlanEntry(entity, key, None, None, int(value), "decrease", "test")
+                    for (entity, key), value in values.items())
+    job = simulate_rows(spark, logs, Plan(entries, "2026-01-01T00:00:00+00:00", {}), plan, base, scope,
+                        demand_resolution_ms=100)
+    clients = _steps(spark, logs, plan, base, ["consumer_byte_rate", "producer_byte_rate"], scope,
+                     topics=False, end_ms=end_ms)
+    topics = _steps(spark, logs, plan, base, ["producer_byte_rate"], scope, topics=True, end_ms=end_ms)
+    # every sharing group of both modes, each with the same numbers, timeline included
+    assert len(clients) >= 4 and len(topics) >= 2
+    assert _nan_free(job) == _nan_free(clients + topics)
+    assert any(r["plan_throttles"] > 0 for r in clients) and any(r["plan_throttles"] > 0 for r in topics)
 
 
 # ------------------------------------------------------------------------------ the jobs
