@@ -170,7 +170,8 @@ class _Enforcer:
             return _Decision(engine.produce(None, client, size, self._tally(topic, value)).throttle_ms, value)
         if kind is QuotaKind.REQUEST_RATE:
             return _Decision(engine.request(None, client).throttle_ms, value)
-        request = engine.fetch_request(None, client)
+        # a topic budget caps the fetch of its topic as the proxy does (`topic_fetch_cap`)
+        request = engine.fetch_request(None, client, topics=(topic,) if self._topics and topic else ())
         cap = math.inf if request.fetch_cap_bytes is None else float(max(request.fetch_cap_bytes, 1))
         piece = min(value, cap) if kind is QuotaKind.FETCH else value
         size = int(piece) if kind is QuotaKind.FETCH else 0

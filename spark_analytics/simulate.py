@@ -19,6 +19,7 @@ not simulated; a sharing group spread over several brokers is one budget per bro
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 from collections.abc import Iterator, Mapping, Sequence
@@ -165,14 +166,17 @@ def arrivals(keys: Sequence[str], *, topics: bool, service_ms: int | None = None
                 F.lit(0)).cast("long")
         else:
             response_ms = F.lit(0).cast("long")
+        # `seq`: the request's place on its connection (its correlation id): requests of one
+        # client in one millisecond replay in the order it sent them
         base: list[Column | str] = ["principal", "client_id", "broker_id", "ts_ms",
                                     throttled.alias("recorded_throttled"),
-                                    response_ms.alias("response_ms")]
+                                    response_ms.alias("response_ms"),
+                                    F.col("correlation_id").cast("long").alias("seq")]
         if topics:
             rows = (logs.where(produce | fetch)
                     .select(*base, "api_key", F.explode("topics").alias("t"))
                     .groupBy("principal", "client_id", "broker_id", "ts_ms", "recorded_throttled",
-                             "response_ms", "api_key", F.col("t.topic").alias("topic"))
+                             "response_ms", "seq", "api_key", F.col("t.topic").alias("topic"))
                     .agg(F.sum("t.bytes").alias("bytes"),
                          F.sum(F.coalesce(F.col("t.records"), F.lit(0))).alias("records")))
             produce, fetch = F.col("api_key") == PRODUCE_API_KEY, F.col("api_key") != PRODUCE_API_KEY
@@ -199,10 +203,12 @@ def arrivals(keys: Sequence[str], *, topics: bool, service_ms: int | None = None
             else:
                 where, value = F.lit(True), F.lit(1)
             waited = F.col("response_ms") if key in _PRODUCE_KEYS else F.lit(0).cast("long")
+            # a consumer's demand rows are in no request's order: they tie on `value`
+            seq = F.col("seq") if source is rows else F.lit(0).cast("long")
             parts.append(source.where(where).select(
                 "principal", "client_id", "topic", "broker_id", "ts_ms", F.lit(key).alias("quota_key"),
                 value.cast("double").alias("value"), F.col("records").cast("long").alias("records"),
-                "recorded_throttled", waited.alias("response_ms")))
+                "recorded_throttled", waited.alias("response_ms"), seq.alias("seq")))
         out = parts[0]
         for p in parts[1:]:
             out = out.unionByName(p)
@@ -262,8 +268,10 @@ def fetch_demand(*, topics: bool, resolution_ms: int = 1) -> Any:
     later fetches everything that was produced meanwhile. Per topic-partition
     (`retime_partition`) the consumer's records are matched, in offset order, to the produce
     batches that wrote them; the bytes are the consumer's own (the response bytes it got per
-    record). Share fetches (no offset order per consumer) and consumers of a partition no
-    recorded producer wrote keep their recorded fetches."""
+    record). A streamed fetch (its record has no topics) counts in its consumer's partition when
+    the consumer fetched only one from that broker. Share fetches (no offset order per consumer),
+    streamed fetches of a consumer of several partitions and consumers of a partition no recorded
+    producer wrote keep their recorded fetches."""
     from pyspark.sql import functions as F
 
     def transform(logs: DataFrame) -> DataFrame:
@@ -291,17 +299,42 @@ def fetch_demand(*, topics: bool, resolution_ms: int = 1) -> Any:
                                  F.col("wire") * F.col("t.bytes") / F.col("pieces_bytes"))
                           .otherwise(F.col("t.bytes").cast("double")).alias("bytes")))
 
+        # A Fetch response of more than 64 KiB is streamed, and its record has no topics
+        # (docs/operating.md): when its consumer fetched one partition from that broker in the
+        # recording, it was of that partition, with records unknown (`retime_partition` counts
+        # them from its bytes). Left out, a consumer that read a backlog in streamed responses
+        # is matched to that many records too few: its demand lost the last ones produced, and
+        # gained the streamed bytes as recorded, at the moment it caught up.
+        who = ["principal", "client_id", "broker_id"]
+        streamed = (logs.where((api == FETCH_API_KEY) & F.col("topics").isNull())
+                    .select(*who, "ts_ms", "api_key", ready.alias("ready_ms"),
+                            throttled.alias("recorded_throttled"),
+                            F.coalesce(F.col("response_bytes"), F.lit(0)).cast("double").alias("bytes")))
+        partition = F.struct("topic", "partition")
+        single = (wanted.where(F.col("api_key") == FETCH_API_KEY)
+                  .groupBy(*[F.col(c).alias(f"one_{c}") for c in who])
+                  .agg(F.min(partition).alias("first"), F.max(partition).alias("last"))
+                  .where(F.col("first") == F.col("last")))
+        placed = streamed.join(single, [streamed[c].eqNullSafe(single[f"one_{c}"]) for c in who], "left")
+        routed = (placed.where(F.col("first").isNotNull())
+                  .select(*who, "ts_ms", "api_key", "ready_ms", "recorded_throttled",
+                          F.col("first.topic").alias("topic"), F.col("first.partition").alias("partition"),
+                          F.lit(None).cast("long").alias("records"), "bytes"))
+
         def run(table: pa.Table) -> pa.Table:
             return retime_partition(table, topics=topics, resolution_ms=resolution_ms)
-        retimed = wanted.groupBy("topic", "partition").applyInArrow(run, _DEMAND_SCHEMA)
-        # fetches that carried no partition (an empty response) and share fetches, as recorded
+        retimed = wanted.unionByName(routed).groupBy("topic", "partition").applyInArrow(run, _DEMAND_SCHEMA)
+        # fetches that carried no partition (an empty response), streamed ones of a consumer of
+        # several partitions, and share fetches, as recorded
         topic = F.lit(None).cast("string")
-        bare = (logs.where((api == SHARE_FETCH_API_KEY)
-                           | ((api == FETCH_API_KEY) & (F.coalesce(F.size("topics"), F.lit(0)) <= 0)))
-                .select("principal", "client_id", "broker_id", "ts_ms", throttled.alias("recorded_throttled"),
-                        F.lit(0).cast("long").alias("response_ms"), "api_key", topic.alias("topic"),
-                        F.coalesce(F.col("response_bytes"), F.lit(0)).cast("double").alias("bytes"),
-                        F.lit(0).cast("long").alias("records")))
+        as_recorded: list[Column | str] = [
+            *who, "ts_ms", "recorded_throttled", F.lit(0).cast("long").alias("response_ms"), "api_key",
+            topic.alias("topic"), "bytes", F.lit(0).cast("long").alias("records")]
+        bare = (logs.where((api == SHARE_FETCH_API_KEY) | ((api == FETCH_API_KEY) & (F.size("topics") == 0)))
+                .select(*who, "ts_ms", throttled.alias("recorded_throttled"), "api_key",
+                        F.coalesce(F.col("response_bytes"), F.lit(0)).cast("double").alias("bytes"))
+                .select(*as_recorded)
+                .unionByName(placed.where(F.col("first").isNull()).select(*as_recorded)))
         if topics:  # a topic budget counts the topics' bytes: a response with none adds nothing
             return retimed
         return retimed.unionByName(bare)
@@ -325,7 +358,10 @@ def retime_partition(table: pa.Table, *, topics: bool, resolution_ms: int = 1) -
     one's time: a consumer's demand is never earlier than its data, and at most `resolution_ms`
     later (`fetch_demand`: a tenth of the quota's sample). A partition read by F consumers makes up
     to F rows of every produce batch: in bench_tune's 1 M-record recording, one partition's 75 k
-    produce and fetch pieces made 96 k demand rows to the millisecond and 32 k in 100 ms steps."""
+    produce and fetch pieces made 96 k demand rows to the millisecond and 32 k in 100 ms steps.
+    A fetch whose records are unknown (null: a streamed response) counts its bytes at the
+    consumer's bytes per record in its other fetches of the partition; a consumer with no record
+    count at all keeps its recorded fetches."""
     import numpy as np
     import pyarrow as pa
     import pyarrow.compute as pc
@@ -354,12 +390,18 @@ def retime_partition(table: pa.Table, *, topics: bool, resolution_ms: int = 1) -
     values: list[Any] = []
     for group in np.split(fetch, np.nonzero(np.diff(keys))[0] + 1) if len(fetch) else []:
         fetched = records[group]
-        if not len(produce) or not known[group].all() or fetched.sum() <= 0:
+        counted = known[group]
+        if not len(produce) or fetched[counted].sum() <= 0:
             picked.append(group)  # nothing to match them with: as recorded
             at.append(ts[group])
             counts.append(fetched)
             values.append(size[group])
             continue
+        if not counted.all():
+            # a fetch whose records the log does not have (a streamed response, `fetch_demand`):
+            # its bytes at the consumer's bytes per record in the fetches that have them
+            fetched = np.where(counted, fetched, np.rint(
+                size[group] * (fetched[counted].sum() / size[group][counted].sum()))).astype(np.int64)
         fetched_end = np.cumsum(fetched)
         idx = np.searchsorted(produced_ms, ready[group], side="right")
         produced_by = np.where(idx > 0, produced_end[np.maximum(idx - 1, 0)], 0)
@@ -459,9 +501,109 @@ def simulate(setup: SimulationSetup, *, topics: bool) -> Any:
         def run(table: pa.Table) -> pa.Table:
             return simulate_group(table, setup, topics=topics)
         return (arr.select("entity", "quota_key", "broker_id", "principal", "client_id", "topic", "ts_ms",
-                           "value", "records", "recorded_throttled", "response_ms")
+                           "value", "records", "recorded_throttled", "response_ms", "seq")
                 .groupBy("entity", "quota_key", "broker_id").applyInArrow(run, RESULT_SCHEMA))
     return transform
+
+
+# ------------------------------------------------------------------------------ the job's plan
+#
+# The job replays what the steps above replay, with less to move: the recording's clients and the
+# plan's sharing groups are found in one pass over the logs (with the recording's end), numbered
+# on the driver, and the replay's shuffle carries each request's group and client as two
+# integers instead of five names (`simulate_numbered`). The answers are `simulate`'s, row for row
+# (tests/spark/test_simulate.py holds them equal).
+
+def _who(principal: str | None, client_id: str | None) -> str:
+    return f"{principal or ''}\x00{client_id or ''}"
+
+
+@dataclass(frozen=True, slots=True)
+class Numbering:
+    """The recording's clients and the plan's sharing groups as numbers. `clients[n]` is client
+    n's `principal NUL client_id`, numbered in sorted order (the order `simulate_group` ranks a
+    group's clients in); `groups[g]` is sharing group g's (entity, quota key); `rows` is the join
+    table: (principal, client_id, topic, quota_key, group_no, client_no) per identity the plan
+    limits (`group_rows`)."""
+
+    clients: tuple[str, ...]
+    groups: tuple[tuple[str, str], ...]
+    rows: tuple[tuple[str | None, str | None, str | None, str, int, int], ...]
+
+    @classmethod
+    def of(cls, rows: Sequence[tuple[str | None, str | None, str | None, str, str]]) -> Numbering:
+        clients = sorted({_who(p, c) for p, c, _, _, _ in rows})
+        client_no = {who: n for n, who in enumerate(clients)}
+        groups = sorted({(entity, key) for _, _, _, key, entity in rows})
+        group_no = {g: n for n, g in enumerate(groups)}
+        return cls(tuple(clients), tuple(groups),
+                   tuple((p, c, t, key, group_no[(entity, key)], client_no[_who(p, c)])
+                         for p, c, t, key, entity in rows))
+
+
+def recorded_identities(logs: DataFrame, keys: Sequence[str], *, topics: bool,
+                        ) -> tuple[list[tuple[str, str | None, str | None, str]], int | None]:
+    """Access-log records -> every (principal, client_id, topic, quota_key) that can have an
+    arrival for one of `keys` (each client of the recording with each key; with `topics`, with
+    each topic its records name), a superset of `identities` of the arrivals, in one pass that
+    also finds the last record's `ts_ms` (None: no record)."""
+    from pyspark.sql import functions as F
+
+    if topics:
+        found = (logs.select("principal", "client_id", F.explode("topics").alias("t"))
+                 .select("principal", "client_id", F.col("t.topic").alias("topic")).distinct().collect())
+        who = [(r["principal"], r["client_id"], r["topic"]) for r in found]
+        last = logs.agg(F.max("ts_ms")).first()
+        end = None if last is None else last[0]
+    else:
+        clients = logs.groupBy("principal", "client_id").agg(F.max("ts_ms").alias("last_ms")).collect()
+        who = [(r["principal"], r["client_id"], None) for r in clients]
+        ends = [r["last_ms"] for r in clients if r["last_ms"] is not None]
+        end = max(ends) if ends else None
+    return [(p, c, t, key) for p, c, t in who for key in keys], end
+
+
+def simulate_numbered(spark: SparkSession, setup: SimulationSetup, numbering: Numbering, *,
+                      topics: bool) -> Any:
+    """arrivals -> one row per (entity, quota_key, broker_id), `simulate`'s (`RESULT_SCHEMA`):
+    the arrivals of the identities in `numbering` (an inner join with its small table, as
+    `with_groups`), grouped by group and broker number, replayed by `simulate_numbered_group`."""
+    from pyspark.sql import functions as F
+
+    table = spark.createDataFrame(list(numbering.rows), "principal string, client_id string, topic string, "
+                                                        "quota_key string, group_no int, client_no int")
+    cache: dict[str, tuple[QuotaConfig, QuotaConfig]] = {}  # per task: the configs, parsed once
+
+    def run(part: pa.Table) -> pa.Table:
+        if "configs" not in cache:
+            cache["configs"] = setup.configs()
+        return simulate_numbered_group(part, setup, numbering, cache["configs"], topics=topics)
+
+    def transform(arr: DataFrame) -> DataFrame:
+        keys = [arr["principal"].eqNullSafe(table["principal"]),
+                arr["client_id"].eqNullSafe(table["client_id"]),
+                arr["topic"].eqNullSafe(table["topic"]), arr["quota_key"] == table["quota_key"]]
+        broker = F.lit(None).cast("int") if setup.rate_scope == "cluster" else arr["broker_id"]
+        joined = arr.join(F.broadcast(table), keys, "inner").select(
+            table["group_no"], broker.alias("broker_id"), table["client_no"],
+            *([arr["topic"]] if topics else []), arr["ts_ms"], arr["value"], arr["records"],
+            arr["recorded_throttled"], arr["response_ms"], arr["seq"])
+        return joined.groupBy("group_no", "broker_id").applyInArrow(run, RESULT_SCHEMA)
+    return transform
+
+
+def simulate_numbered_group(table: pa.Table, setup: SimulationSetup, numbering: Numbering,
+                            configs: tuple[QuotaConfig, QuotaConfig], *, topics: bool) -> pa.Table:
+    """`simulate_group` over numbered rows (group_no, broker_id, client_no, [topic,] ts_ms, value,
+    records, recorded_throttled, response_ms, seq)."""
+    import numpy as np
+
+    numbers = table.column("client_no").to_numpy(zero_copy_only=False)
+    present, client = np.unique(numbers, return_inverse=True)  # ranks in the clients' sorted order
+    entity, key = numbering.groups[int(table.column("group_no")[0].as_py())]
+    identities = [_identity(numbering.clients[n]) for n in present.tolist()]
+    return _replay_group(table, client.astype(np.int32), identities, setup, configs, entity=entity, key=key,
+                         topics=topics)
 
 
 # ------------------------------------------------------------------------------ in the workers
@@ -569,6 +711,7 @@ def _per_second(seconds: Any, values: Any) -> dict[int, float]:
 _ARROW_TYPES = {"string": "string", "long": "int64", "double": "float64", "int": "int32"}
 
 
+@functools.cache
 def result_schema() -> pa.Schema:
     import pyarrow as pa
 
@@ -576,32 +719,56 @@ def result_schema() -> pa.Schema:
     return pa.schema([(name, _ARROW_TYPES[kind]) for name, kind in fields])
 
 
+def _ranked(column: Any) -> tuple[Any, list[Any]]:
+    """Each row's value as its rank among the column's distinct values (sorted), and those."""
+    import numpy as np
+    import pyarrow.compute as pc
+
+    encoded = pc.dictionary_encode(column).combine_chunks()
+    names = encoded.dictionary.to_pylist()
+    order = sorted(range(len(names)), key=lambda k: names[k])
+    rank = np.empty(len(names), dtype=np.int32)
+    rank[order] = np.arange(len(names), dtype=np.int32)
+    return rank[encoded.indices.to_numpy(zero_copy_only=False)], [names[k] for k in order]
+
+
+def _identity(who: str) -> ClientIdentity:
+    """A client as the workers name it: `principal NUL client_id`, nulls as empty strings."""
+    return ClientIdentity.of(*(who.split("\x00", 1) if who else ("", "")))
+
+
 def simulate_group(table: pa.Table, setup: SimulationSetup, *, topics: bool) -> pa.Table:
     """One sharing group's arrivals replayed under the plan and the baseline (in a worker), over
     typed columns (`quotas.replay.replay_columns`)."""
+    import pyarrow.compute as pc
+
+    who = pc.binary_join_element_wise(pc.fill_null(table.column("principal"), ""),
+                                      pc.fill_null(table.column("client_id"), ""), "\x00")
+    client, names = _ranked(who)
+    return _replay_group(table, client, [_identity(str(x)) for x in names], setup, setup.configs(),
+                         entity=str(table.column("entity")[0].as_py()),
+                         key=str(table.column("quota_key")[0].as_py()), topics=topics)
+
+
+def _replay_group(table: pa.Table, client: Any, identities: Sequence[ClientIdentity],
+                  setup: SimulationSetup, configs: tuple[QuotaConfig, QuotaConfig], *,
+                  entity: str, key: str, topics: bool) -> pa.Table:
+    """`simulate_group` once each row's client is known: `client` (per row, in the table's order)
+    is the rank of its client among the group's, in the order of `identities`."""
     import numpy as np
     import pyarrow as pa
     import pyarrow.compute as pc
 
-    plan, baseline = setup.configs()
-
-    def ranked(column: Any) -> tuple[Any, list[Any]]:
-        """Each row's value as its rank among the column's distinct values (sorted), and those."""
-        encoded = pc.dictionary_encode(column).combine_chunks()
-        names = encoded.dictionary.to_pylist()
-        order = sorted(range(len(names)), key=lambda k: names[k])
-        rank = np.empty(len(names), dtype=np.int32)
-        rank[order] = np.arange(len(names), dtype=np.int32)
-        return rank[encoded.indices.to_numpy(zero_copy_only=False)], [names[k] for k in order]
-
-    who = pc.binary_join_element_wise(pc.fill_null(table.column("principal"), ""),
-                                      pc.fill_null(table.column("client_id"), ""), "\x00")
-    client, names = ranked(who)
-    topic_rank, _ = ranked(pc.fill_null(table.column("topic"), ""))
-    # a total order, so that ties in ts_ms replay the same however Spark partitioned the input
+    plan, baseline = configs
+    topic_rank, _ = _ranked(pc.fill_null(table.column("topic"), "")) if topics else (
+        np.zeros(table.num_rows, dtype=np.int32), None)
+    # a total order, so that ties in ts_ms replay the same however Spark partitioned the input:
+    # a client's requests of one millisecond in the order it sent them (`seq`), then by topic and
+    # value (Spark hands a group's rows over in no set order)
     raw_ts = pc.fill_null(table.column("ts_ms"), 0).to_numpy(zero_copy_only=False)
     raw_value = pc.fill_null(table.column("value"), 0.0).to_numpy(zero_copy_only=False)
-    order = np.lexsort((raw_value, topic_rank, client, raw_ts))
+    raw_seq = pc.fill_null(table.column("seq"), 0).to_numpy(zero_copy_only=False)
+    order = np.lexsort((raw_value, topic_rank, raw_seq, client, raw_ts))
 
     def col(name: str, dtype: Any, fill: Any = 0) -> Any:
         raw = pc.fill_null(table.column(name), fill).to_numpy(zero_copy_only=False)
@@ -611,9 +778,7 @@ def simulate_group(table: pa.Table, setup: SimulationSetup, *, topics: bool) -> 
                                                                                            dtype=np.float64)
     records, flagged = col("records", np.int64), col("recorded_throttled", np.bool_, False)
     client = np.ascontiguousarray(client[order], dtype=np.int32)
-    identities = [ClientIdentity.of(*(str(x).split("\x00", 1) if x else ("", ""))) for x in names]
     response = col("response_ms", np.int64)
-    key = str(table.column("quota_key")[0].as_py())
     kind = QuotaKind(key)
     end_ms = max(int(ts[-1]) + 1, setup.end_ms or 0)
     topic = table.column("topic").take(pa.array(order)).to_pylist() if topics else None
@@ -628,7 +793,7 @@ def simulate_group(table: pa.Table, setup: SimulationSetup, *, topics: bool) -> 
                  base_side.admitted_per_second.get(s, 0.0), plan_side.muted_per_second.get(s, 0),
                  base_side.muted_per_second.get(s, 0)] for s in range(min(known), max(known) + 1)]
     row: dict[str, Any] = {
-        "entity": str(table.column("entity")[0].as_py()), "quota_key": key,
+        "entity": entity, "quota_key": key,
         "broker_id": table.column("broker_id")[0].as_py(),
         "requests": len(ts), "span_s": max(end_ms - int(ts[0]), 1) / 1000.0,
         "recorded_throttled_seconds": len(np.unique(ts[flagged] // 1000)),

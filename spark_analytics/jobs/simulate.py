@@ -103,41 +103,37 @@ def simulate_rows(spark: SparkSession, logs: DataFrame, plan: Plan, candidate: Q
                   service_ms: int | None = None, demand_resolution_ms: int = 1) -> list[dict[str, Any]]:
     """The replay of `logs` under `candidate` and `baseline`: one dict per (entity, key, broker);
     `service_ms`: the brokers' produce service time (None: each broker's, from the recording)."""
-    from pyspark.sql import functions as F
-
     from spark_analytics.simulate import (
+        Numbering,
         SimulationSetup,
         arrivals,
         group_rows,
-        identities,
         is_topic_entity,
-        simulate,
-        with_groups,
+        recorded_identities,
+        simulate_numbered,
     )
 
     keys = tuple(sorted({e.quota_key for e in plan.entries}))
+    modes = [(topics, sorted({e.quota_key for e in plan.entries if is_topic_entity(e.entity) == topics}))
+             for topics in (False, True)]
+    found = {topics: recorded_identities(logs, mode_keys, topics=topics)
+             for topics, mode_keys in modes if mode_keys}
     # the recording ends with its last request, whoever sent it: a client whose traffic stopped
     # earlier may still have a backlog draining until then
-    last_ms = logs.agg(F.max("ts_ms")).first()
-    end_ms = None if last_ms is None or last_ms[0] is None else int(last_ms[0]) + 1
+    ends = [end for _, end in found.values() if end is not None]
+    end_ms = max(ends) + 1 if ends else None
     setup = SimulationSetup.of(candidate, baseline, keys, rate_scope, end_ms)
     rows: list[dict[str, Any]] = []
-    for topics in (False, True):
-        entries = [e for e in plan.entries if is_topic_entity(e.entity) == topics]
-        if not entries:
+    for topics, mode_keys in modes:
+        if not mode_keys:
             continue
-        mode_keys = sorted({e.quota_key for e in entries})
-        arr = logs.transform(arrivals(mode_keys, topics=topics, service_ms=service_ms,
-                                      demand_resolution_ms=demand_resolution_ms)).cache()
-        try:
-            groups = group_rows(candidate, identities(arr), topics=topics)
-            if not groups:
-                continue
-            result = (arr.transform(with_groups(spark, groups, rate_scope))
-                      .transform(simulate(setup, topics=topics)))
-            rows += common.rows(result, ["entity", "quota_key", "broker_id"])
-        finally:
-            arr.unpersist()
+        groups = group_rows(candidate, found[topics][0], topics=topics)
+        if not groups:
+            continue
+        result = (logs.transform(arrivals(mode_keys, topics=topics, service_ms=service_ms,
+                                          demand_resolution_ms=demand_resolution_ms))
+                  .transform(simulate_numbered(spark, setup, Numbering.of(groups), topics=topics)))
+        rows += common.rows(result, ["entity", "quota_key", "broker_id"])
     return rows
 
 

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -178,6 +179,65 @@ def test_entity_names_of_sharing_groups() -> None:
         {("user=alice", "producer_byte_rate"): 5})
 
 
+def _steps(spark: SparkSession, logs: Any, plan: QuotaConfig, base: QuotaConfig, keys: list[str],
+           scope: str, *, topics: bool, end_ms: int) -> list[dict[str, Any]]:
+    """The steps one by one (arrivals, identities, groups, the join, `simulate`): the reference."""
+    arr = logs.transform(arrivals(keys, topics=topics, demand_resolution_ms=100))
+    groups = group_rows(plan, identities(arr), topics=topics)
+    setup = SimulationSetup.of(plan, base, keys, scope, end_ms)
+    out = arr.transform(with_groups(spark, groups, scope)).transform(simulate(setup, topics=topics))
+    return sorted((r.asDict() for r in out.collect()),
+                  key=lambda r: tuple((r[k] is not None, r[k]) for k in ("entity", "quota_key", "broker_id")))
+
+
+def _nan_free(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """NaN (no throttle to take a mean of) is not equal to itself: as a string, to compare rows."""
+    return [{k: "NaN" if isinstance(v, float) and math.isnan(v) else v for k, v in r.items()} for r in rows]
+
+
+@pytest.mark.parametrize("scope", ["broker", "cluster"])
+def test_the_jobs_numbered_plan_answers_as_the_steps_do(spark: SparkSession, scope: str) -> None:
+    from spark_analytics.jobs.simulate import simulate_rows
+    from spark_analytics.plan import Plan, PlanEntry
+
+    # Producers on two brokers and a consumer of what they wrote: alice (steady, 3000 B/s), a
+    # client-id-prefix group of two, an unlimited client, a null client id, and bob's consumer
+    # reading topic "orders" as alice writes it; topic budgets on "orders" and "logs". Ties (batch-a and
+    # batch-b send at the same instants) replay in the order of the clients' names on both paths.
+    def part(topic: str, n: int) -> list[dict[str, object]]:
+        return [{"topic": topic, "partition": 0, "records": n, "bytes": 100 * n}]
+
+    records = ([produce(T0 + t, 300, client_id="app", topics=part("orders", 3), broker_id=1 + (t // 100) % 2)
+                for t in range(0, 20_000, 100)]
+               + _steady("u", "batch-a", 600, 500, 20_000)
+               + _steady("u", "batch-b", 600, 500, 20_000)  # at the same instants as batch-a
+               + _steady("carol", "free", 900, 200, 20_000)
+               + [r | {"client_id": None} for r in _steady("x", "nobody", 400, 300, 20_000)]
+               + [fetch(T0 + t, 3000, principal="bob", client_id="reader", topics=part("orders", 30),
+                        upstream_latency_ms=5.0) for t in range(1000, 20_000, 1000)]
+               + [produce(T0 + t, 2000, principal="dave", client_id="logger", topics=part("logs", 20))
+                  for t in range(0, 20_000, 400)])
+    logs = frame(spark, records)
+    end_ms = max(int(r["ts_ms"]) for r in records) + 1  # type: ignore[call-overload]
+    values: dict[tuple[str, str], float] = {
+        ("user=alice", "producer_byte_rate"): 1000, ("client-id-prefix=batch-", "producer_byte_rate"): 1500,
+        ("user=bob", "consumer_byte_rate"): 1000, ("user=<default>", "producer_byte_rate"): 300,
+        ("topic=orders", "producer_byte_rate"): 2000, ("topic=logs", "producer_byte_rate"): 4000}
+    plan = _config(values)
+    base = _config({("user=alice", "producer_byte_rate"): 5000, ("user=bob", "consumer_byte_rate"): 2500})
+    entries = tuple(PlanEntry(entity, key, None, None, int(value), "decrease", "test")
+                    for (entity, key), value in values.items())
+    job = simulate_rows(spark, logs, Plan(entries, "2026-01-01T00:00:00+00:00", {}), plan, base, scope,
+                        demand_resolution_ms=100)
+    clients = _steps(spark, logs, plan, base, ["consumer_byte_rate", "producer_byte_rate"], scope,
+                     topics=False, end_ms=end_ms)
+    topics = _steps(spark, logs, plan, base, ["producer_byte_rate"], scope, topics=True, end_ms=end_ms)
+    # every sharing group of both modes, each with the same numbers, timeline included
+    assert len(clients) >= 4 and len(topics) >= 2
+    assert _nan_free(job) == _nan_free(clients + topics)
+    assert any(r["plan_throttles"] > 0 for r in clients) and any(r["plan_throttles"] > 0 for r in topics)
+
+
 # ------------------------------------------------------------------------------ the jobs
 
 def _plan_file(path: Path, entries: list[dict[str, Any]]) -> Path:
@@ -269,7 +329,7 @@ def test_a_consumers_demand_is_the_data_produced_for_it_when_it_was_produced() -
         return {"client_id": "feeder", "api_key": PRODUCE_API_KEY, "ts_ms": ts, "ready_ms": ts,
                 "records": n, "bytes": 100.0 * n}
 
-    def fetched(ts: int, ready: int, n: int, size: float) -> dict[str, Any]:
+    def fetched(ts: int, ready: int, n: int | None, size: float) -> dict[str, Any]:
         return {"client_id": "c", "api_key": FETCH_API_KEY, "ts_ms": ts, "ready_ms": ready, "records": n,
                 "bytes": size}
 
@@ -302,6 +362,75 @@ def test_a_consumers_demand_is_the_data_produced_for_it_when_it_was_produced() -
                                                                      (3000, 5, 2000.0)]
     coarse = retime_partition(late, topics=False, resolution_ms=2500).to_pylist()
     assert [(r["ts_ms"], r["records"], r["bytes"]) for r in coarse] == [(2000, 5, 2000.0), (3000, 5, 2000.0)]
+    # The same consumer, its second fetch streamed (a response over 64 KiB: the log has no record
+    # count): its 2000 bytes at the 400 bytes per record of its first fetch are 5 records. Without
+    # them it would be matched to offsets 1..5 only, and the batch of 3000 left out of its demand.
+    streamed = _pieces([made(1000, 2), made(2000, 3), made(3000, 5),
+                        fetched(2500, 2600, 5, 2000.0), fetched(3800, 3900, None, 2000.0)])
+    counted = retime_partition(streamed, topics=False).to_pylist()
+    assert [(r["ts_ms"], r["records"], r["bytes"]) for r in counted] == [(2500, 5, 2000.0), (3000, 5, 2000.0)]
     # a partition no producer wrote in the recording: the fetches as recorded
     alone = retime_partition(_pieces([fetched(2500, 2600, 5, 2000.0)]), topics=False).to_pylist()
     assert [(r["ts_ms"], r["records"], r["bytes"]) for r in alone] == [(2500, 5, 2000.0)]
+
+
+def test_the_spark_replay_is_the_direct_replay_of_the_same_recording(spark: SparkSession) -> None:
+    """`tune simulate`'s Spark steps and `quotas.replay` called directly on the demand the recording
+    shows give the same numbers, per entity, where the recording has the two things Spark's input
+    order and the log's gaps can hide: requests of one client in one millisecond, and a Fetch
+    response streamed through Sluice (over 64 KiB: its record has no topics)."""
+    from spark_analytics.jobs.simulate import simulate_rows
+    from spark_analytics.plan import Plan, PlanEntry
+
+    feed = [{"topic": "feed", "partition": 0}]
+    # The feeder writes a batch of 4 records every 50 ms, 50 ms to 20 s (400 batches, 1600 records).
+    feeder = [produce(T0 + 50 * k, 4200, client_id="feeder", upstream_latency_ms=1.0, correlation_id=k,
+                      topics=[feed[0] | {"records": 4, "bytes": 4100}]) for k in range(1, 401)]
+
+    # The reader keeps up: every 100 ms it fetches the 2 batches written since (8 records, 1030
+    # wire bytes each), except from 3 s to 4 s, where it was late: at 4 s it got the 20 batches
+    # written since 3 s (80 records, 82,400 bytes) in one response, streamed (topics null).
+    def read(j: int) -> dict[str, object]:
+        return fetch(T0 + 100 * j, 8 * 1030, client_id="reader", upstream_latency_ms=0.0, correlation_id=j,
+                     topics=[feed[0] | {"records": 8, "bytes": 8 * 1025}])
+
+    reader = ([read(j) for j in range(1, 31)]
+              + [fetch(T0 + 4000, 80 * 1030, client_id="reader", upstream_latency_ms=0.0, correlation_id=40,
+                       topics=None)]
+              + [read(j) for j in range(41, 201)])
+    # The pipe sends two produces in the same millisecond every second, 2000 B then 500 B (its
+    # correlation ids say so; in the log, the one answered first comes first: the 500 B one).
+    sends = [(T0 + 1000 * k + 7, 2 * k + n, size) for k in range(20) for n, size in ((1, 500), (0, 2000))]
+    pipe = [produce(ts, size, client_id="pipe", upstream_latency_ms=1.0, correlation_id=correlation_id)
+            for ts, correlation_id, size in sends]
+    logs = frame(spark, feeder + reader + pipe)
+    end_ms = T0 + 20_000 + 1  # the recording's last request, + 1
+
+    high = 50 * 1024 * 1024
+    plan = Plan((PlanEntry("client-id=reader", "consumer_byte_rate", None, high, 40 * 1024, "decrease", ""),
+                 PlanEntry("client-id=pipe", "producer_byte_rate", None, high, 1000, "decrease", "")), "", {})
+    candidate = _config({(e.entity, e.quota_key): e.recommended for e in plan.entries})
+    base = _config({(e.entity, e.quota_key): float(high) for e in plan.entries})
+    rows = {r["entity"]: r for r in simulate_rows(spark, logs, plan, candidate, base, "broker",
+                                                  demand_resolution_ms=WINDOW.window_ms // 10)}
+    assert sorted(rows) == ["client-id=pipe", "client-id=reader"]
+
+    # The reader's demand: every batch when it was written (the first two at its first fetch, 100
+    # ms), at its bytes per record, 1030: (1520 x 1030 + 82,400) B / 1600 records.
+    who = ClientIdentity("alice", "reader")
+    wanted = [Arrival(T0 + max(50 * k, 100), who, 4 * 1030.0) for k in range(1, 401)]
+    # The pipe's produces in the order it sent them; a throttled produce's delay starts after the
+    # broker's service time, 1 ms (every produce found the broker idle and waited 1 ms).
+    sent = [Arrival(ts, ClientIdentity("alice", "pipe"), float(size), response_ms=1)
+            for ts, _, size in sorted(sends)]
+    for entity, arrivals_, kind in (("client-id=reader", wanted, QuotaKind.FETCH),
+                                    ("client-id=pipe", sent, QuotaKind.PRODUCE)):
+        want = summarize(arrivals_, replay(arrivals_, candidate, kind, end_ms=end_ms))
+        got = rows[entity]
+        assert want.throttles > 0, entity
+        assert (got["plan_throttles"], got["plan_throttled_seconds"], got["plan_throttle_total_ms"],
+                got["plan_max_wait_ms"]) == (want.throttles, want.throttled_seconds, want.throttle_total_ms,
+                                             want.max_wait_ms), entity
+        assert got["span_s"] == pytest.approx(want.span_s), entity
+        for name in ("demand_per_s", "admitted_per_s", "deferred", "max_backlog"):
+            assert got[f"plan_{name}"] == pytest.approx(getattr(want, name), abs=1e-6), (entity, name)

@@ -238,3 +238,18 @@ def test_a_fetch_after_a_mute_carries_everything_the_consumer_waited_for() -> No
                     end_ms=5000)
     assert [a.admitted_ms for a in result.admissions] == [0, 400, 400]
     assert [(t.at_ms, t.throttle_ms) for t in result.throttles] == [(100, 100), (200, 200)]
+
+
+def test_a_topic_budget_caps_the_fetch_of_its_topic_to_one_sample_window() -> None:
+    # Topic orders, consumer_byte_rate 1000 B/s; one recorded 12 000 B fetch at t = 0. The proxy caps
+    # a fetch of a held topic at one sample window of its budget, 1000 x 1 s = 1000 B
+    # (QuotaEngine.topic_fetch_cap), and the replay does the same: ten 1000 B pieces fill the fresh
+    # window to the bound (10 000 / 10 s = 1000, not above); the eleventh makes 11 000 / 10 s ->
+    # (11 000 - 10 000) / 1000 x 1000 = 1000 ms, emptied and un-recorded, and so again each second
+    # until the 0 ms sample is purged at 11 000 (11 x 1000 ms): then 2000 / 10 s, both delivered.
+    # Uncapped, the whole 12 000 B (12 000 / 10 s = 1200 > 1000) would be emptied forever.
+    arrivals = [Arrival(0, ALICE, 12_000, "orders")]
+    result = replay(arrivals, config(QuotaEntity(topic="orders"), 1000, QuotaKind.FETCH), QuotaKind.FETCH,
+                    topics=True, end_ms=100_000)
+    assert [(a.admitted_ms, a.admitted_value) for a in result.admissions] == [(11_000, 12_000)]
+    assert [(t.at_ms, t.throttle_ms) for t in result.throttles] == [(t, 1000) for t in range(0, 11_000, 1000)]
