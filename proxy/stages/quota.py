@@ -43,46 +43,31 @@ brokers behind this Sluice (see `proxy.stages.callbacks` for that and the plugga
 
 This stage is the adapter between wire bytes and the quota engine (`quotas.engine.QuotaEngine`):
 it reads what a request or response carried, calls one verb, and applies the verdict (mute, cap
-max_bytes, write throttle_time_ms, answer a throttled Fetch empty). Every rule is the engine's.
+max_bytes, write throttle_time_ms, answer a throttled Fetch empty: `proxy.stages.quota_wire`).
+Every rule is the engine's; what a fetch session fetches is `proxy.stages.fetch_sessions`'.
 """
 
 from __future__ import annotations
 
 import logging
-import struct
-from collections import OrderedDict
-from collections.abc import Iterable
 
-from kio.schema.errors import ErrorCode
-
-from protocol.apis import ApiKey, api_name, response_header_version
+from protocol.apis import ApiKey, api_name
 from protocol.errors import ProtocolError
-from protocol.fastpath import patch_throttle_time
-from protocol.fetch import cap_fetch_max_bytes, empty_fetch_response, fetch_request_topics
-from protocol.headers import RequestHeader, response_body_offset
-from protocol.share import cap_share_fetch_max_bytes, cap_share_fetch_max_records, share_fetch_request_topics
+from protocol.fetch import fetch_request_topics
+from protocol.headers import RequestHeader
+from protocol.share import share_fetch_request_topics
 from proxy.flow.inflight import InFlight, QuotaNote
 from proxy.flow.pipeline import ConnectionContext, Forward, RequestOutcome, ResponseOutcome, StageBase
+from proxy.stages.fetch_sessions import FetchSessions
+from proxy.stages.identities import Identities
+from proxy.stages.quota_wire import cap_fetch, empty_fetch, with_throttle_time
 from proxy.stages.topic_usage import TopicNames, TopicUsage, fetch_usage, produce_usage, share_fetch_usage
 from quotas.engine import QuotaEngine, RequestVerdict, ResponseVerdict
-from quotas.entity import ClientIdentity
 from quotas.manager import ThrottleDecision
 
 log = logging.getLogger("sluice.quotas")
 
-#: (principal, client id) pairs the stage keeps made identities for; beyond it, it starts over.
-MAX_IDENTITIES = 10_000
-#: Fetch sessions (one per connection and API) whose topics the stage keeps; beyond it, the one
-#: that fetched longest ago is forgotten (its incremental requests are then capped by the topics
-#: they list, until its next full request).
-MAX_FETCH_SESSIONS = 10_000
-
-#: a topic of a fetch request: its name, or its id (Fetch v13+, ShareFetch)
-_TopicRef = tuple[str | None, bytes | None]
-
 _NOT_REQUEST_RATED = frozenset({ApiKey.API_VERSIONS, ApiKey.SASL_HANDSHAKE, ApiKey.SASL_AUTHENTICATE})
-
-
 
 
 class QuotaStage(StageBase):
@@ -91,18 +76,8 @@ class QuotaStage(StageBase):
         self._engine = engine
         self._observer = observer
         self.topic_names = TopicNames() if topic_names is None else topic_names  # Produce v13, Fetch v13+
-        # (connection, Fetch or ShareFetch) -> the partitions of its fetch session, by topic name or
-        # id: what an incremental request fetches from beside what it lists; LRU-bounded
-        self._fetch_sessions: OrderedDict[tuple[int, int], dict[_TopicRef, set[int]]] = OrderedDict()
-        # (principal, client id) -> its ClientIdentity, made once: the same object every request, so
-        # the quota managers' lookups by it compare by identity (equal either way: same decisions)
-        self._identities: dict[tuple[str, str | None], ClientIdentity] = {}
-
-    def _identity(self, names: tuple[str, str | None]) -> ClientIdentity:
-        if len(self._identities) >= MAX_IDENTITIES:
-            self._identities.clear()
-        identity = self._identities[names] = ClientIdentity.of(*names)
-        return identity
+        self._fetch_sessions = FetchSessions()  # what an incremental fetch fetches beside what it lists
+        self._identities = Identities()  # one ClientIdentity object per (principal, client id)
 
     # ------------------------------------------------------------------ requests
 
@@ -114,7 +89,7 @@ class QuotaStage(StageBase):
         names = (ctx.principal, header.client_id)
         identity = self._identities.get(names)
         if identity is None:
-            identity = self._identity(names)
+            identity = self._identities.make(names)
         api_key = header.api_key
         forward: bytes | None = None
         verdict: RequestVerdict
@@ -129,7 +104,7 @@ class QuotaStage(StageBase):
             verdict = engine.fetch_request(ctx.broker_id, identity, share=api_key == ApiKey.SHARE_FETCH,
                                            topics=topics)
             if verdict.fetch_cap_bytes is not None or verdict.fetch_cap_records is not None:
-                forward = _cap_fetch(header, payload, verdict)
+                forward = cap_fetch(header, payload, verdict)
             entry.whole_response = verdict.read_whole_response
         else:
             verdict = engine.request(ctx.broker_id, identity, rated=api_key not in _NOT_REQUEST_RATED)
@@ -152,11 +127,9 @@ class QuotaStage(StageBase):
 
     def _fetched_topics(self, ctx: ConnectionContext, header: RequestHeader,
                         payload: bytes) -> tuple[str, ...]:
-        """The topics a Fetch or ShareFetch request fetches from, named as the response side names
-        them (an id by `TopicNames`). An incremental request of a fetch session (KIP-227; a share
-        session alike) lists only the partitions that changed, so the session's partitions are
-        kept per connection: a full request (epoch 0 or -1) replaces them, an incremental one adds
-        what it lists and drops what it forgets."""
+        """The topics a Fetch or ShareFetch request fetches from (its fetch session's, for an
+        incremental one: `FetchSessions`), named as the response side names them (an id by
+        `TopicNames`)."""
         try:
             if header.api_key == ApiKey.SHARE_FETCH:
                 listed = share_fetch_request_topics(payload, header)
@@ -166,34 +139,7 @@ class QuotaStage(StageBase):
             log.warning("cannot read the topics of %s v%d, its max_bytes is not capped by topic quotas: %s",
                         api_name(header.api_key), header.api_version, exc)
             return ()
-        sessions = self._fetch_sessions
-        key = (ctx.connection_id, header.api_key)
-        session: dict[_TopicRef, set[int]] | None
-        if listed.session_epoch > 0:
-            session = sessions.get(key)
-            if session is None:
-                session = sessions[key] = {}
-            else:
-                sessions.move_to_end(key)
-            for gone in listed.forgotten:
-                parts = session.get((gone.name, gone.topic_id))
-                if parts is not None:
-                    parts.difference_update(gone.partitions)
-                    if not parts:
-                        del session[(gone.name, gone.topic_id)]
-        else:
-            session = None
-            sessions.pop(key, None)
-            if listed.session_epoch == 0:  # opens a session: its incremental requests follow
-                session = sessions[key] = {}
-        if session is None:
-            refs: Iterable[_TopicRef] = ((t.name, t.topic_id) for t in listed.topics)
-        else:
-            for t in listed.topics:
-                session.setdefault((t.name, t.topic_id), set()).update(t.partitions)
-            refs = session
-            if len(sessions) > MAX_FETCH_SESSIONS:
-                sessions.popitem(last=False)  # the longest idle
+        refs = self._fetch_sessions.fetched((ctx.connection_id, header.api_key), listed)
         names = self.topic_names
         return tuple({names.name(name, topic_id, ctx.send_own): None for name, topic_id in refs})
 
@@ -216,7 +162,7 @@ class QuotaStage(StageBase):
             note.decisions.extend(verdict.decisions)
             if verdict.empty:
                 told_ms = max(verdict.throttle_ms, earlier_ms)
-                emptied = _empty_fetch(entry, payload, told_ms)
+                emptied = empty_fetch(entry, payload, told_ms)
                 if emptied is not None:
                     note.enforced_ms = told_ms  # the access log's throttle_time_ms for this Fetch
                     return ResponseOutcome(emptied, verdict.throttle_ms, replaced=True)
@@ -247,12 +193,7 @@ class QuotaStage(StageBase):
     @staticmethod
     def _throttled(entry: InFlight, payload: bytes, new_ms: int, total_ms: int) -> ResponseOutcome:
         """The response with `total_ms` in its throttle_time_ms; the channel muted `new_ms` more."""
-        try:
-            payload = patch_throttle_time(payload, entry.api_key, entry.api_version, total_ms)
-        except ProtocolError as exc:
-            log.warning("cannot write throttle_time_ms into %d v%d response: %s",
-                        entry.api_key, entry.api_version, exc)
-        return ResponseOutcome(payload, new_ms)
+        return ResponseOutcome(with_throttle_time(entry, payload, total_ms), new_ms)
 
     def _observe(self, ctx: ConnectionContext, decisions: tuple[ThrottleDecision, ...]) -> None:
         if self._observer is None:
@@ -260,41 +201,6 @@ class QuotaStage(StageBase):
         for d in decisions:
             if d.would_throttle_ms > 0:
                 self._observer.on_violation(ctx, d)
-
-
-def _cap_fetch(header: RequestHeader, payload: bytes, verdict: RequestVerdict) -> bytes | None:
-    """KAFKA-9677: the request's max_bytes capped at the verdict's `fetch_cap_bytes` (and a
-    ShareFetch's max_records at its `fetch_cap_records`); None if it asks for no more."""
-    capped = payload
-    try:
-        if header.api_key == ApiKey.SHARE_FETCH:  # as the broker caps a share fetch
-            if verdict.fetch_cap_bytes is not None:
-                capped = cap_share_fetch_max_bytes(capped, header, verdict.fetch_cap_bytes)
-            if verdict.fetch_cap_records is not None:
-                capped = cap_share_fetch_max_records(capped, header, verdict.fetch_cap_records)
-        elif verdict.fetch_cap_bytes is not None:
-            capped = cap_fetch_max_bytes(payload, header, verdict.fetch_cap_bytes)
-    except ProtocolError as exc:
-        log.warning("cannot cap %s v%d max_bytes: %s", api_name(header.api_key), header.api_version, exc)
-        return None
-    return None if capped is payload else capped
-
-
-def _empty_fetch(entry: InFlight, payload: bytes, throttle_ms: int) -> bytes | None:
-    """The broker's throttled Fetch response, or None to forward the data after all."""
-    try:
-        version = entry.api_version
-        session_id = 0
-        if version >= 7:
-            body = response_body_offset(payload, response_header_version(ApiKey.FETCH, version))
-            _throttle, error_code, session_id = struct.unpack_from(">ihi", payload, body)
-            if error_code != ErrorCode.none:
-                return None  # a top-level error (e.g. a session problem) goes through as it is
-        return empty_fetch_response(entry.correlation_id, version, throttle_ms, session_id)
-    except (ProtocolError, struct.error) as exc:
-        log.warning("cannot build a throttled Fetch v%d response, forwarding data: %s",
-                    entry.api_version, exc)
-        return None
 
 
 class DecisionObserver:

@@ -2,12 +2,13 @@
 `tests/share/ShareGroupMember.java`, run from the broker's Maven jars) and librdkafka's share
 consumer (confluent-kafka >= 2.16, in a thread).
 
-Both take at most 100 records a poll, accept and commit every record explicitly and report it only
-once its acknowledgement succeeded. With `leave_after` set, a member leaves on the batch that brings
-it to that many records: it accepts the batch up to `leave_after` (all but its last record at most),
-reports the rest as held, and closes, so the broker releases those to the rest of the group. It so
-leaves as soon as it has been given at least `leave_after` records, however the broker splits
-them into batches (`split_for_leaving`).
+Both take at most 100 records a poll (the librdkafka one fewer if its `config` says so), accept and
+commit every record explicitly and report it only once its acknowledgement succeeded. With
+`leave_after` set, a member leaves on the batch that brings it to that many records: it accepts
+the batch up to `leave_after` (all but its last record at most), reports the rest as held, and
+closes, so the broker releases those to the rest of the group. It so leaves as soon as it has been
+given at least `leave_after` records, however the broker splits them into batches
+(`split_for_leaving`).
 """
 
 from __future__ import annotations
@@ -110,10 +111,12 @@ class JavaShareMember:
 class ConfluentShareMember:
     """librdkafka's share consumer (confluent-kafka's `ShareConsumer`) in a thread."""
 
-    def __init__(self, bootstrap: str, group: str, topic: str, client_id: str, leave_after: int = -1) -> None:
+    def __init__(self, bootstrap: str, group: str, topic: str, client_id: str, leave_after: int = -1,
+                 config: dict[str, Any] | None = None) -> None:
         self.log = MemberLog()
         self._stop = threading.Event()
         self.failure: BaseException | None = None
+        self._config = dict(config or {})  # over the defaults below (e.g. a smaller max.poll.records)
         self._args = (bootstrap, group, topic, client_id, leave_after)
         self._thread = threading.Thread(target=self._run, daemon=True)
         self._thread.start()
@@ -129,7 +132,7 @@ class ConfluentShareMember:
 
         consumer: Any = ShareConsumer({"bootstrap.servers": bootstrap, "group.id": group,
                                        "client.id": client_id, "share.acknowledgement.mode": "explicit",
-                                       "max.poll.records": 100})
+                                       "max.poll.records": 100, **self._config})
         try:
             consumer.subscribe([topic])
             self.log.add("ready")

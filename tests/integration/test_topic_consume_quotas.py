@@ -7,9 +7,9 @@ and real clients.
   floor and a ceiling derived below, and gets every record once, in order; the same client id
   draining a second prefilled topic with no entry is not held (its span is a fraction of T's
   floor), so the budget is the topic's, not the client's.
-* ShareFetch: a librdkafka share consumer of a topic with a bytes/s or a records/s entry accepts
-  every record exactly once, within the same floor and ceiling, and Sluice exports throttled
-  requests for that topic's sensor.
+* ShareFetch: a librdkafka share consumer of a topic with a bytes/s, a records/s or a ShareFetch
+  requests/s entry accepts every record exactly once, within the same floor and ceiling, and Sluice
+  exports throttled requests for that topic's sensor.
 
 * The Java consumer (ConsumerPerformance, default fetch sizes) fetches in incremental sessions
   (KIP-227): it is held within the same floor and ceiling and gets every record.
@@ -17,7 +17,8 @@ and real clients.
 Checked against feature removal: with each entry's topic replaced by an unrelated topic, all
 four fail: the held topic drained in 0.3 s (bytes), 0.1 s (records) and 0.1 s (requests) against
 floors of 8.5, 5.7 and 8.3 s, and the share case (before its span bound was added) failed on the
-topic throttle metric having no sample. Without the cap of a Fetch by its topics' budgets
+topic throttle metric having no sample; the share request case so pointed drained in 1.4 s
+against its floor of 8.3 s. Without the cap of a Fetch by its topics' budgets
 (`QuotaEngine.topic_fetch_cap`) the bytes case gets 0 of 10,000 records in 90 s: every default-size
 response is larger than the budget admits in a window, is answered empty and fetched again; and
 without the session's topics kept per connection the Java consumer got 2,920 of 10,000 records
@@ -212,20 +213,30 @@ def test_a_topic_consume_quota_holds_that_topic_not_the_client(kafka: KafkaClust
         sluice.stop()
 
 
-# ShareFetch cases: (quota, records, value bytes). As for Fetch: bytes: ~1 MB at 64 KiB/s, burst
-# 320 KiB: floor ~7.2 s; records: 9,000 at 1,000/s, burst 5,000: floor ~3.0 s. The span is taken
-# from the first poll that saw an accepted record to the one that saw the last, so it is short of
-# the true span by at most one poll interval and the first poll's batch (<= 100 records, inside
-# the tolerances).
-SHARE_CASES = {"consumer_byte_rate": (64 * KiB, 9000, 100), "consumer_record_rate": (1000, 9000, 50)}
+# ShareFetch cases: (quota, records, value bytes, producer batch bytes, share consumer config). As
+# for Fetch: bytes: ~1 MB at 64 KiB/s, burst 320 KiB: floor ~7.2 s; records: 9,000 at 1,000/s,
+# burst 5,000: floor ~3.0 s. The span is taken from the first poll that saw an accepted record to
+# the one that saw the last, so it is short of the true span by at most one poll interval and the
+# first poll's batch (<= 100 records, inside the tolerances).
+# Requests: every ShareFetch response that carries the topic counts one request on its budget.
+# librdkafka's share consumer asks for max.poll.records records a ShareFetch (its max_records), and
+# a share fetch acquires whole batches: with one record per batch (batch.size below two records, as
+# the Fetch request case) and max.poll.records 1, each ShareFetch brings at most one record, so
+# 150 records take >= 150 ShareFetch requests (checked on Sluice's request counter): at 10/s,
+# burst 50, floor ~8.3 s.
+SHARE_CASES: dict[str, tuple[float, int, int, int, dict[str, object]]] = {
+    "consumer_byte_rate": (64 * KiB, 9000, 100, 8 * KiB, {}),
+    "consumer_record_rate": (1000, 9000, 50, 8 * KiB, {}),
+    "request_rate": (10, 150, 600, 700, {"max.poll.records": 1}),
+}
 
 
 @pytest.mark.parametrize("unit", list(SHARE_CASES))
 def test_a_share_consumer_is_held_by_a_topic_consume_quota_and_accepts_every_record_once(
         kafka: KafkaCluster, tmp_path: Path, unit: str) -> None:
-    quota, total, value_bytes = SHARE_CASES[unit]
+    quota, total, value_bytes, batch_bytes, consumer_config = SHARE_CASES[unit]
     topic = create_topic(kafka.bootstrap, unique_name("tc-share"))
-    prefill(kafka.bootstrap, topic, total, value_bytes, 8 * KiB)
+    prefill(kafka.bootstrap, topic, total, value_bytes, batch_bytes)
     units = total * value_bytes if unit == "consumer_byte_rate" else total
     floor_s = (units - 1.1 * BURST_WINDOWS_S * quota) / (1.15 * quota)
     # the ceiling of a Fetch consumer's drain holds for a share consumer too: its fetches are capped
@@ -235,10 +246,15 @@ def test_a_share_consumer_is_held_by_a_topic_consume_quota_and_accepts_every_rec
     if unit == "consumer_byte_rate":
         ceiling_s = drain_ceiling_s(log_bytes(kafka.bootstrap, topic), quota, quota * WINDOW_S,
                                     8 * KiB + value_bytes + 11, WINDOW_S + 2 * WINDOW_S)
-    else:  # max_records is a hint: a share fetch is only sure to bring one (full) batch
+    elif unit == "consumer_record_rate":  # max_records is a hint: a share fetch is only sure to
+        # bring one (full) batch
         per_batch = (8 * KiB - 61) // (value_bytes + 11)
         ceiling_s = drain_ceiling_s(total, quota, quota * WINDOW_S, quota * WINDOW_S - per_batch,
                                     WINDOW_S + 2 * WINDOW_S)
+    else:  # fetches of one request, each bringing its record; no throttled retry stays counted (a
+        # throttled share fetch is delivered: the next one waits out the delay, at most W for a
+        # request quota, instead of being emptied and sent again)
+        ceiling_s = drain_ceiling_s(total, quota, 1, 0, WINDOW_S)
     sluice, port = start_sluice(kafka, tmp_path, [{"topic": topic, unit: quota}])
     group = unique_name("tc-sg")
     member: ConfluentShareMember | None = None
@@ -247,7 +263,8 @@ def test_a_share_consumer_is_held_by_a_topic_consume_quota_and_accepts_every_rec
         # librdkafka has no admin call for group configs: set share.auto.offset.reset with Kafka's tool
         KafkaTools(sluice.bootstrap).configs("--alter", "--entity-type", "groups", "--entity-name", group,
                                              "--add-config", "share.auto.offset.reset=earliest").check()
-        member = ConfluentShareMember(sluice.bootstrap, group, topic, "tc-share-reader")
+        member = ConfluentShareMember(sluice.bootstrap, group, topic, "tc-share-reader",
+                                      config=consumer_config)
 
         def done() -> bool:
             assert member is not None
@@ -268,6 +285,10 @@ def test_a_share_consumer_is_held_by_a_topic_consume_quota_and_accepts_every_rec
             f"{total} records accepted in {span_s:.1f} s, floor {floor_s:.1f} s, ceiling {ceiling_s:.1f} s"
         throttled = Metrics(port).value("sluice_quota_topic_throttled_requests_total", topic=topic)
         assert throttled is not None and throttled > 0, "no throttled request on the topic sensor"
+        if unit == "request_rate":  # the floor's premise: at least one ShareFetch per record
+            share_fetches = Metrics(port).value("sluice_requests_total", api="ShareFetch") or 0
+            print(f"{share_fetches:.0f} ShareFetch requests through Sluice")
+            assert share_fetches >= total, f"{share_fetches} ShareFetch requests for {total} records"
     finally:
         if member is not None:
             member.stop()

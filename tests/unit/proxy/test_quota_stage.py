@@ -214,7 +214,7 @@ def test_one_identity_object_per_principal_and_client_id() -> None:
     """The identity a request is charged to is made once per (principal, client id) and then the same
     object (the managers' lookups compare it by identity); other client ids and principals get
     their own, and a null client id is "" (Kafka's)."""
-    from proxy.stages import quota as quota_stage
+    from proxy.stages import identities as quota_stage
 
     clock = FakeClock(0)
     stage, _ = stage_with(clock, producer_byte_rate=10**9)
