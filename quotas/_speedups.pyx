@@ -409,11 +409,5 @@ cdef class QuickCharge:
         return slot.decision
 
     cdef object _slow(self, object manager, object kind, object identity, double value, object now):
-        """`record_and_check`'s own steps at the clock reading already taken."""
-        if now - manager._last_sweep_ms >= SWEEP_INTERVAL_MS:
-            manager._sweep(now)
-        if not manager._enabled[kind]:
-            return manager._unlimited(kind, identity)
-        sensor = manager._sensor(kind, identity, now)
-        manager._record_on(sensor, value, now)
-        return manager._decide(kind, sensor, now)
+        """`record_and_check` at the clock reading already taken."""
+        return manager.record_and_check_at(kind, identity, value, now)
