@@ -11,6 +11,7 @@
 
 from __future__ import annotations
 
+import itertools
 import os
 import re
 import signal
@@ -60,7 +61,7 @@ def produce_one_by_one(bootstrap: str, topic: str, most: int, until: Callable[[]
     for i in range(most):
         producer.produce(topic, b"x" * 100)
         assert producer.flush(10) == 0
-        if i % 50 == 49 and until():
+        if i % 10 == 9 and until():
             return
 
 
@@ -88,10 +89,18 @@ def test_a_stopped_then_killed_writer_drops_counted_healthz_degraded_and_restart
         os.kill(first, signal.SIGSTOP)
         stopped = first
         # one produce request per record: the pipe fills, then the 100-record handoff, then drops
-        def queue_full() -> bool:
-            return metric(port, "sluice_access_log_drops_total", cause="queue_full") > 0
+        # the feeder hands records over in batches, so the handoff can overflow before any batch
+        # went to the stopped writer (then the pipe holds nothing when it dies, and writer_died
+        # counts 0: seen once at load): go on until a batch left the queue for the stopped writer
+        # too (the queue's depth fell between two samples)
+        depths: list[float] = []
 
-        produce_one_by_one(sluice.bootstrap, topic, 1000, until=queue_full)
+        def queue_full() -> bool:
+            depths.append(metric(port, "sluice_access_log_queue_depth"))
+            handed = any(b < a for a, b in itertools.pairwise(depths))
+            return handed and metric(port, "sluice_access_log_drops_total", cause="queue_full") > 0
+
+        produce_one_by_one(sluice.bootstrap, topic, 5000, until=queue_full)
         assert metric(port, "sluice_access_log_drops_total", cause="queue_full") > 0
         code, body = healthz(port)
         assert code == 207 and "degraded: access log: records dropped" in body, body
