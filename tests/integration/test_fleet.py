@@ -79,18 +79,29 @@ def test_a_java_consumer_group_through_three_instances_holds_one_fetch_budget(
     # through one Sluice without a fleet, fetching an eighth of its quota at a time; each fleet
     # member's consumer fetches an eighth of its third.
     nbytes = int(QUOTA * (PERIOD_S + 2 * RUN_S))  # about 38 s at the quota: several whole cycles
+    # The baseline runs beside the fleet's group, not before it: each has its own budget (the
+    # baseline's Sluice is in no fleet, no broker quota is set) and both then see the same load.
+    base_topic, fleet_topic = filled_topic(kafka, 1, nbytes), filled_topic(kafka, 3, nbytes)
     baseline_sluice = SluiceProcess(kafka.bootstrap, tmp_path / "baseline", config={
         "quotas": {"window": WINDOW, "entries": [{"client_id": "fleet-app", "consumer_byte_rate": QUOTA}]}}
     ).start()
+    runs: dict[str, list[list[tuple[float, float]]]] = {}
     try:
-        baseline, baseline_span_s = group_rate(java_consumer_progress(
-            [baseline_sluice.bootstrap], filled_topic(kafka, 1, nbytes), nbytes // 1000,
-            unique_name("base-jg"), QUOTA // 8, tmp_path / "b"), PERIOD_S)
+        base_run = threading.Thread(target=lambda: runs.update(base=java_consumer_progress(
+            [baseline_sluice.bootstrap], base_topic, nbytes // 1000, unique_name("base-jg"), QUOTA // 8,
+            tmp_path / "b")))
+        base_run.start()
+        try:
+            runs["fleet"] = java_consumer_progress(
+                [s.bootstrap for s in fleet3.sluices], fleet_topic, nbytes // 1000, unique_name("fleet-jg"),
+                QUOTA // 24, tmp_path / "f")
+        finally:
+            base_run.join(360)
     finally:
         baseline_sluice.stop()
-    total, span_s = group_rate(java_consumer_progress(
-        [s.bootstrap for s in fleet3.sluices], filled_topic(kafka, 3, nbytes), nbytes // 1000,
-        unique_name("fleet-jg"), QUOTA // 24, tmp_path / "f"), PERIOD_S)
+    assert "base" in runs, "the baseline consumer did not finish"
+    baseline, baseline_span_s = group_rate(runs["base"], PERIOD_S)
+    total, span_s = group_rate(runs["fleet"], PERIOD_S)
     print(f"java consumers: one through one Sluice {baseline / MiB:.3f} MiB/s over {baseline_span_s:.1f} s; "
           f"a group through three instances {total / MiB:.3f} MiB/s over {span_s:.1f} s (quota 1): "
           f"{total / baseline:.3f} x the baseline")
