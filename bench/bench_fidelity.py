@@ -87,6 +87,7 @@ import json
 import os
 import re
 import shutil
+import socket
 import subprocess
 import sys
 import tempfile
@@ -94,6 +95,7 @@ import threading
 import time
 import urllib.request
 from collections.abc import Callable, Iterator, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import IO, Any
@@ -103,7 +105,6 @@ from bench.common.results import git_describe, machine, pyplot
 from bench.common.setup import (
     REPO,
     KafkaCluster,
-    KafkaTools,
     SluiceProcess,
     Timeline,
     WatermarkSampler,
@@ -113,6 +114,7 @@ from bench.common.setup import (
     free_port,
     java_command,
 )
+from protocol.quota_client import MATCH_DEFAULT, AlterEntry, QuotaClient
 
 MODES: tuple[str, ...] = ("broker", "sluice", "bucket")
 CLIENTS: tuple[str, ...] = ("java", "librdkafka")
@@ -142,6 +144,7 @@ class Params:
     metrics_interval_s: float = 0.05
     stop_margin_s: float = 1.0     # each client runs this long past its window, then is stopped
     startup_allowance_s: float = 90.0  # JVM start, group join: a case gives up after S + this
+    side_by_side: bool = False     # Sluice's two modes of each client x workload run at the same time
 
     @property
     def burst_s(self) -> float:
@@ -444,29 +447,43 @@ def fill_topic(bootstrap: str, topic: str, nbytes: int, record_size: int, batch_
 # --------------------------------------------------------------------------- broker quota
 
 
-def _config_lines(text: str) -> list[str]:
-    return [ln for ln in text.splitlines() if "Quota configs" in ln or "byte_rate" in ln]
+_DEFAULT_CLIENT = (("client-id", None),)
+_BYTE_RATES = ("producer_byte_rate", "consumer_byte_rate")
 
 
-def describe_default_client_quota(tools: KafkaTools) -> str:
-    out = tools.configs("--describe", "--entity-type", "clients", "--entity-default").check()
-    return " ".join(_config_lines(out.stdout))
+def _connect(host: str, port: int, timeout_s: float) -> socket.socket:
+    return socket.create_connection((host, port), timeout=timeout_s)
 
 
-def set_broker_quota(tools: KafkaTools, quota: int | None, timeout_s: float = 60.0) -> str:
-    """Set (or with None remove) the broker's default client-id byte-rate quotas, then wait until
-    kafka-configs --describe shows the change."""
-    if quota is not None:
-        tools.configs("--alter", "--add-config", f"producer_byte_rate={quota},consumer_byte_rate={quota}",
-                      "--entity-type", "clients", "--entity-default").check()
-    elif "byte_rate" in describe_default_client_quota(tools):
-        tools.configs("--alter", "--delete-config", "producer_byte_rate,consumer_byte_rate",
-                      "--entity-type", "clients", "--entity-default").check()
+def describe_default_client_quota(bootstrap: str) -> str:
+    """The broker's default client-id byte rates, in kafka-configs' words ("" when none is set)."""
+    with QuotaClient(bootstrap, _connect, client_id="fidelity-admin") as client:
+        values: dict[str, float] = {}
+        for described in client.describe([("client-id", MATCH_DEFAULT, None)], strict=True):
+            if described.entity == _DEFAULT_CLIENT:
+                values.update((k, v) for k, v in described.values.items() if k in _BYTE_RATES)
+    if not values:
+        return ""
+    return ("Quota configs for the default client-id are "
+            + ", ".join(f"{k}={v!r}" for k, v in sorted(values.items())))
+
+
+def set_broker_quota(bootstrap: str, quota: int | None, timeout_s: float = 60.0) -> str:
+    """Set (or with None remove) the broker's default client-id byte-rate quotas with
+    AlterClientQuotas (what kafka-configs --alter sends, without a JVM start per call), then wait
+    until DescribeClientQuotas shows the change."""
+    shown = describe_default_client_quota(bootstrap)
+    if quota is not None or shown:
+        with QuotaClient(bootstrap, _connect, client_id="fidelity-admin") as client:
+            ops = [(k, None if quota is None else float(quota)) for k in _BYTE_RATES]
+            failed = [o for o in client.alter([AlterEntry(_DEFAULT_CLIENT, ops)]) if not o.ok]
+        if failed:
+            raise RuntimeError(f"broker quota not {'set' if quota else 'removed'}: {failed}")
     deadline = time.monotonic() + timeout_s
     while True:
-        shown = describe_default_client_quota(tools)
+        shown = describe_default_client_quota(bootstrap)
         values = {k: float(v) for k, v in re.findall(r"(producer_byte_rate|consumer_byte_rate)=([0-9.Ee+-]+)",
-                                                       shown)}  # Java prints 3.3554432E7 for 32 MiB/s
+                                                       shown)}
         done = (values.get("producer_byte_rate") == quota and values.get("consumer_byte_rate") == quota
                 if quota is not None else "byte_rate" not in shown)
         if done:
@@ -763,6 +780,16 @@ def targets(comparisons: Sequence[Mapping[str, Any]],
 # --------------------------------------------------------------------------- the run
 
 
+def measure_case(case: Case, params: Params, cluster: KafkaCluster, sluice: SluiceProcess,
+                 metrics: MetricsSampler, fetch_topic: str, fetch_records: int,
+                 workdir: Path) -> dict[str, Any]:
+    assert sluice.process is not None
+    cpu0 = process_cpu_s(sluice.process.pid)
+    measured = run_case(case, params, cluster, sluice, metrics, fetch_topic, fetch_records, workdir)
+    measured.extra["sluice_cpu_s"] = round(process_cpu_s(sluice.process.pid) - cpu0, 2)
+    return case_result(case, measured, params)
+
+
 def run_benchmark(params: Params, modes: Sequence[str], clients: Sequence[str], workloads: Sequence[str],
                   workdir: Path, log: Callable[[str], None]) -> dict[str, Any]:
     started = time.monotonic()
@@ -777,11 +804,10 @@ def run_benchmark(params: Params, modes: Sequence[str], clients: Sequence[str], 
         "log.retention.check.interval.ms": "5000"})
     cluster.start()
     log(f"broker up: {cluster.bootstrap} (quota window {params.window_samples} x {params.window_ms} ms)")
-    tools = KafkaTools(cluster.bootstrap, workdir=workdir)
     results: list[dict[str, Any]] = []
     broker_quota_shown = ""
     try:
-        set_broker_quota(tools, None)  # nothing left over
+        set_broker_quota(cluster.bootstrap, None)  # nothing left over
         fetch_topic, fetch_records = "fidelity-fetch", 0
         if "fetch" in workloads:
             create_topic(cluster.bootstrap, fetch_topic)
@@ -811,24 +837,23 @@ def run_benchmark(params: Params, modes: Sequence[str], clients: Sequence[str], 
                 log(f"Sluice for {mode}-enforced cases: {sluice.bootstrap} "
                     f"({'no quotas' if mode == 'broker' else 'the quotas'}), metrics :{port}")
             time.sleep(0.5)
-            for case in iter_cases(modes, clients, workloads):
-                sluice, metrics = sluices[case.mode], samplers[case.mode]
-                assert sluice.process is not None
-                if case.mode == "broker":
-                    broker_quota_shown = set_broker_quota(tools, params.quota)
+            for slot in case_slots(modes, clients, workloads, params.side_by_side):
+                if slot[0].mode == "broker":
+                    broker_quota_shown = set_broker_quota(cluster.bootstrap, params.quota)
                     log(f"broker quota set: {broker_quota_shown}")
                 try:
-                    cpu0 = process_cpu_s(sluice.process.pid)
-                    measured = run_case(case, params, cluster, sluice, metrics, fetch_topic, fetch_records,
-                                        workdir)
-                    measured.extra["sluice_cpu_s"] = round(process_cpu_s(sluice.process.pid) - cpu0, 2)
-                    result = case_result(case, measured, params)
-                    result["order"] = len(results)
-                    results.append(result)
-                    log(describe_case(result, params.burst_s))
+                    with ThreadPoolExecutor(len(slot)) as pool:
+                        done = [pool.submit(measure_case, case, params, cluster, sluices[case.mode],
+                                            samplers[case.mode], fetch_topic, fetch_records, workdir)
+                                for case in slot]
+                        slot_results = [f.result() for f in done]
+                    for result in slot_results:
+                        result["order"] = len(results)
+                        results.append(result)
+                        log(describe_case(result, params.burst_s))
                 finally:
-                    if case.mode == "broker":
-                        set_broker_quota(tools, None)
+                    if slot[0].mode == "broker":
+                        set_broker_quota(cluster.bootstrap, None)
                         log("broker quota removed")
     finally:
         cluster.stop()
@@ -1013,6 +1038,26 @@ def iter_cases(modes: Sequence[str], clients: Sequence[str], workloads: Sequence
             yield Case(mode, client, workload)
 
 
+def case_slots(modes: Sequence[str], clients: Sequence[str], workloads: Sequence[str],
+               side_by_side: bool) -> Iterator[list[Case]]:
+    """`iter_cases`, one case at a time; with `side_by_side`, Sluice's two modes of a client and
+    workload (adjacent in that order) as one slot run at the same time. They share no budget: each
+    mode has its own Sluice and metrics, each case its own client id, and no broker quota is set
+    while they run. The broker's cases stay alone: its default quota would hold every client."""
+    def joins(slot: list[Case], case: Case) -> bool:
+        return (side_by_side and len(slot) == 1 and "broker" not in (slot[0].mode, case.mode)
+                and (slot[0].client, slot[0].workload) == (case.client, case.workload))
+
+    slot: list[Case] = []
+    for case in iter_cases(modes, clients, workloads):
+        if slot and not joins(slot, case):
+            yield slot
+            slot = []
+        slot.append(case)
+    if slot:
+        yield slot
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.bench_fidelity",
                                      description="The same quota enforced by the broker and by Sluice")
@@ -1021,6 +1066,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--quota", type=int, default=2 * MiB, help="bytes/s, produce and fetch [2 MiB/s]")
     parser.add_argument("--java-quick-start", action="store_true",
                         help="C1-only JIT for the Java clients: less CPU, enough at ~1 MiB/s or less")
+    parser.add_argument("--side-by-side", action="store_true",
+                        help="run the sluice and bucket cases of each client and workload at the same time "
+                             "(a shorter smoke run; the cases then share the machine)")
     parser.add_argument("--bucket-burst-ms", type=int, default=Params.bucket_burst_ms,
                         help=f"the token bucket's burst_ms [{Params.bucket_burst_ms}]")
     parser.add_argument("--librdkafka-batch-bytes", type=int, default=Params.librdkafka_batch_bytes,
@@ -1049,7 +1097,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         raise SystemExit("--bucket-burst-ms must be >= 1 and --librdkafka-batch-bytes >= 1024")
     params = Params(seconds=seconds, quota=args.quota, bucket_burst_ms=args.bucket_burst_ms,
                     librdkafka_batch_bytes=args.librdkafka_batch_bytes,
-                    java_full_jit=not args.java_quick_start)
+                    java_full_jit=not args.java_quick_start, side_by_side=args.side_by_side)
     modes = _subset(args.modes, MODES, "modes")
     clients = _subset(args.clients, CLIENTS, "clients")
     workloads = _subset(args.workloads, WORKLOADS, "workloads")

@@ -30,6 +30,7 @@ import tempfile
 import threading
 import time
 from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -279,17 +280,33 @@ def measure(kafka: KafkaCluster, quick: bool, java: bool, workdir: Path, log: Ca
         ("alone", 1, 1, False, None), ("fleet-2", 2, 2, True, None)] if quick else [
         ("alone", 1, 1, False, None), ("no-fleet-3", 3, 3, False, None), ("fleet-1", 1, 1, True, None),
         ("fleet-2", 2, 2, True, None), ("fleet-3", 3, 3, True, None), ("workers-3", 1, 3, False, 3)]
-    for name, n, producers, with_fleet, workers in plan:
+    shifts: list[dict[str, Any]] = []
+
+    def produce(name: str, n: int, producers: int, with_fleet: bool, workers: int | None) -> dict[str, Any]:
         fleet = (start_fleet(kafka, workdir / unique_name(name), n, [ENTRY]) if with_fleet
                  else plain_sluices(kafka, workdir, n, workers=workers))
         try:
             if workers:
-                wait_until(lambda f=fleet, w=workers: f.metrics(0).value(  # type: ignore[misc]
-                    "sluice_fleet_members", worker="0") == w, 60, "workers to hear from each other")
-            cases.append(produce_case(kafka, fleet, name, n, producers, run_s, with_fleet, workers))
+                wait_until(lambda: fleet.metrics(0).value(
+                    "sluice_fleet_members", worker="0") == workers, 60, "workers to hear from each other")
+            case = produce_case(kafka, fleet, name, n, producers, run_s, with_fleet, workers)
         finally:
             fleet.stop()
-        log(f"{name}: {cases[-1]['ratio']:.3f} x quota (load {cases[-1]['load_avg'][0]})")
+        log(f"{name}: {case['ratio']:.3f} x quota (load {case['load_avg'][0]})")
+        return case
+
+    after_s = 3 + (PERIOD_S if quick else RUN_S)
+    if quick:
+        # The smoke run's budgets and shifts run side by side: each has its own Sluice instances (a
+        # fleet its own id and topics) and no broker quota is set, so none shares a budget with
+        # another; only their ratios move with the load, and the quick run judges none of them.
+        with ThreadPoolExecutor(len(plan) + 2) as pool:
+            produced = [pool.submit(produce, *p) for p in plan]
+            shifted = [pool.submit(shift_case, kafka, workdir, kill, after_s) for kill in (False, True)]
+            cases.extend(f.result() for f in produced)
+            shifts = [f.result() for f in shifted]
+    else:
+        cases.extend(produce(*p) for p in plan)
     if java and not quick:
         for name, n, with_fleet in (("java-alone", 1, False), ("java-fleet-3", 3, True)):
             fleet = (start_fleet(kafka, workdir / unique_name(name), n, [ENTRY]) if with_fleet
@@ -303,8 +320,8 @@ def measure(kafka: KafkaCluster, quick: bool, java: bool, workdir: Path, log: Ca
             finally:
                 fleet.stop()
             log(f"{name}: {cases[-1].get('ratio')}")
-    after_s = 3 + (PERIOD_S if quick else RUN_S)
-    shifts = [shift_case(kafka, workdir, kill, after_s) for kill in (False, True)]
+    if not quick:
+        shifts = [shift_case(kafka, workdir, kill, after_s) for kill in (False, True)]
     for s in shifts:
         log(f"{s['event']}: shares settle {s['share_settle_s']} s, rate 0.9 x quota after "
             f"{s['rate_reach_0_9_s']} s")

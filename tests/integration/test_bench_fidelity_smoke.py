@@ -1,5 +1,6 @@
 """The fidelity benchmark runs end to end (`--quick` at a small size: 5 s per case at 512 KiB/s, Java
-clients on the C1 JIT; three enforcements) and writes a complete results file.
+clients on the C1 JIT; three enforcements, Sluice's two side by side) and writes a complete results
+file.
 
 No thresholds: on a shared 2-core machine the numbers are noise-prone, and 5 s runs sit inside
 a fresh sensor's burst anyway; the benchmark itself reports them against the targets.
@@ -29,7 +30,7 @@ QUOTA = 512 * 1024
 def test_quick_fidelity_benchmark_writes_all_twelve_cases(tmp_path: Path) -> None:
     out = tmp_path / "fidelity.json"
     done = subprocess.run([sys.executable, "-m", "bench.bench_fidelity", "--quick", "--seconds", str(SECONDS),
-                           "--quota", str(QUOTA), "--java-quick-start",
+                           "--quota", str(QUOTA), "--java-quick-start", "--side-by-side",
                            "--out", str(out), "--workdir", str(tmp_path / "work")],
                           cwd=REPO, capture_output=True, text=True, timeout=840, check=False)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-5000:]
@@ -40,6 +41,7 @@ def test_quick_fidelity_benchmark_writes_all_twelve_cases(tmp_path: Path) -> Non
     report = json.loads(out.read_text())
     assert report["benchmark"] == "fidelity" and report["quick"] is True
     assert report["params"]["seconds"] == SECONDS and report["params"]["java_full_jit"] is False
+    assert report["params"]["side_by_side"] is True
     assert report["window"] == {"samples": 11, "size_ms": 1000}
     quota = report["quota_bytes_per_s"]
     assert quota == QUOTA
