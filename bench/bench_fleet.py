@@ -281,6 +281,8 @@ def measure(kafka: KafkaCluster, quick: bool, java: bool, workdir: Path, log: Ca
         ("alone", 1, 1, False, None), ("no-fleet-3", 3, 3, False, None), ("fleet-1", 1, 1, True, None),
         ("fleet-2", 2, 2, True, None), ("fleet-3", 3, 3, True, None), ("workers-3", 1, 3, False, 3)]
     shifts: list[dict[str, Any]] = []
+    cost: dict[str, Any] = {}
+    scaling: list[dict[str, Any]] = []
 
     def produce(name: str, n: int, producers: int, with_fleet: bool, workers: int | None) -> dict[str, Any]:
         fleet = (start_fleet(kafka, workdir / unique_name(name), n, [ENTRY]) if with_fleet
@@ -300,11 +302,17 @@ def measure(kafka: KafkaCluster, quick: bool, java: bool, workdir: Path, log: Ca
         # The smoke run's budgets and shifts run side by side: each has its own Sluice instances (a
         # fleet its own id and topics) and no broker quota is set, so none shares a budget with
         # another; only their ratios move with the load, and the quick run judges none of them.
-        with ThreadPoolExecutor(len(plan) + 2) as pool:
+        # The exchange's idle cost and the workers' requests per CPU-second run beside them too:
+        # their figures are then not the quiet machine's, which the full run measures.
+        with ThreadPoolExecutor(len(plan) + 5) as pool:
             produced = [pool.submit(produce, *p) for p in plan]
             shifted = [pool.submit(shift_case, kafka, workdir, kill, after_s) for kill in (False, True)]
+            costed = pool.submit(exchange_cost, kafka, workdir, 5)
+            scaled = [pool.submit(worker_cost, kafka, workdir, w, 4) for w in (1, 2)]
             cases.extend(f.result() for f in produced)
             shifts = [f.result() for f in shifted]
+            cost = costed.result()
+            scaling = [f.result() for f in scaled]
     else:
         cases.extend(produce(*p) for p in plan)
     if java and not quick:
@@ -322,13 +330,12 @@ def measure(kafka: KafkaCluster, quick: bool, java: bool, workdir: Path, log: Ca
             log(f"{name}: {cases[-1].get('ratio')}")
     if not quick:
         shifts = [shift_case(kafka, workdir, kill, after_s) for kill in (False, True)]
+        cost = exchange_cost(kafka, workdir, 30)
+        scaling = [worker_cost(kafka, workdir, w, 15) for w in (1, 2, 3)]
     for s in shifts:
         log(f"{s['event']}: shares settle {s['share_settle_s']} s, rate 0.9 x quota after "
             f"{s['rate_reach_0_9_s']} s")
-    cost = exchange_cost(kafka, workdir, 5 if quick else 30)
     log(f"exchange: {cost['members']} vs plain cpu {cost['plain_cpu_fraction']}")
-    counts = (1, 2) if quick else (1, 2, 3)
-    scaling = [worker_cost(kafka, workdir, w, 4 if quick else 15) for w in counts]
     for w in scaling:
         log(f"workers {w['workers']}: {w['requests_per_cpu_s']} requests per CPU-second")
     return {"benchmark": "fleet", "quick": quick, "java_fetch": java and not quick, "commit": commit(),
