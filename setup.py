@@ -7,11 +7,20 @@ Everything else is in pyproject.toml. The extension is optional: without a C com
 Cython) `pip install` still succeeds, says so clearly, and Sluice runs its pure-Python data plane,
 the readable reference the compiled one is tested against. At run time SLUICE_PURE_PYTHON=1 selects
 the pure path even when the extension is built (`protocol.fastpath`).
+
+SLUICE_PREBUILT_EXTENSIONS names a directory of extensions built before from the same sources (laid
+out as `protocol/_speedups.cpython-311-x86_64-linux-gnu.so`, ...): `scripts/setup` keeps them per
+machine by a hash of their sources, setup.py and the interpreter, and a set-up that finds them copies
+them in instead of compiling again.
 """
 
 from __future__ import annotations
 
+import os
+import shutil
 import sys
+import sysconfig
+from pathlib import Path
 
 from setuptools import Extension, setup
 from setuptools.command.build_ext import build_ext
@@ -40,29 +49,44 @@ class OptionalBuildExt(build_ext):
             _say_no_extension(f"{type(exc).__name__}: {exc}")
 
     def build_extension(self, ext: Extension) -> None:
+        built = _prebuilt(self.get_ext_filename(ext.name))
+        if built is not None:
+            target = Path(self.get_ext_fullpath(ext.name))
+            target.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(built, target)
+            return
         try:
             super().build_extension(ext)
         except Exception as exc:  # CompileError, LinkError, a compiler that is not there
             _say_no_extension(f"{type(exc).__name__}: {exc}")
 
 
+def _prebuilt(filename: str) -> Path | None:
+    """The extension `filename` (relative, e.g. protocol/_speedups.cpython-311-...so) in the
+    SLUICE_PREBUILT_EXTENSIONS directory, if that is set and holds it."""
+    directory = os.environ.get("SLUICE_PREBUILT_EXTENSIONS")
+    path = Path(directory) / filename if directory else None
+    return path if path is not None and path.is_file() else None
+
+
 def _extensions() -> list[Extension]:
+    extensions = [
+        Extension("protocol._speedups", ["protocol/_speedups.pyx"]),
+        Extension("protocol._log_speedups", ["protocol/_log_speedups.pyx"]),  # the access log's walks
+        Extension("quotas._speedups", ["quotas/_speedups.pyx"]),
+        # the replay's loop (quotas/replay_loop.py's twin): its float arithmetic must be the
+        # reference's, operation for operation, so no fused multiply-adds
+        Extension("quotas._replay_speedups", ["quotas/_replay_speedups.pyx"],
+                  extra_compile_args=["-ffp-contract=off"])]
+    suffix = sysconfig.get_config_var("EXT_SUFFIX")
+    if all(_prebuilt(ext.name.replace(".", "/") + suffix) for ext in extensions):
+        return extensions  # copied in by OptionalBuildExt: nothing to translate
     try:
         from Cython.Build import cythonize
     except ImportError:
         _say_no_extension("Cython is not installed (it is a build requirement in pyproject.toml)")
         return []
-    return cythonize(
-        [Extension("protocol._speedups", ["protocol/_speedups.pyx"]),
-         Extension("protocol._log_speedups", ["protocol/_log_speedups.pyx"]),  # the access log's walks
-         Extension("quotas._speedups", ["quotas/_speedups.pyx"]),
-         # the replay's loop (quotas/replay_loop.py's twin): its float arithmetic must be the
-         # reference's, operation for operation, so no fused multiply-adds
-         Extension("quotas._replay_speedups", ["quotas/_replay_speedups.pyx"],
-                   extra_compile_args=["-ffp-contract=off"])],
-        compiler_directives={"language_level": "3"},
-        quiet=True,
-    )
+    return cythonize(extensions, compiler_directives={"language_level": "3"}, quiet=True)
 
 
 setup(ext_modules=_extensions(), cmdclass={"build_ext": OptionalBuildExt})
