@@ -49,7 +49,7 @@ from proxy.pumps.fetch_stream import FetchStream
 from proxy.pumps.limits import ClientBuffer, ConnectionWatchdog, LimitLog
 from proxy.pumps.muting import ChannelMuteState
 from proxy.pumps.read_gate import ReadGate
-from proxy.pumps.responses import ResponseOrder
+from proxy.pumps.responses import ResponseOrderImpl
 from proxy.pumps.sasl_mode import FrameHandler, SaslMode
 from proxy.pumps.services import ConnectionServices, Opening, Upstream, UpstreamLink
 from proxy.pumps.throttle_timer import ThrottleTimer
@@ -99,10 +99,10 @@ class ClientConnection(asyncio.Protocol):
         self._gate = ReadGate(self._mute, self._splitter, self._inflight.queue,
                               limits.settings.max_in_flight_requests_per_connection, self.ctx,
                               limits.log, services.call_later, self.close)
-        self.responses = ResponseOrder(self.ctx, self._pipeline, self._clock, self._inflight, self.throttle,
-                                       self._gate, self._splitter, target.describe(), send=self._out.frame,
-                                       start_throttle=self.start_throttle, read_on=self._read_on,
-                                       close=self.close, is_closed=lambda: self.closed)
+        self.responses = ResponseOrderImpl(
+            self.ctx, self._pipeline, self._clock, self._inflight, self.throttle, self._gate, self._splitter,
+            target.describe(), send=self._out.frame, start_throttle=self.start_throttle,
+            read_on=self._read_on, close=self.close, is_closed=lambda: self.closed)
         self._flush = self.response_done = self.responses.flush
         self.run_response_stages = self.responses.run_stages
         self._broker_frame: FrameHandler = self.responses.on_broker_frame
