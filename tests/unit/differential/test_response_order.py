@@ -29,18 +29,25 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from protocol.apis import ApiKey
 from protocol.framing import FrameSplitter
 from proxy.flow.connection_stats import ConnectionStats
 from proxy.flow.inflight import InFlight, InFlightRequests
-from proxy.flow.pipeline import ConnectionContext, Pipeline, ResponseOutcome, StageBase
+from proxy.flow.pipeline import (
+    AnswerHere,
+    AnswerLater,
+    ConnectionContext,
+    Pipeline,
+    ResponseOutcome,
+    StageBase,
+)
 from proxy.pumps import connection as connection_module
 from proxy.pumps import responses
 from proxy.pumps.connection import ClientConnection, ConnectionServices
-from proxy.pumps.limits import LimitLog
+from proxy.pumps.limits import ConnectionLimits, LimitLog, LimitSettings
 from proxy.pumps.read_gate import ReadGate
 from proxy.pumps.services import Upstream
 from proxy.pumps.throttle_timer import ThrottleTimer
@@ -48,6 +55,7 @@ from proxy.pumps.upstreams import BrokerRegistry, UpstreamTarget
 from proxy.stages.quota import QuotaStage
 from quotas.clock import FakeClock
 from quotas.config import QuotaConfig
+from quotas.connection_limits import BufferBudget, ConnectionLimiter
 from quotas.engine import QuotaEngine
 from tests.unit.differential.impls import built
 from tests.unit.proxy.test_connection import FakeTimers, FakeTransport, FakeUpstream, run_ready_callbacks
@@ -256,22 +264,57 @@ class RowStage(StageBase):
             for d in quota.decisions))
         self.rows.append((entry.correlation_id, entry.api_key, entry.request_bytes, entry.received_ms,
                           entry.response_received_ms, sent_ms, entry.upstream_response_bytes,
-                          entry.response_bytes, entry.forwarded, entry.mutes_channel, verdicts))
+                          entry.response_bytes, entry.forwarded, entry.expects_response, entry.mutes_channel,
+                          verdicts))
 
 
-def produce_v8(correlation_id: int, size: int) -> bytes:
+class AnswerSome(StageBase):
+    """Answers ApiVersions itself (at once) and, for client id "later", Metadata once asked to."""
+
+    def __init__(self) -> None:
+        self.pending: list[asyncio.Future[bytes]] = []
+
+    def on_request(self, ctx: ConnectionContext, entry: InFlight, header: Any, payload: bytes) -> Any:
+        if header.api_key == ApiKey.API_VERSIONS:
+            return AnswerHere(struct.pack(">ih", header.correlation_id, 0) + b"\x00" * 8)
+        if header.api_key == ApiKey.METADATA and header.client_id == "later":
+            future: asyncio.Future[bytes] = asyncio.get_running_loop().create_future()
+            self.pending.append(future)
+            return AnswerLater(future)
+        return None
+
+
+def produce_v8(correlation_id: int, size: int, acks: int = 1) -> bytes:
     head = struct.pack(">hhih", ApiKey.PRODUCE, 8, correlation_id, 3) + b"app"
-    body = struct.pack(">hhii", -1, 1, 30_000, 0)  # transactional id null, acks=1, timeout, no topics
+    body = struct.pack(">hhii", -1, acks, 30_000, 0)  # transactional id null, acks, timeout, no topics
     return head + body + b"\x00" * max(0, size - len(head) - len(body))
 
 
-def metadata_v8(correlation_id: int) -> bytes:
-    head = struct.pack(">hhih", ApiKey.METADATA, 8, correlation_id, 3) + b"app"
+def metadata_v8(correlation_id: int, client_id: bytes = b"app") -> bytes:
+    head = struct.pack(">hhih", ApiKey.METADATA, 8, correlation_id, len(client_id)) + client_id
     return head + struct.pack(">i", -1) + b"\x00" * 3  # all topics, then three booleans
 
 
-async def connection_run(cls: Any, budget: dict[str, float], script: list[tuple[str, int, int]]
-                         ) -> tuple[Any, ...]:
+def api_versions_v3(correlation_id: int) -> bytes:
+    return struct.pack(">hhih", ApiKey.API_VERSIONS, 3, correlation_id, 3) + b"app" + b"\x00\x01a\x011\x00"
+
+
+def client_frame(what: str, cid: int, n: int) -> bytes:
+    if what == "produce":
+        return produce_v8(cid, n)
+    if what == "produce0":
+        return produce_v8(cid, n, acks=0)
+    if what == "metadata":
+        return metadata_v8(cid)
+    if what == "later":
+        return metadata_v8(cid, b"later")
+    if what == "versions":
+        return api_versions_v3(cid)
+    return b"\x00\x01"  # "garbage": too short for a request header: the connection closes
+
+
+async def connection_run(compiled: bool, budget: dict[str, float], max_in_flight: int,
+                         script: list[tuple[str, int, int, int]]) -> tuple[Any, ...]:
     clock = FakeClock(1_000)
     timers = FakeTimers(clock)
     engine = QuotaEngine(QuotaConfig.from_dict({"entries": [{"client_id": "<default>", **budget}]}), clock)
@@ -280,55 +323,92 @@ async def connection_run(cls: Any, budget: dict[str, float], script: list[tuple[
     async def connect(client: ClientConnection, target: UpstreamTarget) -> Upstream | str:
         return upstream
 
-    rows = RowStage()
+    rows, answers = RowStage(), AnswerSome()
     registry = BrokerRegistry("127.0.0.1", "127.0.0.1", lambda n: 0, lambda s, t: None)
-    services = ConnectionServices(pipeline=Pipeline([QuotaStage(engine), rows]), registry=registry,
+    limits = ConnectionLimits(LimitSettings(max_in_flight_requests_per_connection=max_in_flight),
+                              ConnectionLimiter(10_000, 1_000), BufferBudget(256 * 1024 * 1024), clock,
+                              timers.call_later)
+    services = ConnectionServices(pipeline=Pipeline([answers, QuotaStage(engine), rows]), registry=registry,
                                   clock=clock, bootstrap=[], connect_upstream=connect,
-                                  call_later=timers.call_later)
-    previous = connection_module.ResponseOrderImpl
-    connection_module.ResponseOrderImpl = cls  # type: ignore[misc]
+                                  call_later=timers.call_later, limits=limits)
+    module = built(responses.COMPILED_MODULE, "proxy.pumps._speedups")
+    chosen = (module.ResponseOrder, module) if compiled else (responses.ResponseOrder, None)
+    previous = (connection_module.ResponseOrderImpl, connection_module.COMPILED_REQUESTS)
+    connection_module.ResponseOrderImpl, connection_module.COMPILED_REQUESTS = chosen  # type: ignore[misc]
     try:
         conn = ClientConnection(services, UpstreamTarget(1))
     finally:
-        connection_module.ResponseOrderImpl = previous  # type: ignore[misc]
-    assert type(conn.responses) is cls
+        connection_module.ResponseOrderImpl, connection_module.COMPILED_REQUESTS = previous  # type: ignore[misc]
+    assert type(conn.responses) is chosen[0]
+    assert (getattr(conn.data_received, "__self__", None).__class__ is module.RequestReader) == compiled
     transport = FakeTransport()
     conn.connection_made(transport)  # type: ignore[arg-type]
     await run_ready_callbacks()
-    answered = 0
-    for step, (what, n, ms) in enumerate(script):
-        if what == "produce" or what == "metadata":
-            frame = produce_v8(step, n) if what == "produce" else metadata_v8(step)
-            conn.data_received(struct.pack(">i", len(frame)) + frame)
-        elif what == "answer" and answered < len(upstream.written):
-            cid = struct.unpack_from(">i", upstream.written[answered], 4)[0]
-            api_key = struct.unpack_from(">h", upstream.written[answered], 0)[0]
-            answered += 1
-            body = (struct.pack(">ii", 0, n % 50) if api_key == ApiKey.PRODUCE  # no topics, broker throttle
-                    else struct.pack(">i", 0) + b"\x00" * 12)
-            conn.on_upstream_frame(struct.pack(">i", cid) + body)
+    answered = resolved = 0
+    held = b""  # the second half of a frame sent in two reads
+    mute = conn.throttle.mute
+    seen: list[tuple[Any, ...]] = []  # after every step: what a client, the broker and the log see
+    for step, (what, n, cut, ms) in enumerate(script, start=1):
+        if what == "answer":
+            if answered < len(upstream.written):
+                request = upstream.written[answered]
+                answered += 1
+                cid = struct.unpack_from(">i", request, 4)[0]
+                produce = struct.unpack_from(">h", request)[0] == ApiKey.PRODUCE
+                # no topics, then the broker's own throttle_time_ms
+                body = struct.pack(">ii", 0, n % 50) if produce else struct.pack(">i", 0) + b"\x00" * 12
+                conn.on_upstream_frame(struct.pack(">i", cid) + body)
+        elif what == "resolve":
+            if resolved < len(answers.pending):
+                answers.pending[resolved].set_result(struct.pack(">i", 0) + b"later")
+                resolved += 1
+                await run_ready_callbacks()
+        else:
+            frame = client_frame(what, step, n)
+            data = held + struct.pack(">i", len(frame)) + frame
+            cut = min(cut, len(data))
+            conn.data_received(data[:cut] if cut else data)
+            held = data[cut:] if cut else b""
+        seen.append((len(transport.data), len(upstream.written), len(rows.rows), conn.in_flight, mute.state,
+                     mute.deadline_ms, transport.paused, transport.closed, conn._close_reason))
         timers.advance(ms)
-    return (bytes(transport.data), tuple(upstream.written), tuple(rows.rows), conn.in_flight,
-            conn.throttle.mute.state, transport.paused, transport.closed)
+        await run_ready_callbacks()
+    return bytes(transport.data), tuple(upstream.written), tuple(rows.rows), tuple(seen)
+
+
+# a throttled Produce answered, its delay over, then another: the mute's whole cycle (KIP-219)
+THROTTLE_CYCLE = [("produce", 900, 0, 0)] * 3 + [("answer", 1, 0, 0)] * 2 + [("answer", 1, 0, 5_000),
+                                                                          ("produce", 900, 0, 0),
+                                                                          ("answer", 1, 0, 0)]
 
 
 @pytest.mark.both_twins
-@settings(max_examples=60, deadline=None)
-@given(budget=st.fixed_dictionaries({"producer_byte_rate": st.sampled_from([200.0, 2_000.0, 1e12]),
+@settings(max_examples=150, deadline=None)
+@example(budget={"producer_byte_rate": 200.0, "request_percentage": 1e6}, max_in_flight=100,
+         script=THROTTLE_CYCLE)
+@example(budget={"producer_byte_rate": 200.0, "request_percentage": 1e6}, max_in_flight=100,
+         script=[(what, 900, 0, 0) for what, *_ in THROTTLE_CYCLE if what == "produce"]
+         + [("produce0", 900, 0, 5_000), ("produce", 900, 0, 0)])  # acks=0: muted with no response
+@given(budget=st.fixed_dictionaries({"producer_byte_rate": st.sampled_from([50.0, 200.0, 20_000.0, 1e12]),
                                      "request_percentage": st.sampled_from([1.0, 50.0, 1e6])}),
-       script=st.lists(st.tuples(st.sampled_from(["produce", "produce", "metadata", "answer", "answer"]),
-                                 st.integers(20, 900), st.sampled_from([0, 0, 3, 40, 400])), max_size=30))
+       max_in_flight=st.sampled_from([1, 2, 100]),
+       script=st.lists(st.tuples(st.sampled_from(["produce", "produce", "produce0", "metadata", "later",
+                                                  "versions", "answer", "answer", "answer", "resolve",
+                                                  "garbage"]),
+                                 st.integers(20, 900), st.sampled_from([0, 0, 0, 3, 10]),
+                                 st.sampled_from([0, 0, 3, 40, 400, 5_000])), max_size=30))
 def test_a_connection_with_the_quota_stage_forwards_answers_and_logs_the_same_on_both_twins(
-        budget: dict[str, float], script: list[tuple[str, int, int]]) -> None:
-    reference, compiled = twins()
-    expected = asyncio.run(connection_run(reference, budget, script))
-    got = asyncio.run(connection_run(compiled, budget, script))
+        budget: dict[str, float], max_in_flight: int, script: list[tuple[str, int, int, int]]) -> None:
+    expected = asyncio.run(connection_run(False, budget, max_in_flight, script))
+    got = asyncio.run(connection_run(True, budget, max_in_flight, script))
     assert got == expected
 
 
-def test_the_connection_uses_the_compiled_twin_unless_the_pure_path_is_asked_for() -> None:
+def test_the_connection_uses_the_compiled_twins_unless_the_pure_path_is_asked_for() -> None:
     module = built(responses.COMPILED_MODULE, "proxy.pumps._speedups")
     if responses.IMPLEMENTATION == "compiled":
         assert responses.ResponseOrderImpl is module.ResponseOrder
+        assert responses.COMPILED_REQUESTS is module
     else:
         assert responses.ResponseOrderImpl is responses.ResponseOrder
+        assert responses.COMPILED_REQUESTS is None
