@@ -1,7 +1,8 @@
-"""Builds the compiled data plane (protocol/_speedups.pyx, and the access log's walks in
-protocol/_log_speedups.pyx), the quota stats (quotas/_speedups.pyx) and the replay's loop
-(quotas/_replay_speedups.pyx), with Cython, when it can. The two byte-path modules cimport the
-inline helpers of protocol/_walk.pxd (a change there rebuilds both).
+"""Builds the compiled data plane (protocol/_speedups.pyx, the access log's walks in
+protocol/_log_speedups.pyx, a connection's response side in proxy/pumps/_speedups.pyx), the quota
+stats (quotas/_speedups.pyx) and the replay's loop (quotas/_replay_speedups.pyx), with Cython,
+when it can. The two byte-path modules cimport the inline helpers of protocol/_walk.pxd (a change
+there rebuilds both).
 
 Everything else is in pyproject.toml. The extension is optional: without a C compiler (or without
 Cython) `pip install` still succeeds, says so clearly, and Sluice runs its pure-Python data plane,
@@ -56,6 +57,8 @@ def _extensions() -> list[Extension]:
         [Extension("protocol._speedups", ["protocol/_speedups.pyx"]),
          Extension("protocol._log_speedups", ["protocol/_log_speedups.pyx"]),  # the access log's walks
          Extension("quotas._speedups", ["quotas/_speedups.pyx"]),
+         # a connection's response side (proxy/pumps/responses.py's twin)
+         Extension("proxy.pumps._speedups", ["proxy/pumps/_speedups.pyx"]),
          # the replay's loop (quotas/replay_loop.py's twin): its float arithmetic must be the
          # reference's, operation for operation, so no fused multiply-adds
          Extension("quotas._replay_speedups", ["quotas/_replay_speedups.pyx"],

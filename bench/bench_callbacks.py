@@ -61,7 +61,25 @@ def run_instrumented(out: str, args: list[str]) -> None:
                 totals[key] += clock() - began
         setattr(cls, name, wrapper)
 
-    timed(connection.ClientConnection, "data_received", "client_ns")
+    def timed_per_connection(cls: Any, name: str, key: str) -> None:
+        """`timed` for a method a connection may replace on itself (the compiled `RequestReader`'s
+        `data_received`, installed by `ClientConnection.__init__`): wrapped on each new instance."""
+        init = cls.__init__
+
+        def initialized(self: Any, *args: Any, **kwargs: Any) -> None:
+            init(self, *args, **kwargs)
+            inner = getattr(self, name)
+
+            def wrapper(data: bytes) -> None:
+                began = clock()
+                try:
+                    inner(data)
+                finally:
+                    totals[key] += clock() - began
+            setattr(self, name, wrapper)
+        cls.__init__ = initialized
+
+    timed_per_connection(connection.ClientConnection, "data_received", "client_ns")
     timed(upstream.UpstreamConnection, "data_received", "upstream_ns")
     timed(upstream.UpstreamConnection, "write", "upstream_write_ns")
 

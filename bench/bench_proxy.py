@@ -17,6 +17,10 @@ these workloads:
 * small-request latency: a blocking-socket loop of hand-built requests, one in flight at a time:
   a one-record Produce (acks=1, 100 B value) and an ApiVersions; p50 and p99 in ms.
 
+Sluice runs with a quota for every client (a default client-id quota too high to throttle; the
+engine records and checks every request; ``--no-quotas`` for none) and, with ``--access-log``, its
+access log on: the configuration issue 29 compares against the raw forwarder.
+
 Each measurement is repeated (3 times by default), rotating the order of the paths, and the
 median is reported. The latency paths take turns request by request within a repeat, and the
 added latency is the median of the per-repeat differences. The proxies' own CPU (from
@@ -385,6 +389,15 @@ def advertised_brokers(bootstrap: str) -> list[str]:
 
 ACCESS_LOG: dict[str, Any] = {"enabled": False}
 
+# A quota for every client, as the issue-29 comparison runs Sluice: one default client-id entry
+# with both byte rates so high (1 TB/s) that nothing is ever throttled. Every request is still
+# recorded and checked by the quota engine, so the run measures the engine's cost, not throttling.
+# `--no-quotas` runs Sluice without any quota.
+QUOTA_BYTES_PER_S = 10**12
+QUOTA_ENTRIES: list[dict[str, Any]] = [{"client_id": "<default>", "producer_byte_rate": QUOTA_BYTES_PER_S,
+                                        "consumer_byte_rate": QUOTA_BYTES_PER_S}]
+QUOTAS: dict[str, Any] = {"enabled": True}
+
 
 def access_log_counters(port: int) -> dict[str, float]:
     """Sluice's access-log counters from /metrics: records written and dropped (must stay 0)."""
@@ -396,6 +409,36 @@ def access_log_counters(port: int) -> dict[str, float]:
         m = re.search(rf"^sluice_access_log_records_{name}_total (\S+)", text, re.M)
         found[name] = float(m.group(1)) if m else float("nan")
     return found
+
+
+def quota_counters(port: int) -> dict[str, float]:
+    """What Sluice's quota engine saw, from /metrics: its live sensors (created by the requests it
+    recorded), the configured values, and requests throttled or shadow-throttled (both must stay 0)."""
+    import urllib.request
+
+    text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
+
+    def total(name: str) -> float:
+        return sum(float(m.group(1)) for m in re.finditer(rf"^{name}(?:{{[^}}]*}})? (\S+)", text, re.M))
+
+    return {"sensors": total("sluice_quota_sensors"),
+            "configured_values": float(len(re.findall(r"^sluice_quota_configured\{", text, re.M))),
+            "throttled_requests": total("sluice_quota_throttled_requests_total"),
+            "shadow_would_throttle": total("sluice_quota_shadow_would_throttle_total")}
+
+
+def sluice_config(workdir: Path) -> tuple[dict[str, Any], int | None]:
+    """The bench's Sluice settings beyond the defaults, and its metrics port (None: metrics off)."""
+    config: dict[str, Any] = {}
+    port: int | None = None
+    if ACCESS_LOG["enabled"] or QUOTAS["enabled"]:
+        port = free_port()
+        config["metrics"] = {"port": port}
+    if ACCESS_LOG["enabled"]:
+        config["access_log"] = {"dir": str(workdir / "access-log")}
+    if QUOTAS["enabled"]:
+        config["quotas"] = {"entries": QUOTA_ENTRIES}
+    return config, port
 
 
 def start_environment(workdir: Path, paths: Sequence[str], profile_sluice: Path | None,
@@ -416,23 +459,21 @@ def start_environment(workdir: Path, paths: Sequence[str], profile_sluice: Path 
             env.stop.append(fwd.stop)
             env.addresses["raw"], env.proxy_pids["raw"] = fwd.address, fwd.pid
         if "sluice" in paths:
+            config, port = sluice_config(workdir)
             if profile_sluice is None:
-                config: dict[str, Any] = {}
-                if ACCESS_LOG["enabled"]:
-                    port = free_port()
-                    config = {"access_log": {"dir": str(workdir / "access-log")}, "metrics": {"port": port}}
                 sluice = SluiceProcess(cluster.bootstrap, workdir / "sluice", config=config).start()
                 env.stop.append(sluice.stop)
-                if ACCESS_LOG["enabled"]:  # stop hooks run last-first: this one reads before the stop
+                # stop hooks run last-first: these read /metrics before the stop
+                if ACCESS_LOG["enabled"] and port is not None:
                     env.stop.append(lambda: ACCESS_LOG.update(access_log_counters(port)))
+                if QUOTAS["enabled"] and port is not None:
+                    env.stop.append(lambda: QUOTAS.update(quota_counters(port)))
                 assert sluice.process is not None
                 env.addresses["sluice"], env.proxy_pids["sluice"] = sluice.bootstrap, sluice.process.pid
             else:
                 cfg = workdir / "sluice-profiled.yaml"
                 profiled: dict[str, Any] = {"listen": "127.0.0.1:0", "log_level": "INFO",
-                                            "upstream": {"bootstrap": cluster.bootstrap}}
-                if ACCESS_LOG["enabled"]:
-                    profiled["access_log"] = {"dir": str(workdir / "access-log")}
+                                            "upstream": {"bootstrap": cluster.bootstrap}, **config}
                 cfg.write_text(json.dumps(profiled))  # JSON is YAML
                 prof = ChildProcess([sys.executable, "-m", "bench.profile_sluice", str(profile_sluice),
                                      "proxy", "--config", str(cfg)],
@@ -754,6 +795,10 @@ def main(argv: Sequence[str] | None = None) -> int:
                         help="the test suite's size: one tiny repeat, C1-only Java tools")
     parser.add_argument("--access-log", action="store_true",
                         help="run Sluice with its access log on; report records written and dropped")
+    parser.add_argument("--quotas", action=argparse.BooleanOptionalAction, default=True,
+                        help="give every client a quota (a default client-id entry, both byte rates "
+                             f"{QUOTA_BYTES_PER_S:.0e} B/s: recorded and checked, never throttled) "
+                             "[on]; --no-quotas: Sluice with no quota")
     parser.add_argument("--out", type=Path, help=f"results JSON [{DEFAULT_OUT.relative_to(REPO)}]")
     parser.add_argument("--no-chart", action="store_true", help="skip the PNG next to the JSON")
     parser.add_argument("--repeats", type=int, help="override the number of repeats")
@@ -779,6 +824,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"[{time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
 
     ACCESS_LOG["enabled"] = args.access_log
+    QUOTAS["enabled"] = args.quotas
+    if args.quotas:
+        QUOTAS["entries"] = QUOTA_ENTRIES
     workdir = args.workdir or Path(tempfile.mkdtemp(prefix="sluice-bench-"))
     log(f"workdir {workdir}; {os.cpu_count()} CPUs; load {os.getloadavg()[0]:.2f}; params {asdict(params)}")
     try:
@@ -789,11 +837,17 @@ def main(argv: Sequence[str] | None = None) -> int:
             shutil.rmtree(workdir, ignore_errors=True)
     report["quick"] = args.quick or args.smoke
     report["access_log"] = {k: v for k, v in ACCESS_LOG.items()}
+    report["quotas"] = {k: v for k, v in QUOTAS.items()}
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(report, indent=2) + "\n")
     print(format_table(report))
     if args.access_log:
         print(f"access log: {ACCESS_LOG.get('written')} records written, {ACCESS_LOG.get('dropped')} dropped")
+    if args.quotas:
+        print(f"quotas: a default client-id quota of {QUOTA_BYTES_PER_S:.0e} B/s produce and fetch; "
+              f"{QUOTAS.get('sensors')} live sensors, {QUOTAS.get('throttled_requests')} requests throttled")
+    else:
+        print("quotas: none (--no-quotas)")
     print(f"\nresults: {out}")
     if not args.no_chart and write_chart(report, out.with_suffix(".png")):
         print(f"chart:   {out.with_suffix('.png')}")

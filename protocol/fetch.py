@@ -51,6 +51,18 @@ class FetchSession:
     session_epoch: int
 
 
+def _body_offsets(version: int) -> tuple[int, int]:
+    """Where, from the start of a Fetch request's body, min_bytes sits and what follows
+    isolation_level begins (the session fields from v7, else the topics).
+
+    Layout: replica_id int32 (until v14; a tagged field from v15), max_wait_ms int32, min_bytes
+    int32, max_bytes int32 (v3+), isolation_level int8 (v4+).
+    """
+    min_bytes_at = (4 if version <= 14 else 0) + 4
+    after_fixed = min_bytes_at + 4 + (4 if version >= 3 else 0) + (1 if version >= 4 else 0)
+    return min_bytes_at, after_fixed
+
+
 def read_fetch_session(payload: bytes, header: RequestHeader) -> FetchSession:
     """The request's session_id and session_epoch (v7+), or (0, -1) for older versions.
 
@@ -63,8 +75,7 @@ def read_fetch_session(payload: bytes, header: RequestHeader) -> FetchSession:
         raise UnsupportedVersion(ApiKey.FETCH, version, "session position not verified")
     if version < 7:
         return FetchSession(SESSIONLESS_SESSION_ID, SESSIONLESS_SESSION_EPOCH)
-    # replica_id (until v14), max_wait_ms, min_bytes, max_bytes, isolation_level
-    pos = header.body_offset + (13 if version >= 15 else 17)
+    pos = header.body_offset + _body_offsets(version)[1]
     session_id = read_i32(payload, pos, "fetch session_id")
     session_epoch = read_i32(payload, pos + 4, "fetch session_epoch")
     return FetchSession(session_id, session_epoch)
@@ -117,7 +128,7 @@ def cap_fetch_max_bytes(payload: bytes, header: RequestHeader, max_bytes: int) -
         raise UnsupportedVersion(ApiKey.FETCH, version, "max_bytes position not verified")
     if version < 3:
         return payload
-    return cap_min_max_bytes(payload, header.body_offset + (4 if version >= 15 else 8), max_bytes, "fetch")
+    return cap_min_max_bytes(payload, header.body_offset + _body_offsets(version)[0], max_bytes, "fetch")
 
 
 def cap_min_max_bytes(payload: bytes, min_pos: int, max_bytes: int, what: str) -> bytes:
@@ -176,9 +187,7 @@ def fetch_request_topics(payload: bytes, header: RequestHeader) -> FetchRequestT
         raise UnsupportedVersion(ApiKey.FETCH, version, "topic layout not verified")
     flexible = version >= 12
     by_id = version >= 13
-    # replica_id (until v14), max_wait_ms, min_bytes, max_bytes (v3+), isolation_level (v4+)
-    pos = header.body_offset + (4 if version <= 14 else 0) + 8 + (4 if version >= 3 else 0) + (
-        1 if version >= 4 else 0)
+    pos = header.body_offset + _body_offsets(version)[1]
     epoch = SESSIONLESS_SESSION_EPOCH
     if version >= 7:
         epoch = read_i32(payload, pos + 4, "fetch session_epoch")

@@ -41,6 +41,7 @@ from proxy.ops.metrics import (
     QuotaStoreCollector,
     SluiceMetrics,
 )
+from proxy.pumps import responses
 from proxy.pumps.accepting import Listener
 from proxy.pumps.connection import ConnectionServices, connection_factory
 from proxy.pumps.limits import ConnectionLimits, LimitSettings
@@ -186,6 +187,7 @@ class ProxyServer:
         log.info("Sluice listening on %s:%d (%s) for %s", sock[0], sock[1], describe_listener(config),
                  ",".join(str(a) for a in config.upstream.bootstrap))
         log.info("data plane: %s; quota stats: %s", fastpath.describe(), quota_fastpath.describe())
+        log.info("connection orchestration: %s", responses.describe())
         if self.access_log is not None:
             log.info("access-log walks: %s", log_fastpath.describe())
         if config.metrics.port is not None:

@@ -19,7 +19,10 @@ Reading from the broker stops while the client's write buffer is over
 
 The per-frame byte work (framing, the request header, Produce acks; on the response side the
 correlation id and the throttle patch) is `protocol.fastpath`: the compiled twin of the readable
-pure-Python functions when it was built, the pure ones under SLUICE_PURE_PYTHON=1.
+pure-Python functions when it was built, the pure ones under SLUICE_PURE_PYTHON=1. The same holds
+for the per-request orchestration: `data_received`, `_read_on` and `_on_request` below are the
+readable reference of `proxy.pumps._speedups.RequestReader`, which a connection installs in their
+place when it was built (and `ResponseOrder` has its twin, `proxy.pumps.responses`).
 
 A malformed frame or a broken upstream closes this connection, with the reason logged, and
 nothing else. The principal (`ctx.principal`) is set at the start from the TLS certificate or
@@ -49,7 +52,7 @@ from proxy.pumps.fetch_stream import FetchStream
 from proxy.pumps.limits import ClientBuffer, ConnectionWatchdog, LimitLog
 from proxy.pumps.muting import ChannelMuteState
 from proxy.pumps.read_gate import ReadGate
-from proxy.pumps.responses import ResponseOrder
+from proxy.pumps.responses import COMPILED_REQUESTS, ResponseOrderImpl
 from proxy.pumps.sasl_mode import FrameHandler, SaslMode
 from proxy.pumps.services import ConnectionServices, Opening, Upstream, UpstreamLink
 from proxy.pumps.throttle_timer import ThrottleTimer
@@ -65,6 +68,10 @@ __all__ = ["ClientConnection", "ConnectionServices", "connection_factory"]
 class ClientConnection(asyncio.Protocol):
     def __init__(self, services: ConnectionServices, target: UpstreamTarget,
                  real_address: tuple[str, int] | None = None) -> None:
+        reader = None if COMPILED_REQUESTS is None else COMPILED_REQUESTS.RequestReader(self)
+        if reader is not None:  # the compiled twin of data_received, _read_on and _on_request, first:
+            vars(self).update(data_received=reader.data_received, _read_on=reader.read_on,  # the parts
+                              read_on=reader.read_on, _on_request=reader.on_request)  # below bind them
         self.services = self._services = services
         self._target = target
         self._clock = services.clock
@@ -99,13 +106,15 @@ class ClientConnection(asyncio.Protocol):
         self._gate = ReadGate(self._mute, self._splitter, self._inflight.queue,
                               limits.settings.max_in_flight_requests_per_connection, self.ctx,
                               limits.log, services.call_later, self.close)
-        self.responses = ResponseOrder(self.ctx, self._pipeline, self._clock, self._inflight, self.throttle,
-                                       self._gate, self._splitter, target.describe(), send=self._out.frame,
-                                       start_throttle=self.start_throttle, read_on=self._read_on,
-                                       close=self.close, is_closed=lambda: self.closed)
+        self.responses = ResponseOrderImpl(
+            self.ctx, self._pipeline, self._clock, self._inflight, self.throttle, self._gate, self._splitter,
+            target.describe(), send=self._out.frame, start_throttle=self.start_throttle,
+            read_on=self._read_on, close=self.close, is_closed=lambda: self.closed)
         self._flush = self.response_done = self.responses.flush
         self.run_response_stages = self.responses.run_stages
         self._broker_frame: FrameHandler = self.responses.on_broker_frame
+        if reader is not None:
+            reader.attach()
 
     @property
     def in_flight(self) -> int:

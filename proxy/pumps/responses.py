@@ -13,7 +13,9 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable
+from typing import Final, cast
 
+from contracts.compiled import choose
 from protocol.apis import api_name
 from protocol.errors import ProtocolError
 from protocol.fastpath import read_response_correlation_id
@@ -115,3 +117,16 @@ class ResponseOrder:
         gate = self._gate
         if sent_any and (gate.paused or gate.draining or self._splitter.buffered_bytes):
             self._read_on()  # a response left: a mute may have ended, frames wait, or a drain may end
+
+
+_CHOICE: Final = choose("proxy.pumps._speedups", ("ResponseOrder", "RequestReader"))
+COMPILED_MODULE: Final = _CHOICE.compiled_module
+"""proxy.pumps._speedups if it was built (whatever SLUICE_PURE_PYTHON says: the tests use both), else None."""
+IMPLEMENTATION: Final = _CHOICE.implementation
+describe: Final = _CHOICE.describe
+
+# The compiled class has the reference's constructor, methods and effects (tests/unit/differential).
+ResponseOrderImpl: Final = cast(type[ResponseOrder],
+                                ResponseOrder if _CHOICE.active is None else _CHOICE.active.ResponseOrder)
+COMPILED_REQUESTS: Final = _CHOICE.active
+"""The same module for `ClientConnection`'s request side (`RequestReader`), or None: the reference runs."""

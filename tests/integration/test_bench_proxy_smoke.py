@@ -46,5 +46,13 @@ def test_quick_benchmark_writes_all_three_paths(tmp_path: Path) -> None:
             assert set(results[workload][q]) == set(PATHS)
             assert all(results[workload][q][p] > 0 for p in PATHS)
         assert set(results[workload]["added_p99_ms"]) == {"sluice", "raw"}
+    # Sluice ran with a quota for every client (the default): the engine recorded the clients'
+    # requests (sensors exist only once a request has been recorded) and throttled none
+    quotas = report["quotas"]
+    assert quotas["enabled"] is True and quotas["entries"][0]["client_id"] == "<default>", quotas
+    assert quotas["configured_values"] >= 2, quotas
+    assert quotas["sensors"] >= 1, quotas
+    assert quotas["throttled_requests"] == 0 and quotas["shadow_would_throttle"] == 0, quotas
+    assert "quotas: a default client-id quota" in done.stdout
     assert {t["name"] for t in report["targets"]} >= {"produce sluice/direct", "fetch sluice/raw",
                                                       "produce added p99 ms"}

@@ -1,0 +1,344 @@
+# cython: language_level=3, boundscheck=False, wraparound=False
+"""Compiled twins of a connection's per-request orchestration (Cython): `ResponseOrder` (the
+response side) and `RequestReader` (the request side).
+
+**RequestReader** is `ClientConnection.data_received`, `_read_on` and `_on_request`
+(`proxy/pumps/connection.py`, the readable reference) in one compiled object, with
+`ReadGate.frames_allowed` and, for a `Pipeline`, `Pipeline.on_request` inline: the frames split,
+the gate asked before each, the request header read, the Produce acks peeked, the in-flight entry
+made and queued, the request stages run and their outcome applied (forward, answer here or later,
+close, throttle, SASL, acks=0). It enters none of those four Python functions per request.
+
+**ResponseOrder** is the twin of `proxy.pumps.responses.ResponseOrder`.
+
+The readable reference is `ResponseOrder` in `proxy/pumps/responses.py`, with the two pipeline
+hooks it calls, `Pipeline.on_response` and `Pipeline.on_complete` (`proxy/flow/pipeline.py`). This
+is the same code in one compiled object: the broker's response matched to its in-flight slot by
+correlation id, the response stages run on it, the throttle they ask for started, and every
+response whose turn has come written and completed. Per response it enters no Python function of
+its own (the reference enters seven: the frame handler, the match, `run_stages`,
+`Pipeline.on_response`, the `ResponseOutcome` of a response no stage changed, `flush` and
+`Pipeline.on_complete`); the stages' hooks and the callbacks it is given run as they are.
+
+When the pipeline is a `Pipeline` its routes are read here (the dict lookup the reference's hooks
+make) and the outcomes combined by `combine_response`, as `Pipeline.on_response` does; any other
+pipeline object is called through its own `on_response` and `on_complete`. Every attribute the
+reference writes on an in-flight entry is written here, in the same order.
+tests/unit/differential/test_response_order.py holds each twin equal to its reference, and a real
+connection on both equal to one on neither.
+
+`proxy.pumps.responses` picks the implementation (`ResponseOrderImpl`, `COMPILED_REQUESTS`);
+SLUICE_PURE_PYTHON=1 (or no build) runs the references.
+"""
+
+from protocol.apis import api_name
+from protocol.errors import ProtocolError
+from protocol.fastpath import read_response_correlation_id
+from protocol.sasl import SASL_API_KEYS
+from proxy.flow.inflight import CorrelationMismatch
+from proxy.flow.pipeline import Pipeline, ResponseOutcome, combine_response
+
+
+cdef class ResponseOrder:
+    """`proxy.pumps.responses.ResponseOrder`, compiled: same constructor, methods and effects."""
+
+    cdef object _ctx, _pipeline, _clock, _now_ms, _inflight, _slots, _throttle, _gate, _splitter
+    cdef object _upstream_name, _send, _start_throttle, _read_on, _close, _is_closed
+    cdef bint _plain_pipeline
+    cdef public object sasl
+
+    def __init__(self, ctx, pipeline, clock, inflight, throttle, gate, splitter, upstream_name, *,
+                 send, start_throttle, read_on, close, is_closed):
+        self._ctx, self._pipeline, self._clock, self._inflight = ctx, pipeline, clock, inflight
+        self._now_ms = clock.now_ms
+        self._slots = inflight.queue
+        self._throttle, self._gate, self._splitter = throttle, gate, splitter
+        self._upstream_name = upstream_name
+        self._send, self._start_throttle, self._read_on = send, start_throttle, read_on
+        self._close, self._is_closed = close, is_closed
+        self._plain_pipeline = type(pipeline) is Pipeline
+        self.sasl = None  # set by the connection at its first SASL request
+
+    cdef object _route(self, entry):
+        """The pipeline's route for the entry's API key and version (`Pipeline.on_response`'s lookup)."""
+        cdef object pipeline = self._pipeline
+        cdef long api_key = entry.api_key
+        cdef long api_version = entry.api_version
+        route = pipeline._routes.get(((api_key & 0xFFFF) << 16) | (api_version & 0xFFFF))
+        if route is None:
+            route = pipeline.route(api_key, api_version)
+        return route
+
+    cdef object _match(self, long long correlation_id):
+        """`InFlightRequests.match_upstream`: the oldest forwarded, unanswered slot, or raises."""
+        for entry in self._slots:
+            if entry.forwarded and entry.response is None:
+                if entry.correlation_id != correlation_id:
+                    raise CorrelationMismatch(
+                        f"broker answered correlation id {correlation_id}, "
+                        f"expected {entry.correlation_id}")
+                return entry
+        raise CorrelationMismatch(f"broker answered correlation id {correlation_id} with nothing in flight")
+
+    def on_broker_frame(self, payload):
+        """A whole response from the broker: the oldest forwarded request's."""
+        try:
+            entry = self._match(read_response_correlation_id(payload))
+        except (ProtocolError, CorrelationMismatch) as exc:
+            self._close(f"bad response from {self._upstream_name}: {exc}")
+            return
+        own = entry.own
+        if own is not None:  # Sluice's own request: its answer goes to Sluice, not to the client
+            if not own.done():
+                own.set_result(payload)
+            entry.response = b""
+            self.flush()
+            return
+        if self.sasl is not None and entry.api_key in SASL_API_KEYS:
+            self.sasl.on_response(entry, payload)
+        outcome = self._stages(entry, payload, len(payload))
+        out = payload if outcome is None else outcome.payload
+        entry.response = out
+        entry.response_bytes = len(out)
+        self.flush()
+
+    def run_stages(self, entry, payload, size):
+        """The response stages on `payload` (a whole response of `size` bytes, or a streamed one's head)."""
+        outcome = self._stages(entry, payload, size)
+        return ResponseOutcome(payload) if outcome is None else outcome
+
+    cdef object _stages(self, entry, payload, size):
+        """`run_stages`, returning None where the reference returns `ResponseOutcome(payload)`: no
+        stage said anything (the payload is then the broker's, unchanged)."""
+        now_ms = self._now_ms()
+        entry.response_received_ms = now_ms
+        entry.upstream_response_bytes = size
+        cdef object outcome = None
+        if self._plain_pipeline:  # Pipeline.on_response, inline
+            entry.broker_response = payload
+            for on_response in self._route(entry).on_response:
+                said = on_response(self._ctx, entry, payload)
+                if said is None:
+                    continue
+                outcome = said if outcome is None else combine_response(outcome, said)
+                payload = said.payload
+        else:
+            outcome = self._pipeline.on_response(self._ctx, entry, payload)
+        if outcome is not None and outcome.throttle_time_ms > 0:
+            self._start_throttle(now_ms, outcome.throttle_time_ms)
+            entry.mutes_channel = True
+        if entry.delay_from_response_ms > 0 and entry.mutes_channel:
+            self._throttle.extend(now_ms, entry.delay_from_response_ms)
+        return outcome
+
+    def answer_later(self, entry, pending):
+        """A stage answers this request itself once `pending` is done; later requests wait their turn."""
+        def done(future):
+            if self._is_closed():
+                return
+            if future.cancelled() or future.exception() is not None:
+                self._close(f"Sluice could not answer {api_name(entry.api_key)}: "
+                            f"{'cancelled' if future.cancelled() else future.exception()!r}")
+                return
+            entry.answer(future.result(), self._now_ms())
+            self.flush()
+
+        pending.add_done_callback(done)
+
+    def flush(self):
+        """Write the responses at the head whose turn has come; then read on (which also ends a drain)."""
+        send, ctx = self._send, self._ctx
+        cdef bint plain = self._plain_pipeline
+        cdef bint sent_any = False
+        slots = self._slots
+        while slots and slots[0].response is not None:
+            entry = slots.popleft()
+            response = entry.response
+            if entry.own is not None:  # never the client's: nothing is sent, nothing completes
+                entry.response = None
+                sent_any = True  # a slot is free all the same: the gate may let frames on
+                continue
+            if not entry.streamed:
+                send(response)
+            entry.response = None
+            if entry.mutes_channel:
+                self._throttle.response_sent()
+            sent_ms = self._now_ms()
+            if plain:  # Pipeline.on_complete, inline
+                for on_complete in self._route(entry).on_complete:
+                    on_complete(ctx, entry, sent_ms)
+            else:
+                self._pipeline.on_complete(ctx, entry, sent_ms)
+            sent_any = True
+        gate = self._gate
+        if sent_any and (gate.paused or gate.draining or self._splitter.buffered_bytes):
+            self._read_on()  # a response left: a mute may have ended, frames wait, or a drain may end
+
+
+# ----------------------------------------------------------------------------- the request side
+
+import logging
+
+from protocol.apis import ApiKey
+from protocol.fastpath import read_produce_acks, read_request_header
+from proxy.flow.inflight import InFlight
+from proxy.flow.pipeline import FORWARD, AnswerHere, AnswerLater, Close, Forward, combine_request
+from proxy.pumps.muting import ChannelMuteState
+from proxy.pumps.sasl_mode import SaslMode
+
+_log = logging.getLogger("sluice.connection")
+_NOT_MUTED = ChannelMuteState.NOT_MUTED
+cdef long _PRODUCE = ApiKey.PRODUCE
+cdef long _API_VERSIONS = ApiKey.API_VERSIONS
+
+
+cdef class RequestReader:
+    """`ClientConnection.data_received`, `_read_on` and `_on_request` of one connection, compiled
+    (the reference is those methods in `proxy/pumps/connection.py`, with `ReadGate.frames_allowed`
+    and `Pipeline.on_request` inline). It reads and writes the connection's own attributes, as the
+    reference's methods do; the connection installs its three bound methods in place of its own
+    (`ClientConnection.__init__`) and calls `attach` once its parts exist."""
+
+    cdef object _conn, _now_ms, _splitter, _gate, _pipeline, _slots, _watchdog, _ctx
+    cdef bint _plain_pipeline
+    cdef object _request_handler  # this object's bound on_request: the connection's _client_frame when no
+                                  # SASL exchange or streamed Fetch has swapped it
+
+    def __init__(self, conn):
+        self._conn = conn
+        self._request_handler = self.on_request
+
+    def attach(self):
+        """The connection's parts, once its constructor made them (none of them is replaced later)."""
+        conn = self._conn
+        self._now_ms = conn._now_ms
+        self._splitter = conn._splitter
+        self._gate = conn._gate
+        self._pipeline = conn._pipeline
+        self._plain_pipeline = type(conn._pipeline) is Pipeline
+        self._slots = conn._inflight.queue
+        self._watchdog = conn._watchdog
+        self._ctx = conn.ctx
+
+    cdef bint _frames_allowed(self, gate):
+        """`ReadGate.frames_allowed`."""
+        return (gate._mute.state is _NOT_MUTED and gate.upstream_up
+                and len(gate._in_flight) < gate._max_in_flight and not (gate.backpressure or gate.closed))
+
+    def data_received(self, data):
+        self._watchdog.last_active_ms = self._now_ms()
+        try:
+            self._splitter.feed(data)
+        except ProtocolError as exc:
+            self._conn.close(f"malformed frame from client: {exc}")
+            return
+        self.read_on()
+
+    def read_on(self):
+        """Handle the buffered client frames while the gate allows."""
+        conn = self._conn
+        if conn._processing:  # re-entered from a flush inside a frame handler: the outer loop goes on
+            return
+        conn._processing = True
+        gate = self._gate
+        splitter = self._splitter
+        next_frame = splitter.next_frame
+        try:
+            while splitter.buffered_bytes and self._frames_allowed(gate):
+                try:
+                    payload = next_frame()
+                except ProtocolError as exc:
+                    conn.close(f"malformed frame from client: {exc}")
+                    return
+                if payload is None:
+                    break
+                handler = conn._client_frame
+                if handler is self._request_handler:
+                    self._request(payload)
+                else:
+                    handler(payload)
+        finally:
+            conn._processing = False
+        if gate.paused or not self._frames_allowed(gate):
+            gate.update()
+        if gate.draining:
+            conn.close_if_drained()
+
+    def on_request(self, payload):
+        self._request(payload)
+
+    cdef _request(self, payload):
+        conn = self._conn
+        try:
+            header = read_request_header(payload)
+        except ProtocolError as exc:
+            conn.close(f"malformed request header: {exc}")
+            return
+        now_ms = self._now_ms()
+        cdef long api_key = header.api_key
+        cdef long api_version = header.api_version
+        cdef bint expects_response = True
+        if api_key == _PRODUCE:  # acks=0: no response will come
+            try:
+                expects_response = read_produce_acks(payload, header) != 0
+            except ProtocolError as exc:
+                _log.warning("connection %d: cannot read Produce acks (%s); expecting a response",
+                             self._ctx.connection_id, exc)
+        entry = InFlight(header.correlation_id, header.api_key, header.api_version, header.client_id,
+                         len(payload), now_ms, expects_response=expects_response)
+        watchdog = self._watchdog
+        if not watchdog.handshake_done:
+            watchdog.request(header.api_key)
+        cdef object outcome
+        if self._plain_pipeline:  # Pipeline.on_request, inline
+            outcome = None
+            pipeline = self._pipeline
+            route = pipeline._routes.get(((api_key & 0xFFFF) << 16) | (api_version & 0xFFFF))
+            if route is None:
+                route = pipeline.route(header.api_key, header.api_version)
+            staged = payload
+            for on_request in route.on_request:
+                said = on_request(self._ctx, entry, header, staged)
+                if said is None:
+                    continue
+                outcome = said if outcome is None else combine_request(outcome, said)
+                if isinstance(outcome, Forward) and outcome.payload is not None:
+                    staged = outcome.payload  # later stages see what will be forwarded
+            if outcome is None:
+                outcome = FORWARD
+        else:
+            outcome = self._pipeline.on_request(self._ctx, entry, header, payload)
+        kind = type(outcome)
+        if kind is Forward:
+            conn._upstream_write(payload if outcome.payload is None else outcome.payload)
+        elif kind is AnswerHere:
+            entry.answer(outcome.response, now_ms)
+        elif kind is AnswerLater:
+            entry.forwarded = False
+            conn.responses.answer_later(entry, outcome.pending)
+        elif kind is Close:
+            conn.close(outcome.reason)
+            return
+        if expects_response:
+            self._slots.append(entry)  # InFlightRequests.add
+        if header.api_key in SASL_API_KEYS:  # SaslHandshake, SaslAuthenticate
+            conn._past_auth = False
+            responses = conn.responses
+            sasl = responses.sasl  # one SaslMode per connection, kept where responses reach it
+            if sasl is None:
+                services = conn._services
+                sasl = responses.sasl = SaslMode(conn, services.auth, services.max_frame_bytes)
+            sasl.on_request(header, payload, entry)
+        elif not conn._past_auth and kind is Forward and api_key != _API_VERSIONS:
+            conn._past_auth = True
+        throttle_ms = outcome.throttle_time_ms
+        if throttle_ms > 0:
+            conn.start_throttle(now_ms, throttle_ms)
+            if expects_response:
+                entry.mutes_channel = True
+            else:
+                conn.throttle.response_sent()  # acks=0: no response will come
+        if not expects_response:
+            self._pipeline.on_complete(self._ctx, entry, now_ms)
+        if entry.response is not None:
+            conn._flush()
