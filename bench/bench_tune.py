@@ -228,8 +228,11 @@ def simulation(spark: Any, root: Path, out: Path, log_format: str) -> tuple[floa
                                                "--out", str(out / "simulation"), "--no-plots",
                                                "--format", log_format])
     t, cpu = time.perf_counter(), tree_cpu_s()
+    # the stages of this run are found in Spark's event log by this job group (`--event-log`)
+    spark.sparkContext.setJobGroup(f"simulate-{root.name}", "tune simulate")
     with Progress(spark, "bench", enabled=False) as progress:
         doc = simulate.run(spark, args, progress, quiet=True)
+    spark.sparkContext.setJobGroup("", "")
     spark.catalog.clearCache()
     return (time.perf_counter() - t, tree_cpu_s() - cpu, len(doc["entities"]),
             sum(e["requests"] for e in doc["entities"]))
@@ -259,6 +262,45 @@ def tree_cpu_s(root: int | None = None) -> float:
             total += sum(int(x) for x in fields[11:15])
         todo.extend(children.get(pid, []))
     return total / tick
+
+
+def event_log_stages(log_dir: Path, group: str) -> list[dict[str, Any]]:
+    """Per stage of the jobs in `group` (Spark's event log, uncompressed): its name, tasks, wall
+    seconds from submission to completion, and summed over its tasks the executor run time (which
+    includes waiting for the Python workers), the JVM's CPU time in them, GC time and the shuffle
+    records written. Python workers' CPU is not in the JVM's CPU time."""
+    stage_ids: set[int] = set()
+    stages: dict[int, dict[str, Any]] = {}
+    files = [p for p in log_dir.rglob("*") if p.is_file() and not p.name.startswith((".", "appstatus"))]
+    for path in sorted(files):
+        for line in path.read_text(errors="replace").splitlines():
+            event = json.loads(line) if line.strip() else {}
+            kind = event.get("Event")
+            if kind == "SparkListenerJobStart" and (event.get("Properties") or {}).get(
+                    "spark.jobGroup.id") == group:
+                stage_ids.update(event.get("Stage IDs", []))
+            elif kind == "SparkListenerStageCompleted":
+                info = event["Stage Info"]
+                stage = stages.setdefault(info["Stage ID"], {"run_s": 0.0, "jvm_cpu_s": 0.0, "gc_s": 0.0,
+                                                             "shuffle_records_written": 0})
+                # what the stage does: its operators (scan, exchange, Arrow UDF...), by the RDDs' scopes
+                scopes = sorted({json.loads(r["Scope"])["name"].strip() for r in info.get("RDD Info", [])
+                                 if r.get("Scope")})
+                stage |= {"name": info["Stage Name"].split(" at ")[0], "operators": scopes,
+                          "tasks": info["Number of Tasks"],
+                          "wall_s": round((info.get("Completion Time", 0) - info.get("Submission Time", 0))
+                                          / 1000, 2)}
+            elif kind == "SparkListenerTaskEnd":
+                metrics = event.get("Task Metrics") or {}
+                stage = stages.setdefault(event["Stage ID"], {"run_s": 0.0, "jvm_cpu_s": 0.0, "gc_s": 0.0,
+                                                              "shuffle_records_written": 0})
+                stage["run_s"] += metrics.get("Executor Run Time", 0) / 1000
+                stage["jvm_cpu_s"] += metrics.get("Executor CPU Time", 0) / 1e9
+                stage["gc_s"] += metrics.get("JVM GC Time", 0) / 1000
+                stage["shuffle_records_written"] += (metrics.get("Shuffle Write Metrics") or {}).get(
+                    "Shuffle Records Written", 0)
+    return [{"stage": k} | {key: round(v, 2) if isinstance(v, float) else v for key, v in stages[k].items()}
+            for k in sorted(stage_ids) if k in stages and "name" in stages[k]]
 
 
 def _noop_s(df: Any) -> float:
@@ -297,11 +339,15 @@ def stages(spark: Any, root: Path, log_format: str, repeats: int = 3) -> dict[st
     return {name: [round(_noop_s(build()), 2) for _ in range(repeats)] for name, build in parts.items()}
 
 
-def session(master: str, driver_memory: str) -> Any:
+def session(master: str, driver_memory: str, event_log: Path | None = None) -> Any:
     from spark_analytics.session import build_session
 
-    return build_session("sluice-bench-tune", master, conf={"spark.driver.memory": driver_memory},
-                         log_level="ERROR")
+    conf = {"spark.driver.memory": driver_memory}
+    if event_log is not None:
+        event_log.mkdir(parents=True, exist_ok=True)
+        conf |= {"spark.eventLog.enabled": "true", "spark.eventLog.dir": str(event_log),
+                 "spark.eventLog.compress": "false"}
+    return build_session("sluice-bench-tune", master, conf=conf, log_level="ERROR")
 
 
 def plot(runs: Sequence[dict[str, Any]], path: Path, log_format: str) -> None:
@@ -380,6 +426,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                    help="also time the job's parts alone at the largest size (see above)")
     p.add_argument("--format", choices=["parquet", "json"], default="parquet",
                    help="log format (Sluice's default: parquet, converted from the generated JSON lines)")
+    p.add_argument("--event-log", action="store_true",
+                   help="write Spark's event log under the workdir and put the simulation's stages at "
+                        "each size in the results (name, tasks, wall, run, JVM CPU, GC seconds)")
     p.add_argument("--no-simulate", action="store_true",
                    help="skip `tune simulate` of each size's plan (timed after the job, same session)")
     args = p.parse_args(argv)
@@ -416,7 +465,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 0
 
     t = time.perf_counter()
-    spark = session(args.master, args.driver_memory)
+    event_log = work / "eventlog" if args.event_log else None
+    if event_log is not None:
+        shutil.rmtree(event_log, ignore_errors=True)
+    spark = session(args.master, args.driver_memory, event_log)
     startup_s = time.perf_counter() - t
     # warm-up, not measured, of both timed runs alike (JIT, codegen, file listing, the analyzer's
     # paths): each pays its own first-run cost here, on the smallest logs, and not at the first size
@@ -456,6 +508,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     for name, times in (parts or {}).items():
         print(f"  {name:<40} {' '.join(f'{t:5.2f}' for t in times)} s", flush=True)
     spark.stop()
+    if event_log is not None and not args.no_simulate:  # complete once the session has stopped
+        for run in runs:
+            run["simulate_stages"] = event_log_stages(event_log, f"simulate-logs-{run['records']}")
+            print(f"{run['records']:>11,} records, the simulation's stages:", flush=True)
+            for stage in run["simulate_stages"]:
+                print(f"    {stage['stage']:>4} {stage['name']:<10} {stage['tasks']:>4} tasks "
+                      f"{stage['wall_s']:7.2f} s wall {stage['run_s']:7.2f} s run "
+                      f"{stage['jvm_cpu_s']:6.2f} JVM CPU-s {stage['gc_s']:5.2f} GC-s "
+                      f"{', '.join(stage['operators'])}", flush=True)
 
     summary = write_results(args, runs, load_before, startup_s, warmup, parts)
     print(json.dumps(summary["growth"] | summary.get("targets", {})))

@@ -218,37 +218,32 @@ def arrivals(keys: Sequence[str], *, topics: bool, service_ms: int | None = None
 
 def broker_service_ms(logs: DataFrame) -> DataFrame:
     """Access-log records -> per broker (`service_broker`, null: unknown) its produce service time
-    `service_ms` (`quotas.replay.service_time_ms`, over every answered produce sent to it)."""
+    `service_ms` (`quotas.replay.service_time_ms`, over every answered produce sent to it), in
+    Spark SQL: per broker, in (ts, wait) order, a produce found the broker idle when it came no
+    earlier than every earlier one's answer (the running maximum of ts + wait over the rows before
+    it); the mean of those waits, rounded half to even, in whole numbers."""
+    from pyspark.sql import Window
     from pyspark.sql import functions as F
 
-    def run(table: pa.Table) -> pa.Table:
-        import pyarrow as pa
-        import pyarrow.compute as pc
-
-        ts = pc.fill_null(table.column("ts_ms"), 0).to_numpy(zero_copy_only=False)
-        wait = pc.fill_null(table.column("wait_ms"), 0.0).to_numpy(zero_copy_only=False)
-        return pa.table({"service_broker": table.column("service_broker").slice(0, 1),
-                         "service_ms": pa.array([service_ms_of(ts, wait)], type=pa.int64())})
-
-    return (logs.where((F.col("api_key") == PRODUCE_API_KEY) & F.col("upstream_latency_ms").isNotNull())
-            .select(F.col("broker_id").alias("service_broker"), "ts_ms",
-                    F.round("upstream_latency_ms").alias("wait_ms"))  # whole ms, half up
-            .groupBy("service_broker").applyInArrow(run, "service_broker int, service_ms long"))
-
-
-def service_ms_of(ts_ms: Any, wait_ms: Any) -> int:
-    """`quotas.replay.service_time_ms` over NumPy columns (the same answer: sorted by (ts, wait),
-    the waits of the produces that arrived once every earlier one was answered, their mean
-    rounded half to even)."""
-    import numpy as np
-
-    if not len(ts_ms):
-        return 0
-    order = np.lexsort((wait_ms, ts_ms))
-    t, w = np.asarray(ts_ms, dtype=np.float64)[order], np.asarray(wait_ms, dtype=np.float64)[order]
-    free_before = np.concatenate(([-np.inf], np.maximum.accumulate(t + w)[:-1]))
-    idle = w[t >= free_before]
-    return round(math.fsum(idle.tolist()) / len(idle))
+    produces = (logs.where((F.col("api_key") == PRODUCE_API_KEY) & F.col("upstream_latency_ms").isNotNull())
+                .select(F.col("broker_id").alias("service_broker"),
+                        F.coalesce(F.col("ts_ms"), F.lit(0)).cast("long").alias("ts"),
+                        # whole ms, half up, as the recorded waits are rounded everywhere
+                        F.round("upstream_latency_ms").cast("long").alias("wait")))
+    before = (Window.partitionBy("service_broker").orderBy("ts", "wait")
+              .rowsBetween(Window.unboundedPreceding, -1))
+    free_before = F.max(F.col("ts") + F.col("wait")).over(before)
+    idle = free_before.isNull() | (F.col("ts") >= free_before)
+    totals = (produces.select("service_broker", "wait", idle.alias("idle"))
+              .groupBy("service_broker")
+              .agg(F.sum(F.when(F.col("idle"), F.col("wait"))).alias("total"),
+                   F.count(F.when(F.col("idle"), F.lit(1))).alias("n")))
+    # total / n rounded half to even, exactly, in integers (the first produce is always idle: n > 0)
+    q = F.expr("total div n")
+    twice_r = 2 * (F.col("total") - q * F.col("n"))
+    up = (twice_r > F.col("n")) | ((twice_r == F.col("n")) & (q % 2 == 1))
+    return totals.select("service_broker",
+                         (q + F.when(up, F.lit(1)).otherwise(F.lit(0))).cast("long").alias("service_ms"))
 
 
 _DEMAND_SCHEMA = ("principal string, client_id string, broker_id int, ts_ms long, "
@@ -289,7 +284,11 @@ def fetch_demand(*, topics: bool, resolution_ms: int = 1) -> Any:
                           throttled.alias("recorded_throttled"),
                           F.coalesce(F.col("response_bytes"), F.lit(0)).cast("double").alias("wire"),
                           pieces_bytes.alias("pieces_bytes"), F.explode("topics").alias("t"))
-                  .select("principal", "client_id", "broker_id", "ts_ms", "api_key", "ready_ms",
+                  # a produce piece only says when which records were there (`retime_partition`
+                  # reads its names nowhere): without them it costs less to hand to Python
+                  .select(*[F.when(api == FETCH_API_KEY, F.col(c)).alias(c)
+                            for c in ("principal", "client_id")],
+                          "broker_id", "ts_ms", "api_key", "ready_ms",
                           "recorded_throttled", F.col("t.topic").alias("topic"),
                           F.col("t.partition").alias("partition"),
                           F.col("t.records").cast("long").alias("records"),

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import math
+import random
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -12,10 +13,11 @@ import pytest
 
 from quotas import QuotaConfig, QuotaEntity, QuotaEntry, QuotaKind, RateConfig, RateModel
 from quotas.entity import ClientIdentity
-from quotas.replay import Arrival, replay, summarize
+from quotas.replay import Arrival, replay, service_time_ms, summarize
 from spark_analytics.simulate import (
     SimulationSetup,
     arrivals,
+    broker_service_ms,
     entity_text,
     group_rows,
     identities,
@@ -85,6 +87,29 @@ def test_a_produce_mute_follows_its_brokers_service_time_not_the_recorded_queues
     given = {r["response_ms"] for r in logs.transform(arrivals(keys, topics=False, service_ms=5)).collect()
              if r["quota_key"] == "producer_byte_rate"}
     assert given == {5}
+
+
+def test_the_spark_service_time_is_the_readable_one_per_broker(spark: SparkSession) -> None:
+    # `broker_service_ms` (Spark SQL: a window's running maximum, the mean in integers) against
+    # `quotas.replay.service_time_ms` over each broker's produces: bursts of pipelined produces
+    # (queued waits) among lone ones, ties in ts and in (ts, wait), waits rounded half up from
+    # fractional latencies, a broker whose idle mean is a tie (x.5), and a null broker
+    rng = random.Random(11)
+    records, pairs = [], {}
+    for broker, n in ((1, 300), (2, 40), (3, 1), (None, 25)):
+        for _ in range(n):
+            ts, latency = rng.randrange(0, 3000), rng.choice([0.5, 1.49, 2.5, 3.0, rng.uniform(0, 800)])
+            records.append(produce(T0 + ts, 1000, broker_id=broker, upstream_latency_ms=latency))
+            pairs.setdefault(broker, []).append((T0 + ts, float(math.floor(latency + 0.5))))
+    # broker 4: two lone produces waiting 1 and 2 ms: a mean of 1.5, rounded to even (2)
+    records += [produce(T0, 1000, broker_id=4, upstream_latency_ms=1.0),
+                produce(T0 + 10, 1000, broker_id=4, upstream_latency_ms=2.0),
+                produce(T0 + 20, 1000, broker_id=4, upstream_latency_ms=None)]  # unanswered: left out
+    pairs[4] = [(T0, 1.0), (T0 + 10, 2.0)]
+    got = {r["service_broker"]: r["service_ms"]
+           for r in frame(spark, records).transform(broker_service_ms).collect()}
+    assert got == {broker: service_time_ms(p) for broker, p in pairs.items()}
+    assert got[4] == 2 and len(set(got.values())) > 2
 
 
 def test_groups_follow_the_engine_precedence() -> None:
