@@ -116,11 +116,20 @@ def test_a_stopped_then_killed_writer_drops_counted_healthz_degraded_and_restart
         dropped = metric(port, "sluice_access_log_records_dropped_total")
         assert dropped == sum(metric(port, "sluice_access_log_drops_total", cause=c)
                               for c in ("queue_full", "writer_died", "topic"))
-        # the new writer writes: a fresh client's records reach the files
+        # the new writer writes: a fresh client's records reach the files. First it writes what the
+        # handoff held when the old one died; a record offered while the handoff is still full is
+        # dropped, and at load the new writer's cold start (a spawned process importing pyarrow) has
+        # taken 5-19 s, so wait for the handoff to empty (a loaded fresh-clone run, fc17, produced
+        # into the full handoff and found no `al-after` record in the files)
+        wait_until(lambda: metric(port, "sluice_access_log_queue_depth") == 0, 120,
+                   "the new writer has written what the handoff held")
+        dropped = metric(port, "sluice_access_log_records_dropped_total")
         before = metric(port, "sluice_access_log_records_written_total")
         clients.confluent_produce(sluice.bootstrap, topic, clients.values(20), {"client.id": "al-after"})
-        wait_until(lambda: metric(port, "sluice_access_log_records_written_total") > before, 15,
+        wait_until(lambda: metric(port, "sluice_access_log_records_written_total") > before
+                   and metric(port, "sluice_access_log_queue_depth") == 0, 120,
                    "records written by the new writer")
+        assert metric(port, "sluice_access_log_records_dropped_total") == dropped
     finally:
         if stopped is not None:
             os.kill(stopped, signal.SIGKILL)
