@@ -181,7 +181,7 @@ class Rig:
                 entry = next((e for e in self.entries if e.correlation_id == cid), None)
                 if entry is not None and entry.own is None and not future.done():
                     future.set_result(struct.pack(">i", cid) + b"later")
-                    self.loop.run_until_complete(asyncio.sleep(0))
+                    self.loop.run_until_complete(future)  # runs the done callbacks set_result queued
                     break
         elif kind == "advance":
             self.timers.advance(op[1])
