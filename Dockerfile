@@ -17,16 +17,38 @@ RUN apt-get update \
  && if [ ! -f "$(python -c 'import sysconfig; print(sysconfig.get_paths()["include"])')/Python.h" ]; then \
       apt-get install -y --no-install-recommends python3-dev; fi \
  && rm -rf /var/lib/apt/lists/*
-RUN python -m venv /opt/sluice
-ENV PATH=/opt/sluice/bin:$PATH
+# The layers go from what changes least to what changes most, so a rebuild after a change to the
+# Python sources reuses the dependencies and the compiled extensions (with `--layers`).
+# 1. From pyproject.toml alone: the build tools in a venv of their own (they build the wheel and never
+# reach the image) and Sluice's runtime dependencies in /opt/sluice.
 WORKDIR /src
-COPY pyproject.toml setup.py README.md ./
+COPY pyproject.toml ./
+RUN python -m venv /opt/build && python -m venv /opt/sluice \
+ && python -c "import tomllib; p = tomllib.load(open('pyproject.toml', 'rb')); \
+print('\n'.join(p['build-system']['requires']), file=open('/tmp/build.txt', 'w')); \
+print('\n'.join(p['project']['dependencies']), file=open('/tmp/runtime.txt', 'w'))" \
+ && /opt/build/bin/pip install -r /tmp/build.txt \
+ && /opt/sluice/bin/pip install --no-compile -r /tmp/runtime.txt
+# 2. From setup.py and the Cython sources alone: the compiled extensions, built once by setup.py's
+# own list into /opt/extensions (the layout SLUICE_PREBUILT_EXTENSIONS reads). setup.py reads the
+# project's metadata, whose readme is README.md: an empty stand-in here, the real one comes in step 3.
+COPY setup.py ./
+COPY protocol/*.pyx protocol/*.pxd protocol/
+COPY quotas/*.pyx quotas/
+COPY proxy/pumps/*.pyx proxy/pumps/
+RUN touch README.md && /opt/build/bin/python setup.py -q build_ext --build-lib /opt/extensions \
+ && rm -rf build README.md
+# 3. The sources: a wheel with those extensions copied in, installed without its dependencies
+# (step 1 installed them)
+COPY README.md ./
 COPY proxy/ proxy/
 COPY protocol/ protocol/
 COPY quotas/ quotas/
 COPY spark_analytics/ spark_analytics/
 COPY contracts/ contracts/
-RUN pip install --no-compile .
+RUN SLUICE_PREBUILT_EXTENSIONS=/opt/extensions /opt/build/bin/pip wheel --no-build-isolation --no-deps \
+      --wheel-dir /tmp/wheel . \
+ && /opt/sluice/bin/pip install --no-compile --no-deps /tmp/wheel/*.whl
 
 FROM ${BASE_IMAGE}
 LABEL org.opencontainers.image.title="sluice" \

@@ -164,9 +164,12 @@ SHARED_GROUPS: tuple[tuple[str, str], ...] = (("spark", "spark"), ("kafka_cluste
 def xdist_group_of(item: pytest.Item) -> str | None:
     """The xdist group an item belongs to: a shared costly fixture's, or its module's when the module
     sets up something of its own at module (or class) scope, or None: any worker will do."""
-    if item.get_closest_marker("spark") is not None:  # a Spark test that builds its own session gets the
-        return "spark"                                  # worker's one (getOrCreate), not one more JVM
     names = getattr(item, "fixturenames", ())
+    # a Spark test that builds its own session gets the worker's one (getOrCreate), not one more JVM;
+    # one whose Spark runs only in processes it starts (spark_processes) may run on any worker
+    if item.get_closest_marker("spark") is not None and (
+            "spark" in names or item.get_closest_marker("spark_processes") is None):
+        return "spark"
     for fixture, group in SHARED_GROUPS:
         if fixture in names:
             return group

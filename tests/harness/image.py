@@ -4,8 +4,9 @@
   cached by a hash of the script);
 * the image: the repository's Dockerfile, `buildah bud --isolation chroot --format docker` with
   `--build-arg BASE_IMAGE=<that base>`; the host's CA bundle is mounted read-only for the RUN steps
-  (pip), not copied into the image. Tagged by a hash of the base and of every file the build reads,
-  so a second run on an unchanged tree reuses it;
+  (pip), not copied into the image. With `--layers`: a rebuild reuses the layers whose inputs did not
+  change (the dependencies, the compiled extensions). Tagged by a hash of the base and of every file
+  the build reads, so a second run on an unchanged tree reuses it;
 * a container: `podman run --runtime runc` (crun refuses this host's hybrid cgroups), the open-files
   limit at the hard limit, `--no-healthcheck` (podman schedules checks through systemd): a test
   runs the HEALTHCHECK command itself with `podman exec`.
@@ -53,9 +54,9 @@ def _context_files() -> list[Path]:
             sources += item["value"].split()[:-1]
     files = [REPO / "Dockerfile"]
     for name in sources:
-        path = REPO / name.rstrip("/")
-        files += sorted(p for p in path.rglob("*") if p.is_file() and "__pycache__" not in p.parts) \
-            if path.is_dir() else [path]
+        for path in sorted(REPO.glob(name.rstrip("/"))):  # a name or a pattern (protocol/*.pyx)
+            files += sorted(p for p in path.rglob("*") if p.is_file() and "__pycache__" not in p.parts) \
+                if path.is_dir() else [path]
     return files
 
 
@@ -67,7 +68,7 @@ def build_image(base: str) -> str:
     if subprocess.run(["podman", "image", "exists", tag], check=False, timeout=60).returncode == 0:
         return tag
     done = subprocess.run(
-        ["buildah", "bud", "--isolation", "chroot", "--format", "docker", "--layers=false",
+        ["buildah", "bud", "--isolation", "chroot", "--format", "docker", "--layers",
          "--build-arg", f"BASE_IMAGE={base}",
          "-v", f"{HOST_CA_BUNDLE}:{HOST_CA_BUNDLE}:ro",    # pip's downloads trust what the host trusts
          "-t", tag, "-f", str(REPO / "Dockerfile"), str(REPO)],

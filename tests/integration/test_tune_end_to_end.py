@@ -18,7 +18,7 @@ from tests.harness.kafka import REPO, KafkaCluster
 from tests.harness.sluice import SluiceProcess
 from tests.harness.tools import KafkaTools
 
-pytestmark = [pytest.mark.integration, pytest.mark.spark, pytest.mark.slow]
+pytestmark = [pytest.mark.integration, pytest.mark.spark, pytest.mark.spark_processes, pytest.mark.slow]
 
 KiB = 1024
 PERIOD_S = 11 * 0.5

@@ -22,7 +22,8 @@ from tests.harness.kafka import KafkaCluster
 from tests.harness.sluice import SluiceProcess
 from tests.spark.standalone import StandaloneCluster, spark_submit
 
-pytestmark = [pytest.mark.integration, pytest.mark.spark, pytest.mark.slow, pytest.mark.timeout(900)]
+pytestmark = [pytest.mark.integration, pytest.mark.spark, pytest.mark.spark_processes, pytest.mark.slow,
+              pytest.mark.timeout(900)]
 
 INSTANCES = ("sluice-a", "sluice-b", "sluice-c")
 CLIENT_ID = "fleet-app"
