@@ -801,7 +801,7 @@ def run_benchmark(params: Params, modes: Sequence[str], clients: Sequence[str], 
     cluster = KafkaCluster(workdir / "kafka", 1, broker_properties={
         "quota.window.num": str(params.window_samples),
         "quota.window.size.seconds": str(params.window_ms // 1000),
-        "log.retention.check.interval.ms": "5000"})
+        "log.retention.check.interval.ms": "5000"}, quick_start=not params.java_full_jit)
     cluster.start()
     log(f"broker up: {cluster.bootstrap} (quota window {params.window_samples} x {params.window_ms} ms)")
     results: list[dict[str, Any]] = []
@@ -1065,7 +1065,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--seconds", type=float, help="measurement window per case, from the first byte")
     parser.add_argument("--quota", type=int, default=2 * MiB, help="bytes/s, produce and fetch [2 MiB/s]")
     parser.add_argument("--java-quick-start", action="store_true",
-                        help="C1-only JIT for the Java clients: less CPU, enough at ~1 MiB/s or less")
+                        help="C1-only JIT for the Java clients and the broker: less CPU, enough at ~1 MiB/s")
     parser.add_argument("--side-by-side", action="store_true",
                         help="run the sluice and bucket cases of each client and workload at the same time "
                              "(a shorter smoke run; the cases then share the machine)")

@@ -75,7 +75,7 @@ def main(argv: list[str] | None = None) -> int:
     from tests.harness.rawclient import RawKafkaSocket, metadata_request
 
     work = Path(tempfile.mkdtemp(prefix="sluice-soak-"))
-    cluster = KafkaCluster(work / "kafka", 1).start()
+    cluster = KafkaCluster(work / "kafka", 1, quick_start=False).start()  # pushed for minutes
     metrics_port = free_port()
     config = {"metrics": {"port": metrics_port}, "access_log": {"dir": str(work / "access-log")},
               "quotas": {"entries": [{"client_id": "throttled", "producer_byte_rate": 32 * 1024}]},

@@ -6,8 +6,9 @@
 - `tls_kafka`: one KRaft node with an SSL listener requiring client certificates, and its CA.
 - `topic` / `topic_factory`: a fresh, uniquely named topic per test on the single node.
 
-Under pytest-xdist (`make test` runs `-n 4 --dist loadgroup`) every worker is its own session, so each
-starts its own single node the first time a test asks for `kafka`. Tests are grouped so that what is
+Under pytest-xdist (`make test` runs `-n 4 --dist loadgroup`) every worker is its own session; the
+workers share one single node (tests/harness/shared_kafka.py), started the first time a test asks for
+`kafka` and stopped when the run ends. Tests are grouped so that what is
 expensive to start is started once: every test that uses the three-node cluster runs on one worker,
 every Spark test (marked `spark`) on one worker, the TLS broker's tests on one worker, and the tests
 of a module that starts its own module-scoped set-up (a broker with options of its own, say) on one
@@ -27,17 +28,21 @@ import os
 import resource
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import ClassVar
+from typing import TYPE_CHECKING, ClassVar
 
 import pytest
 from _pytest.nodeid import coerce_node_id
 from hypothesis import HealthCheck, settings
 
+from tests.harness import shared_kafka
 from tests.harness.kafka import KafkaCluster, RunningCluster
 from tests.harness.sluice import SluiceProcess
 from tests.harness.tls import TestCA
 from tests.harness.tools import KafkaTools, sasl_properties
 from tests.harness.topics import create_topic, metadata_with_leaders, unique_name
+
+if TYPE_CHECKING:
+    from xdist.workermanage import WorkerController
 
 # tests import these three from here as well
 __all__ = ["create_topic", "metadata_with_leaders", "unique_name"]
@@ -92,7 +97,13 @@ class Estimates:
 
 
 @pytest.fixture(scope="session")
-def kafka(tmp_path_factory: pytest.TempPathFactory) -> Iterator[KafkaCluster]:
+def kafka(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[KafkaCluster]:
+    shared = getattr(request.config, "workerinput", {}).get(SHARED_KAFKA)
+    if shared is not None:  # an xdist worker: the run's one shared broker
+        attached = shared_kafka.attach(Path(shared["directory"]), int(shared["controller_pid"]))
+        _CLUSTERS.append(attached)
+        yield attached
+        return
     cluster = KafkaCluster(tmp_path_factory.mktemp("kafka1"), 1, sasl=True)
     _CLUSTERS.append(cluster)
     cluster.start()
@@ -100,6 +111,25 @@ def kafka(tmp_path_factory: pytest.TempPathFactory) -> Iterator[KafkaCluster]:
         yield cluster
     finally:
         cluster.stop()
+
+
+# The xdist controller names the directory of the run's shared broker (tests/harness/shared_kafka.py)
+# for its workers, and stops that broker when the run ends; the first worker that needs it starts it.
+SHARED_KAFKA = "sluice_shared_kafka"
+_SHARED_DIRECTORY: list[Path] = []
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_configure_node(node: WorkerController) -> None:
+    if not _SHARED_DIRECTORY:
+        _SHARED_DIRECTORY.append(node.config._tmp_path_factory.getbasetemp() / "shared-kafka")
+    node.workerinput[SHARED_KAFKA] = {"directory": str(_SHARED_DIRECTORY[0]),
+                                      "controller_pid": os.getpid()}
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    for directory in _SHARED_DIRECTORY:
+        shared_kafka.stop(directory)
 
 
 @pytest.fixture(scope="session")

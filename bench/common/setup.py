@@ -34,7 +34,8 @@ def kafka_cluster(workdir: Path, bootstrap: str | None = None, nodes: int = 1,
     if bootstrap is not None:
         yield RunningCluster(bootstrap)
         return
-    cluster = KafkaCluster(workdir / "kafka", nodes, broker_properties=dict(broker_properties or {}))
+    cluster = KafkaCluster(workdir / "kafka", nodes, broker_properties=dict(broker_properties or {}),
+                           quick_start=False)  # a benchmark's own broker runs on the full JIT
     cluster.start()
     try:
         yield cluster

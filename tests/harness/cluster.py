@@ -20,6 +20,7 @@ import time
 from pathlib import Path
 
 from tests.harness.kafka import REPO, KafkaCluster, kafka_version
+from tests.harness.kafka import process_alive as _alive
 
 DEFAULT_DIR = REPO / ".cache" / "local-kafka"
 
@@ -57,15 +58,6 @@ def up(directory: Path, nodes: int, sasl: bool) -> int:
         cluster.stop()
         state.unlink(missing_ok=True)
     return 0
-
-
-def _alive(pid: int) -> bool:
-    """Running, and not a zombie waiting for its parent to reap it."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return False
-    return stat.rsplit(")", 1)[1].split()[0] != "Z"
 
 
 def down(directory: Path, timeout_s: float = 30.0) -> int:

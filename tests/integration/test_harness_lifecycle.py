@@ -1,4 +1,5 @@
-"""The local-cluster command starts and stops brokers, and no broker outlives its parent."""
+"""The local-cluster command and the test run's shared broker start and stop brokers, and no broker
+outlives its parent or its run."""
 
 from __future__ import annotations
 
@@ -10,11 +11,13 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
 
-from tests.harness.kafka import REPO, KafkaCluster
+from tests.harness import shared_kafka
+from tests.harness.kafka import REPO, KafkaCluster, KafkaStartError
 from tests.harness.sluice import SluiceProcess
 from tests.harness.wait import poll
 
@@ -111,3 +114,39 @@ def test_a_started_sluice_used_as_a_context_manager_is_one_process_and_stops(kaf
     with SluiceProcess(kafka.bootstrap, tmp_path / "one").start() as sluice:
         assert pids_under(tmp_path / "one", b"proxy") == {sluice.process.pid}  # type: ignore[union-attr]
     assert poll(lambda: not pids_under(tmp_path / "one", b"proxy"), 30.0)
+
+
+def test_the_shared_broker_starts_once_for_every_worker_and_stops_with_its_run(tmp_path: Path) -> None:
+    # a stand-in for the xdist controller whose workers attach: the keeper watches its pid
+    controller = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
+    directory = tmp_path / "shared"
+    try:
+        with ThreadPoolExecutor(max_workers=3) as pool:  # three workers asking at once
+            attached = list(pool.map(lambda _: shared_kafka.attach(directory, controller.pid, 240), range(3)))
+        assert len({c.bootstrap for c in attached}) == 1
+        assert len({c.sasl_bootstrap for c in attached}) == 1
+        assert len(pids_under(directory)) == 1  # one broker, one keeper
+        assert len(pids_under(directory, b"tests.harness.shared_kafka")) == 1
+        assert "Kafka Server started" in attached[0].nodes[0].log_text()
+        with pytest.raises(RuntimeError, match="shared broker"):
+            attached[0].kill_node(1)
+        bootstrap = attached[0].bootstrap
+        assert port_open(bootstrap)
+        # the run ends without a word (its controller killed): keeper and broker follow it
+        controller.kill()
+        controller.wait(timeout=10)
+        assert wait_until(lambda: not pids_under(directory) and not port_open(bootstrap), 60), \
+            "the shared broker outlived its run"
+        assert not pids_under(directory, b"tests.harness.shared_kafka")
+    finally:
+        controller.kill()
+        shared_kafka.stop(directory)
+
+
+def test_a_shared_broker_that_cannot_start_fails_every_worker_with_the_reason(tmp_path: Path) -> None:
+    directory = tmp_path / "shared"
+    directory.mkdir()
+    (directory / "broker").write_text("a file where the keeper needs a directory")
+    with pytest.raises(KafkaStartError, match="keeper exited"):
+        shared_kafka.attach(directory, os.getpid(), 120)
+    assert not pids_under(directory)
