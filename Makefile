@@ -2,12 +2,11 @@
 # `make check` is the inner loop: lint, types, import contracts and the tests that need no broker.
 PY := .venv/bin/python
 PYTEST := $(PY) -m pytest -p no:cacheprovider
-# The suite mostly waits (on brokers, windows, timeouts), so it runs on more workers than cores. On
-# this 2-core machine kind more than 4 make it CPU-bound: quiet, 6 workers (one broker each) ran the
-# main pytest in 844-920 s where 4 took 998 s, but with one core kept busy a rate-bound client
-# could not be judged fairly (the Java consumer of test_quota_enforcement at 0.744 x its quota with
-# 6 workers, 1.203 x with 5) where 4 passed three such runs in a row.
-WORKERS ?= 4
+# The suite mostly waits (on brokers, windows, timeouts), so it runs on more workers than cores. The
+# workers share one single-node broker (tests/harness/shared_kafka.py), so a worker costs no broker of
+# its own; past 5 on this 2-core machine kind the run turns CPU-bound and a rate-bound client cannot be
+# judged fairly with one core kept busy (bench/results/test-suite-timing.md has the runs).
+WORKERS ?= 5
 # extra options for the main pytest run, e.g. ARGS="--timing-jsonl=t.jsonl" (tests.harness.timing reads it)
 ARGS ?=
 
