@@ -135,9 +135,10 @@ def test_the_shared_broker_starts_once_for_every_worker_and_stops_with_its_run(t
         # the run ends without a word (its controller killed): keeper and broker follow it
         controller.kill()
         controller.wait(timeout=10)
-        assert wait_until(lambda: not pids_under(directory) and not port_open(bootstrap), 60), \
-            "the shared broker outlived its run"
-        assert not pids_under(directory, b"tests.harness.shared_kafka")
+        # the keeper exits once it has stopped the broker
+        assert wait_until(lambda: not pids_under(directory) and not port_open(bootstrap)
+                          and not pids_under(directory, b"tests.harness.shared_kafka"), 60), \
+            "the shared broker or its keeper outlived the run"
     finally:
         controller.kill()
         shared_kafka.stop(directory)
