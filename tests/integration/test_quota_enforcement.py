@@ -27,6 +27,7 @@ import yaml
 
 from tests.conftest import create_topic, unique_name
 from tests.harness import clients, load
+from tests.harness.fleet import group_rate
 from tests.harness.kafka import KafkaCluster, free_port
 from tests.harness.metrics import Metrics
 from tests.harness.quotas import (
@@ -164,20 +165,34 @@ def test_librdkafka_consumer_holds_its_quota_and_loses_nothing(kafka: KafkaClust
 
 
 def test_java_consumer_holds_its_quota(kafka: KafkaCluster, tmp_path: Path) -> None:
+    """Kafka's ConsumerPerformance through Sluice, judged on its progress reports (every 250 ms),
+    not on the tool's own MB/sec: that one divides by the whole run, the group join included, so it
+    measured the join's length as much as the quota (1.203-1.205 x in two loaded runs whose joins
+    were short). A fresh sensor lets a client take about (N - 1) x W = 5 s of quota at once (the
+    windowed rate of a new sensor is over at least that), so the first period is left out and the
+    rate is judged over the rest: at least two whole periods of being held, where one period's
+    burst moves the rate by a few per cent, and a fetch (1/8 of the quota) by about 2 %."""
     quota = 1 * MiB
     sluice, _ = start_sluice(kafka, tmp_path, [{"client_id": "<default>", "consumer_byte_rate": quota}])
     try:
         topic = create_topic(kafka.bootstrap, unique_name("qjc"))
-        records = int(quota * RUN_S / 1000)
+        # the burst (about 5 MiB), the rest of the first period and two more, and 2 s to spare
+        records = int(quota * (5 + 3 * PERIOD_S + 2) / 1000)
         fill(kafka, topic, records * 1000)
         tools = KafkaTools(sluice.bootstrap, workdir=tmp_path)
         chunk = str(quota // 8)
-        result = tools.consumer_perf(topic, records, group=unique_name("jg"), timeout_ms=60000,
-                                     props={"client.id": "java-drain", "fetch.max.bytes": chunk,
-                                            "max.partition.fetch.bytes": chunk})
-        assert result.records == records
-        achieved = result.mb_per_s * MiB
-        assert 0.85 * quota <= achieved <= 1.2 * quota, f"{achieved / quota:.3f} x quota"
+        progress = tools.consumer_perf_progress(topic, records, group=unique_name("jg"), timeout_ms=60000,
+                                                interval_ms=250,
+                                                props={"client.id": "java-drain", "fetch.max.bytes": chunk,
+                                                       "max.partition.fetch.bytes": chunk})
+        # the tool reports while it polls, so its last report can come a throttle delay or two
+        # before its last record (22.0 of 23.5 MiB were seen)
+        consumed_mib = progress[-1][1]
+        assert consumed_mib >= 0.9 * records * 1000 / MiB, (consumed_mib, records)
+        achieved, span_s = group_rate([progress], PERIOD_S)
+        print(f"java consumer: {achieved / quota:.3f} x quota over {span_s:.1f} s")
+        assert span_s >= 2 * PERIOD_S, span_s
+        assert 0.85 * quota <= achieved <= 1.15 * quota, f"{achieved / quota:.3f} x quota over {span_s:.1f} s"
     finally:
         sluice.stop()
 
