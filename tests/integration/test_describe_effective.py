@@ -128,14 +128,16 @@ def test_plain_describe_prints_the_limit_enforced_under_every_factor(kafka: Kafk
     and the rate observed. It used to resolve the stored entries with `DefaultQuotaCallback`: it
     printed nothing for this caller (no entry names it), whatever was enforced.
 
-    The storage factor: a soft and a hard `available_bytes_below` limit 8 GiB either side of the
-    broker's free space, so about 0.5 (polled once at start: the factor stays put). The fleet
-    share: both members constrained on both groups, 1/2 each. The producer is held at the smaller
-    limit; the bound is that of test_describe_effective_equals_the_metric_and_the_observed_rate
+    The storage factor: a soft and a hard `available_bytes_below` limit the same margin either side
+    of the broker's free space (8 GiB, or half the free space when less is free), so about 0.5
+    (polled once at start: the factor stays put). The fleet share: both members constrained on
+    both groups, 1/2 each. The producer is held at the smaller limit; the bound is that of
+    test_describe_effective_equals_the_metric_and_the_observed_rate
     (token bucket, burst 250 ms, 11 s after the first 5.5 s, in which the shares settle), widened
     to 10 % for the share's exchange (each member's share is fresh from the other's report every
     500 ms, and both stay at 1/2 while both are held)."""
     free = shutil.disk_usage(kafka.nodes[0].directory).free
+    margin = min(8 * GiB, free // 2)  # a nearly full disk (5 GiB free) once made the hard limit negative
     store_topic, fleet_id = unique_name("_sluice_quotas"), unique_name("fleet")
     fleet_topic = unique_name("fleet-reports")
     members = []
@@ -150,7 +152,7 @@ def test_plain_describe_prints_the_limit_enforced_under_every_factor(kafka: Kafk
                        "cluster_entries": [{"client_id": "app", "producer_byte_rate": MiB}]},
             "store": {"type": "kafka", "topic": store_topic},
             "storage": {"check_interval_ms": 600_000, "fallback_factor": 1.0, "limits": [
-                {"type": "available_bytes_below", "soft": free + 8 * GiB, "hard": free - 8 * GiB}]},
+                {"type": "available_bytes_below", "soft": free + margin, "hard": free - margin}]},
             "fleet": {"id": fleet_id, "topic": fleet_topic, "report_interval_ms": 500,
                       "member_timeout_ms": 1500}})
         members.append((sluice, Metrics(port), port))
