@@ -6,7 +6,7 @@
 - `tls_kafka`: one KRaft node with an SSL listener requiring client certificates, and its CA.
 - `topic` / `topic_factory`: a fresh, uniquely named topic per test on the single node.
 
-Under pytest-xdist (`make test` runs `-n 4 --dist loadgroup`) every worker is its own session; the
+Under pytest-xdist (`make test` runs `-n 5 --dist loadgroup`) every worker is its own session; the
 workers share one single node (tests/harness/shared_kafka.py), started the first time a test asks for
 `kafka` and stopped when the run ends. Tests are grouped so that what is
 expensive to start is started once: every test that uses the three-node cluster runs on one worker,

@@ -19,7 +19,7 @@ import threading
 import time
 from pathlib import Path
 
-from tests.harness.kafka import REPO, KafkaCluster, kafka_version
+from tests.harness.kafka import REPO, KafkaCluster, kafka_version, stop_process
 from tests.harness.kafka import process_alive as _alive
 
 DEFAULT_DIR = REPO / ".cache" / "local-kafka"
@@ -67,12 +67,7 @@ def down(directory: Path, timeout_s: float = 30.0) -> int:
         return 0
     pid = int(json.loads(state.read_text())["pid"])
     if _alive(pid):
-        os.kill(pid, signal.SIGTERM)
-        deadline = time.monotonic() + timeout_s
-        while _alive(pid) and time.monotonic() < deadline:
-            time.sleep(0.2)
-        if _alive(pid):
-            os.kill(pid, signal.SIGKILL)  # the brokers die with it (parent-death signal)
+        stop_process(pid, timeout_s)
     state.unlink(missing_ok=True)
     return 0
 

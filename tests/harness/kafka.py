@@ -28,6 +28,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from tests.harness.wait import poll
+
 if TYPE_CHECKING:
     from tests.harness.tls import TestCA
 
@@ -119,6 +121,16 @@ def process_alive(pid: int) -> bool:
     except OSError:
         return False
     return stat.rsplit(")", 1)[1].split()[0] != "Z"
+
+
+def stop_process(pid: int, timeout_s: float = 30.0) -> None:
+    """SIGTERM `pid`, wait up to `timeout_s` for it to exit, then SIGKILL it (its brokers die with it:
+    parent-death signal)."""
+    with contextlib.suppress(ProcessLookupError):
+        os.kill(pid, signal.SIGTERM)
+    if not poll(lambda: not process_alive(pid), timeout_s, 0.1):
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
 
 
 def _die_with_parent() -> None:  # runs in the child between fork and exec

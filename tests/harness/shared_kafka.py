@@ -22,17 +22,16 @@ import argparse
 import contextlib
 import fcntl
 import json
-import os
 import signal
 import subprocess
 import sys
 import threading
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
-from tests.harness.kafka import REPO, KafkaCluster, KafkaNode, KafkaStartError
+from tests.harness.kafka import REPO, KafkaCluster, KafkaNode, KafkaStartError, stop_process
 from tests.harness.kafka import process_alive as _alive
+from tests.harness.wait import poll
 
 STATE = "cluster.json"
 FAILED = "failed"
@@ -104,19 +103,21 @@ def attach(directory: Path, controller_pid: int, timeout_s: float = 180.0) -> Sh
                 start_new_session=True)  # outlives the worker that started it, not the run
             log.close()
             (directory / KEEPER_PID).write_text(str(keeper.pid))
-        deadline = time.monotonic() + timeout_s
-        while True:
+        keeper_pid = int((directory / KEEPER_PID).read_text())
+
+        def ready() -> bool:
             if (directory / FAILED).exists():
                 raise KafkaStartError((directory / FAILED).read_text())
             if (directory / STATE).exists():
-                return SharedCluster(directory, json.loads((directory / STATE).read_text()))
-            keeper_pid = int((directory / KEEPER_PID).read_text())
+                return True
             if not _alive(keeper_pid):
                 log_text = (directory / "keeper.log").read_text(errors="replace")[-3000:]
                 raise KafkaStartError(f"the shared broker's keeper exited:\n{log_text}")
-            if time.monotonic() > deadline:
-                raise KafkaStartError(f"the shared broker did not start within {timeout_s:.0f} s")
-            time.sleep(0.2)
+            return False
+
+        if not poll(ready, timeout_s, 0.2):
+            raise KafkaStartError(f"the shared broker did not start within {timeout_s:.0f} s")
+        return SharedCluster(directory, json.loads((directory / STATE).read_text()))
 
 
 def stop(directory: Path, timeout_s: float = 30.0) -> None:
@@ -124,15 +125,7 @@ def stop(directory: Path, timeout_s: float = 30.0) -> None:
     pid_file = directory / KEEPER_PID
     if not pid_file.exists():
         return
-    pid = int(pid_file.read_text())
-    with contextlib.suppress(ProcessLookupError):
-        os.kill(pid, signal.SIGTERM)
-    deadline = time.monotonic() + timeout_s
-    while _alive(pid) and time.monotonic() < deadline:
-        time.sleep(0.1)
-    if _alive(pid):
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(pid, signal.SIGKILL)
+    stop_process(int(pid_file.read_text()), timeout_s)
 
 
 @contextlib.contextmanager

@@ -118,7 +118,8 @@ def test_a_started_sluice_used_as_a_context_manager_is_one_process_and_stops(kaf
 
 def test_the_shared_broker_starts_once_for_every_worker_and_stops_with_its_run(tmp_path: Path) -> None:
     # a stand-in for the xdist controller whose workers attach: the keeper watches its pid
-    controller = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
+    controller = subprocess.Popen([sys.executable, "-c", "import sys; sys.stdin.read()"],  # until killed
+                                  stdin=subprocess.PIPE)
     directory = tmp_path / "shared"
     try:
         with ThreadPoolExecutor(max_workers=3) as pool:  # three workers asking at once
