@@ -273,30 +273,30 @@ def fetch_demand(*, topics: bool, resolution_ms: int = 1) -> Any:
         api = F.col("api_key")
         # a produce offers its records when it is sent (a broker that is slow to append them is
         # the recording's, not the plan's); a fetch had them when its response came back
-        ready = F.when(api == PRODUCE_API_KEY, F.col("ts_ms")).otherwise(
-            F.col("ts_ms") + F.round(F.coalesce(F.col("upstream_latency_ms"), F.lit(0.0)))).cast("long")
+        ready = (F.col("ts_ms") + F.round(F.coalesce(F.col("upstream_latency_ms"), F.lit(0.0)))).cast("long")
         broker_throttle = F.coalesce(F.col("broker_throttle_time_ms"), F.lit(0))
         throttled = (F.col("throttle_time_ms") > 0) | (broker_throttle > 0)
         pieces_bytes = F.aggregate(F.coalesce(F.col("topics"), F.array()), F.lit(0).cast("long"),
                                    lambda acc, t: acc + t["bytes"].cast("long"))
-        wanted = (logs.where(api.isin(PRODUCE_API_KEY, FETCH_API_KEY))
-                  .select("principal", "client_id", "broker_id", "ts_ms", "api_key", ready.alias("ready_ms"),
-                          throttled.alias("recorded_throttled"),
-                          F.coalesce(F.col("response_bytes"), F.lit(0)).cast("double").alias("wire"),
-                          pieces_bytes.alias("pieces_bytes"), F.explode("topics").alias("t"))
-                  # a produce piece only says when which records were there (`retime_partition`
-                  # reads its names nowhere): without them it costs less to hand to Python
-                  .select(*[F.when(api == FETCH_API_KEY, F.col(c)).alias(c)
-                            for c in ("principal", "client_id")],
-                          "broker_id", "ts_ms", "api_key", "ready_ms",
-                          "recorded_throttled", F.col("t.topic").alias("topic"),
-                          F.col("t.partition").alias("partition"),
-                          F.col("t.records").cast("long").alias("records"),
-                          # a fetch's response bytes (the wire, what the quota counts) shared
-                          # among its partitions by their record bytes
-                          F.when(F.col("pieces_bytes") > 0,
-                                 F.col("wire") * F.col("t.bytes") / F.col("pieces_bytes"))
-                          .otherwise(F.col("t.bytes").cast("double")).alias("bytes")))
+        # a produce piece only says when which records were there (`retime_partition` reads
+        # nothing else of it): it goes to the workers with four columns, a fetch piece with ten
+        produced = (logs.where(api == PRODUCE_API_KEY)
+                    .select(F.col("ts_ms").cast("long").alias("ready_ms"), F.explode("topics").alias("t"))
+                    .select(F.col("t.topic").alias("topic"), F.col("t.partition").alias("partition"),
+                            "ready_ms", F.col("t.records").cast("long").alias("records")))
+        fetched = (logs.where(api == FETCH_API_KEY)
+                   .select("principal", "client_id", "broker_id", "ts_ms", ready.alias("ready_ms"),
+                           throttled.alias("recorded_throttled"),
+                           F.coalesce(F.col("response_bytes"), F.lit(0)).cast("double").alias("wire"),
+                           pieces_bytes.alias("pieces_bytes"), F.explode("topics").alias("t"))
+                   .select("principal", "client_id", "broker_id", "ts_ms", "ready_ms", "recorded_throttled",
+                           F.col("t.topic").alias("topic"), F.col("t.partition").alias("partition"),
+                           F.col("t.records").cast("long").alias("records"),
+                           # a fetch's response bytes (the wire, what the quota counts) shared
+                           # among its partitions by their record bytes
+                           F.when(F.col("pieces_bytes") > 0,
+                                  F.col("wire") * F.col("t.bytes") / F.col("pieces_bytes"))
+                           .otherwise(F.col("t.bytes").cast("double")).alias("bytes")))
 
         # A Fetch response of more than 64 KiB is streamed, and its record has no topics
         # (docs/operating.md): when its consumer fetched one partition from that broker in the
@@ -309,20 +309,26 @@ def fetch_demand(*, topics: bool, resolution_ms: int = 1) -> Any:
                     .select(*who, "ts_ms", "api_key", ready.alias("ready_ms"),
                             throttled.alias("recorded_throttled"),
                             F.coalesce(F.col("response_bytes"), F.lit(0)).cast("double").alias("bytes")))
-        partition = F.struct("topic", "partition")
-        single = (wanted.where(F.col("api_key") == FETCH_API_KEY)
-                  .groupBy(*[F.col(c).alias(f"one_{c}") for c in who])
-                  .agg(F.min(partition).alias("first"), F.max(partition).alias("last"))
-                  .where(F.col("first") == F.col("last")))
+        # the consumers' distinct partitions first (a hash aggregation, a few rows per consumer);
+        # a minimum of (topic, partition) over the pieces themselves would sort them all
+        read = fetched.select(*who, F.struct("topic", "partition").alias("tp")).distinct()
+        single = (read.groupBy(*[F.col(c).alias(f"one_{c}") for c in who])
+                  .agg(F.count(F.lit(1)).alias("partitions"), F.min("tp").alias("first"))
+                  # (a piece of no known topic or partition is nobody's single partition)
+                  .where((F.col("partitions") == 1) & F.col("first.topic").isNotNull()
+                         & F.col("first.partition").isNotNull()))
         placed = streamed.join(single, [streamed[c].eqNullSafe(single[f"one_{c}"]) for c in who], "left")
         routed = (placed.where(F.col("first").isNotNull())
-                  .select(*who, "ts_ms", "api_key", "ready_ms", "recorded_throttled",
+                  .select(*who, "ts_ms", "ready_ms", "recorded_throttled",
                           F.col("first.topic").alias("topic"), F.col("first.partition").alias("partition"),
                           F.lit(None).cast("long").alias("records"), "bytes"))
 
-        def run(table: pa.Table) -> pa.Table:
-            return retime_partition(table, topics=topics, resolution_ms=resolution_ms)
-        retimed = wanted.unionByName(routed).groupBy("topic", "partition").applyInArrow(run, _DEMAND_SCHEMA)
+        def run(made: pa.Table, taken: pa.Table) -> pa.Table:
+            return retime_partition(made, taken, topics=topics, resolution_ms=resolution_ms)
+        # cogrouped, not one union grouped: each side goes to the workers with its own columns
+        retimed = (produced.groupBy("topic", "partition")
+                   .cogroup(fetched.unionByName(routed).groupBy("topic", "partition"))
+                   .applyInArrow(run, _DEMAND_SCHEMA))
         # fetches that carried no partition (an empty response), streamed ones of a consumer of
         # several partitions, and share fetches, as recorded
         topic = F.lit(None).cast("string")
@@ -340,8 +346,11 @@ def fetch_demand(*, topics: bool, resolution_ms: int = 1) -> Any:
     return transform
 
 
-def retime_partition(table: pa.Table, *, topics: bool, resolution_ms: int = 1) -> pa.Table:
-    """One topic-partition's produce and fetch pieces -> each consumer's demand (`fetch_demand`).
+def retime_partition(produced: pa.Table, fetched: pa.Table, *, topics: bool,
+                     resolution_ms: int = 1) -> pa.Table:
+    """One topic-partition's produce pieces (ready_ms, records) and fetch pieces (principal,
+    client_id, broker_id, ts_ms, ready_ms, recorded_throttled, topic, records, bytes) -> each
+    consumer's demand (`fetch_demand`).
 
     With P(t) the records produced by t (each produce batch counted when it was sent: a broker
     slow to append it in the recording would otherwise shift the consumer's demand) and F_k the
@@ -365,22 +374,22 @@ def retime_partition(table: pa.Table, *, topics: bool, resolution_ms: int = 1) -
     import pyarrow as pa
     import pyarrow.compute as pc
 
-    def col(name: str, fill: int = 0) -> Any:
+    def col(table: pa.Table, name: str, fill: int = 0) -> Any:
         return pc.fill_null(table.column(name), fill).to_numpy(zero_copy_only=False)
 
-    api, ready, ts = col("api_key"), col("ready_ms").astype(np.int64), col("ts_ms").astype(np.int64)
-    records = col("records").astype(np.int64)
-    known = pc.is_valid(table.column("records")).to_numpy(zero_copy_only=False)
-    size = col("bytes").astype(np.float64)
-    produce = np.nonzero(api == PRODUCE_API_KEY)[0]
-    produce = produce[np.argsort(ready[produce], kind="stable")]
-    produced_ms = ready[produce]
-    produced_end = np.cumsum(records[produce])
-    starts = produced_end - records[produce]
-    fetch = np.nonzero(api == FETCH_API_KEY)[0]
-    who = pc.binary_join_element_wise(pc.fill_null(table.column("principal"), ""),
-                                      pc.fill_null(table.column("client_id"), ""), "\x00")
+    produced_ready, produced_records = col(produced, "ready_ms").astype(np.int64), col(produced, "records")
+    order = np.argsort(produced_ready, kind="stable")
+    produced_ms = produced_ready[order]
+    produced_end = np.cumsum(produced_records.astype(np.int64)[order])
+    starts = produced_end - produced_records.astype(np.int64)[order]
+    ready, ts = col(fetched, "ready_ms").astype(np.int64), col(fetched, "ts_ms").astype(np.int64)
+    records = col(fetched, "records").astype(np.int64)
+    known = pc.is_valid(fetched.column("records")).to_numpy(zero_copy_only=False)
+    size = col(fetched, "bytes").astype(np.float64)
+    who = pc.binary_join_element_wise(pc.fill_null(fetched.column("principal"), ""),
+                                      pc.fill_null(fetched.column("client_id"), ""), "\x00")
     consumer = pc.dictionary_encode(who).combine_chunks().indices.to_numpy(zero_copy_only=False)
+    fetch = np.arange(fetched.num_rows)
     fetch = fetch[np.lexsort((ts[fetch], ready[fetch], consumer[fetch]))]  # by consumer, then in time
     keys = consumer[fetch]
     picked: list[Any] = []  # per output row: the source row (broker, principal, throttled)
@@ -388,20 +397,20 @@ def retime_partition(table: pa.Table, *, topics: bool, resolution_ms: int = 1) -
     counts: list[Any] = []
     values: list[Any] = []
     for group in np.split(fetch, np.nonzero(np.diff(keys))[0] + 1) if len(fetch) else []:
-        fetched = records[group]
+        taken = records[group]
         counted = known[group]
-        if not len(produce) or fetched[counted].sum() <= 0:
+        if not len(produced_ms) or taken[counted].sum() <= 0:
             picked.append(group)  # nothing to match them with: as recorded
             at.append(ts[group])
-            counts.append(fetched)
+            counts.append(taken)
             values.append(size[group])
             continue
         if not counted.all():
             # a fetch whose records the log does not have (a streamed response, `fetch_demand`):
             # its bytes at the consumer's bytes per record in the fetches that have them
-            fetched = np.where(counted, fetched, np.rint(
-                size[group] * (fetched[counted].sum() / size[group][counted].sum()))).astype(np.int64)
-        fetched_end = np.cumsum(fetched)
+            taken = np.where(counted, taken, np.rint(
+                size[group] * (taken[counted].sum() / size[group][counted].sum()))).astype(np.int64)
+        fetched_end = np.cumsum(taken)
         idx = np.searchsorted(produced_ms, ready[group], side="right")
         produced_by = np.where(idx > 0, produced_end[np.maximum(idx - 1, 0)], 0)
         offset = int(np.min(produced_by - fetched_end))
@@ -431,7 +440,7 @@ def retime_partition(table: pa.Table, *, topics: bool, resolution_ms: int = 1) -
         counts.append(n)
         values.append(n * per_record)
     rows = np.concatenate(picked) if picked else np.zeros(0, dtype=np.int64)
-    source = table.take(pa.array(rows, type=pa.int64()))
+    source = fetched.take(pa.array(rows, type=pa.int64()))
     length = len(rows)
     return pa.table({
         "principal": source.column("principal"), "client_id": source.column("client_id"),

@@ -336,11 +336,21 @@ def test_recommend_verify_attaches_the_simulation_and_apply_refuses_it(
     assert "user=alice producer_byte_rate" in err and "of its active seconds" in err and "--force" in err
 
 
-def _pieces(rows: list[dict[str, Any]]) -> Any:
+def _pieces(rows: list[dict[str, Any]]) -> tuple[Any, Any]:
+    """One partition's pieces as `fetch_demand` hands them over: the produce pieces (ready_ms,
+    records), the fetch pieces (all of theirs)."""
     import pyarrow as pa
 
+    from contracts.access_log import PRODUCE_API_KEY
+
     base = {"principal": "u", "broker_id": 1, "recorded_throttled": False, "topic": "t", "partition": 0}
-    return pa.Table.from_pylist([base | r for r in rows])
+    made = [{"topic": "t", "partition": 0, "ready_ms": r["ready_ms"], "records": r["records"]}
+            for r in rows if r["api_key"] == PRODUCE_API_KEY]
+    taken = [{k: v for k, v in (base | r).items() if k != "api_key"}
+             for r in rows if r["api_key"] != PRODUCE_API_KEY]
+    schema = pa.schema([("topic", pa.string()), ("partition", pa.int32()), ("ready_ms", pa.int64()),
+                        ("records", pa.int64())])
+    return pa.Table.from_pylist(made, schema=schema), pa.Table.from_pylist(taken)
 
 
 def test_a_consumers_demand_is_the_data_produced_for_it_when_it_was_produced() -> None:
@@ -360,7 +370,7 @@ def test_a_consumers_demand_is_the_data_produced_for_it_when_it_was_produced() -
 
     table = _pieces([made(1000, 2), made(2000, 3), made(3000, 5),
                      fetched(2500, 2600, 5, 2000.0), fetched(3800, 3900, 5, 2000.0)])
-    got = retime_partition(table, topics=False).to_pylist()
+    got = retime_partition(*table, topics=False).to_pylist()
     # offset = min over fetches of (produced by its response - fetched by then) = min(5 - 5, 10 - 10)
     # = 0: it read offsets 1..10, all of them; each batch is wanted when it was written, but never
     # before the consumer's first fetch (2500): 2 records at 2500, 3 at 2500 (one row: the same
@@ -373,7 +383,7 @@ def test_a_consumers_demand_is_the_data_produced_for_it_when_it_was_produced() -
     # first batch, the 3 of the second, 4 of the third (its last record, offset 10, it never read)
     behind = _pieces([made(1000, 2), made(2000, 3), made(3000, 5),
                       fetched(600, 2600, 4, 800.0), fetched(3800, 3900, 4, 800.0)])
-    again = retime_partition(behind, topics=True).to_pylist()
+    again = retime_partition(*behind, topics=True).to_pylist()
     assert [(r["ts_ms"], r["records"], r["topic"]) for r in again] == [(1000, 1, "t"), (2000, 3, "t"),
                                                                      (3000, 4, "t")]
     # A consumer that asked at 500 (nothing there yet) and got all 10 records at 3900 (4000
@@ -382,20 +392,20 @@ def test_a_consumers_demand_is_the_data_produced_for_it_when_it_was_produced() -
     # 1000 and 2000 (step 0) are one row at the later's time, 2000; 3000 (step 1) its own.
     late = _pieces([made(1000, 2), made(2000, 3), made(3000, 5),
                     fetched(500, 900, 0, 0.0), fetched(3800, 3900, 10, 4000.0)])
-    fine = retime_partition(late, topics=False).to_pylist()
+    fine = retime_partition(*late, topics=False).to_pylist()
     assert [(r["ts_ms"], r["records"], r["bytes"]) for r in fine] == [(1000, 2, 800.0), (2000, 3, 1200.0),
                                                                      (3000, 5, 2000.0)]
-    coarse = retime_partition(late, topics=False, resolution_ms=2500).to_pylist()
+    coarse = retime_partition(*late, topics=False, resolution_ms=2500).to_pylist()
     assert [(r["ts_ms"], r["records"], r["bytes"]) for r in coarse] == [(2000, 5, 2000.0), (3000, 5, 2000.0)]
     # The same consumer, its second fetch streamed (a response over 64 KiB: the log has no record
     # count): its 2000 bytes at the 400 bytes per record of its first fetch are 5 records. Without
     # them it would be matched to offsets 1..5 only, and the batch of 3000 left out of its demand.
     streamed = _pieces([made(1000, 2), made(2000, 3), made(3000, 5),
                         fetched(2500, 2600, 5, 2000.0), fetched(3800, 3900, None, 2000.0)])
-    counted = retime_partition(streamed, topics=False).to_pylist()
+    counted = retime_partition(*streamed, topics=False).to_pylist()
     assert [(r["ts_ms"], r["records"], r["bytes"]) for r in counted] == [(2500, 5, 2000.0), (3000, 5, 2000.0)]
     # a partition no producer wrote in the recording: the fetches as recorded
-    alone = retime_partition(_pieces([fetched(2500, 2600, 5, 2000.0)]), topics=False).to_pylist()
+    alone = retime_partition(*_pieces([fetched(2500, 2600, 5, 2000.0)]), topics=False).to_pylist()
     assert [(r["ts_ms"], r["records"], r["bytes"]) for r in alone] == [(2500, 5, 2000.0)]
 
 
