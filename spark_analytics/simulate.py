@@ -137,7 +137,7 @@ def is_topic_entity(text: str) -> bool:
 # ------------------------------------------------------------------------------ Spark steps
 
 def arrivals(keys: Sequence[str], *, topics: bool, service_ms: int | None = None,
-             demand_resolution_ms: int = 1) -> Any:
+             demand_resolution_ms: int = 1, streamed: bool = True) -> Any:
     """Access-log records -> one row per request and quota key in `keys`: principal, client_id,
     topic (null unless `topics`: then one row per request and topic, with that topic's bytes and
     records), broker_id, ts_ms, quota_key, value (what the key counts), records,
@@ -146,7 +146,7 @@ def arrivals(keys: Sequence[str], *, topics: bool, service_ms: int | None = None
     service time (`service_ms`, or `broker_service_ms` of the recording: a property of the broker,
     not of the client's demand or of the queues the plan removes); 0 for other keys and for a
     produce without a response (acks=0). A consumer's demand is timed to `demand_resolution_ms`
-    (`retime_partition`)."""
+    (`retime_partition`); `streamed` as `fetch_demand`'s."""
     from pyspark.sql import functions as F
 
     def transform(logs: DataFrame) -> DataFrame:
@@ -190,7 +190,8 @@ def arrivals(keys: Sequence[str], *, topics: bool, service_ms: int | None = None
                                records.alias("records"))
             size = F.col("bytes")
         # a consumer's demand is the data produced for it, when it was produced (see `fetch_demand`)
-        demand = (logs.transform(fetch_demand(topics=topics, resolution_ms=demand_resolution_ms))
+        demand = (logs.transform(fetch_demand(topics=topics, resolution_ms=demand_resolution_ms,
+                                              streamed=streamed))
                   if any(k in _FETCH_KEYS for k in keys) else None)
         parts: list[DataFrame] = []
         for key in keys:
@@ -251,7 +252,7 @@ _DEMAND_SCHEMA = ("principal string, client_id string, broker_id int, ts_ms long
                   "records long")
 
 
-def fetch_demand(*, topics: bool, resolution_ms: int = 1) -> Any:
+def fetch_demand(*, topics: bool, resolution_ms: int = 1, streamed: bool = True) -> Any:
     """Access-log records -> the consumers' demand: per consumer, the records it fetched, at the
     time they were produced (rows as `arrivals`' fetch rows: principal, client_id, broker_id,
     ts_ms, recorded_throttled, response_ms = 0, api_key, topic (null unless `topics`), bytes,
@@ -266,7 +267,8 @@ def fetch_demand(*, topics: bool, resolution_ms: int = 1) -> Any:
     record). A streamed fetch (its record has no topics) counts in its consumer's partition when
     the consumer fetched only one from that broker. Share fetches (no offset order per consumer),
     streamed fetches of a consumer of several partitions and consumers of a partition no recorded
-    producer wrote keep their recorded fetches."""
+    producer wrote keep their recorded fetches. `streamed=False`: the caller found no streamed
+    Fetch in the recording (`Recorded.streamed`), and their search is left out."""
     from pyspark.sql import functions as F
 
     def transform(logs: DataFrame) -> DataFrame:
@@ -305,7 +307,7 @@ def fetch_demand(*, topics: bool, resolution_ms: int = 1) -> Any:
         # is matched to that many records too few: its demand lost the last ones produced, and
         # gained the streamed bytes as recorded, at the moment it caught up.
         who = ["principal", "client_id", "broker_id"]
-        streamed = (logs.where((api == FETCH_API_KEY) & F.col("topics").isNull())
+        streamed_fetches = (logs.where((api == FETCH_API_KEY) & F.col("topics").isNull())
                     .select(*who, "ts_ms", "api_key", ready.alias("ready_ms"),
                             throttled.alias("recorded_throttled"),
                             F.coalesce(F.col("response_bytes"), F.lit(0)).cast("double").alias("bytes")))
@@ -317,7 +319,8 @@ def fetch_demand(*, topics: bool, resolution_ms: int = 1) -> Any:
                   # (a piece of no known topic or partition is nobody's single partition)
                   .where((F.col("partitions") == 1) & F.col("first.topic").isNotNull()
                          & F.col("first.partition").isNotNull()))
-        placed = streamed.join(single, [streamed[c].eqNullSafe(single[f"one_{c}"]) for c in who], "left")
+        placed = streamed_fetches.join(
+            single, [streamed_fetches[c].eqNullSafe(single[f"one_{c}"]) for c in who], "left")
         routed = (placed.where(F.col("first").isNotNull())
                   .select(*who, "ts_ms", "ready_ms", "recorded_throttled",
                           F.col("first.topic").alias("topic"), F.col("first.partition").alias("partition"),
@@ -326,8 +329,9 @@ def fetch_demand(*, topics: bool, resolution_ms: int = 1) -> Any:
         def run(made: pa.Table, taken: pa.Table) -> pa.Table:
             return retime_partition(made, taken, topics=topics, resolution_ms=resolution_ms)
         # cogrouped, not one union grouped: each side goes to the workers with its own columns
+        taken = fetched.unionByName(routed) if streamed else fetched
         retimed = (produced.groupBy("topic", "partition")
-                   .cogroup(fetched.unionByName(routed).groupBy("topic", "partition"))
+                   .cogroup(taken.groupBy("topic", "partition"))
                    .applyInArrow(run, _DEMAND_SCHEMA))
         # fetches that carried no partition (an empty response), streamed ones of a consumer of
         # several partitions, and share fetches, as recorded
@@ -338,8 +342,9 @@ def fetch_demand(*, topics: bool, resolution_ms: int = 1) -> Any:
         bare = (logs.where((api == SHARE_FETCH_API_KEY) | ((api == FETCH_API_KEY) & (F.size("topics") == 0)))
                 .select(*who, "ts_ms", throttled.alias("recorded_throttled"), "api_key",
                         F.coalesce(F.col("response_bytes"), F.lit(0)).cast("double").alias("bytes"))
-                .select(*as_recorded)
-                .unionByName(placed.where(F.col("first").isNull()).select(*as_recorded)))
+                .select(*as_recorded))
+        if streamed:
+            bare = bare.unionByName(placed.where(F.col("first").isNull()).select(*as_recorded))
         if topics:  # a topic budget counts the topics' bytes: a response with none adds nothing
             return retimed
         return retimed.unionByName(bare)
@@ -549,26 +554,40 @@ class Numbering:
                          for p, c, t, key, entity in rows))
 
 
-def recorded_identities(logs: DataFrame, keys: Sequence[str], *, topics: bool,
-                        ) -> tuple[list[tuple[str, str | None, str | None, str]], int | None]:
+@dataclass(frozen=True, slots=True)
+class Recorded:
+    """What one pass over the recording found (`recorded_identities`): every (principal,
+    client_id, topic, quota_key) that can have an arrival, the last record's `ts_ms` (None: no
+    record), and whether any Fetch record has no topics (a streamed response, `fetch_demand`)."""
+
+    identities: list[tuple[str, str | None, str | None, str]]
+    end_ms: int | None
+    streamed: bool
+
+
+def recorded_identities(logs: DataFrame, keys: Sequence[str], *, topics: bool) -> Recorded:
     """Access-log records -> every (principal, client_id, topic, quota_key) that can have an
     arrival for one of `keys` (each client of the recording with each key; with `topics`, with
     each topic its records name), a superset of `identities` of the arrivals, in one pass that
-    also finds the last record's `ts_ms` (None: no record)."""
+    also finds the last record's `ts_ms` and whether a streamed Fetch is among them."""
     from pyspark.sql import functions as F
 
+    streamed = F.max(((F.col("api_key") == FETCH_API_KEY) & F.col("topics").isNull()).cast("int"))
     if topics:
         found = (logs.select("principal", "client_id", F.explode("topics").alias("t"))
                  .select("principal", "client_id", F.col("t.topic").alias("topic")).distinct().collect())
         who = [(r["principal"], r["client_id"], r["topic"]) for r in found]
-        last = logs.agg(F.max("ts_ms")).first()
-        end = None if last is None else last[0]
+        last = logs.agg(F.max("ts_ms").alias("last_ms"), streamed.alias("streamed")).first()
+        end = None if last is None else last["last_ms"]
+        any_streamed = last is not None and bool(last["streamed"])
     else:
-        clients = logs.groupBy("principal", "client_id").agg(F.max("ts_ms").alias("last_ms")).collect()
+        clients = (logs.groupBy("principal", "client_id")
+                   .agg(F.max("ts_ms").alias("last_ms"), streamed.alias("streamed")).collect())
         who = [(r["principal"], r["client_id"], None) for r in clients]
         ends = [r["last_ms"] for r in clients if r["last_ms"] is not None]
         end = max(ends) if ends else None
-    return [(p, c, t, key) for p, c, t in who for key in keys], end
+        any_streamed = any(r["streamed"] for r in clients)
+    return Recorded([(p, c, t, key) for p, c, t in who for key in keys], end, any_streamed)
 
 
 def simulate_numbered(spark: SparkSession, setup: SimulationSetup, numbering: Numbering, *,

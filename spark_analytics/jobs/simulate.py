@@ -120,18 +120,19 @@ def simulate_rows(spark: SparkSession, logs: DataFrame, plan: Plan, candidate: Q
              for topics, mode_keys in modes if mode_keys}
     # the recording ends with its last request, whoever sent it: a client whose traffic stopped
     # earlier may still have a backlog draining until then
-    ends = [end for _, end in found.values() if end is not None]
+    ends = [r.end_ms for r in found.values() if r.end_ms is not None]
     end_ms = max(ends) + 1 if ends else None
     setup = SimulationSetup.of(candidate, baseline, keys, rate_scope, end_ms)
     rows: list[dict[str, Any]] = []
     for topics, mode_keys in modes:
         if not mode_keys:
             continue
-        groups = group_rows(candidate, found[topics][0], topics=topics)
+        groups = group_rows(candidate, found[topics].identities, topics=topics)
         if not groups:
             continue
         result = (logs.transform(arrivals(mode_keys, topics=topics, service_ms=service_ms,
-                                          demand_resolution_ms=demand_resolution_ms))
+                                          demand_resolution_ms=demand_resolution_ms,
+                                          streamed=found[topics].streamed))
                   .transform(simulate_numbered(spark, setup, Numbering.of(groups), topics=topics)))
         rows += common.rows(result, ["entity", "quota_key", "broker_id"])
     return rows

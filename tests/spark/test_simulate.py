@@ -263,6 +263,24 @@ def test_the_jobs_numbered_plan_answers_as_the_steps_do(spark: SparkSession, sco
     assert any(r["plan_throttles"] > 0 for r in clients) and any(r["plan_throttles"] > 0 for r in topics)
 
 
+def test_one_pass_finds_the_clients_the_end_and_whether_a_fetch_was_streamed(spark: SparkSession) -> None:
+    from spark_analytics.simulate import recorded_identities
+
+    part = [{"topic": "orders", "partition": 0, "records": 3, "bytes": 300}]
+    plain = [produce(T0, 300, client_id="app", topics=part),
+             fetch(T0 + 500, 320, client_id="reader", topics=part),
+             other(T0 + 900, client_id="admin")]  # no topics, but not a Fetch
+    streamed = fetch(T0 + 700, 90_000, client_id="reader", topics=None)  # over 64 KiB: no topics
+    for topics in (False, True):
+        without = recorded_identities(frame(spark, plain), ["consumer_byte_rate"], topics=topics)
+        with_it = recorded_identities(frame(spark, [*plain, streamed]), ["consumer_byte_rate"], topics=topics)
+        # the job leaves the search for streamed fetches' partitions out only when there is none
+        assert (without.streamed, with_it.streamed) == (False, True)
+        assert without.end_ms == with_it.end_ms == T0 + 900
+        named = {(p, c, t) for p, c, t, _ in without.identities}
+        assert ("alice", "reader", "orders" if topics else None) in named
+
+
 # ------------------------------------------------------------------------------ the jobs
 
 def _plan_file(path: Path, entries: list[dict[str, Any]]) -> Path:
