@@ -36,6 +36,7 @@ COPY setup.py ./
 COPY protocol/*.pyx protocol/*.pxd protocol/
 COPY quotas/*.pyx quotas/
 COPY proxy/pumps/*.pyx proxy/pumps/
+COPY proxy/stages/*.pyx proxy/stages/
 RUN touch README.md && /opt/build/bin/python setup.py -q build_ext --build-lib /opt/extensions \
  && rm -rf build README.md
 # 3. The sources: a wheel with those extensions copied in, installed without its dependencies

@@ -266,9 +266,11 @@ cdef class QuickCharge:
     cdef bint _cluster_scope
     cdef dict _produce_entries
     cdef dict _request_entries
+    cdef object _request_percentage
+    cdef object _not_limited_response
 
     def __init__(self, engine, decision_type, verdict_type, empty_verdict, request_rate, produce,
-                 cluster_scope, sweep_interval_ms):
+                 cluster_scope, sweep_interval_ms, request_percentage=None, not_limited_response=None):
         if sweep_interval_ms != SWEEP_INTERVAL_MS:
             raise ValueError(f"QuickCharge assumes a sweep every {SWEEP_INTERVAL_MS} ms, not {sweep_interval_ms}")
         self._engine = engine
@@ -280,6 +282,8 @@ cdef class QuickCharge:
         self._cluster_scope = cluster_scope
         self._produce_entries = {}
         self._request_entries = {}
+        self._request_percentage = request_percentage
+        self._not_limited_response = not_limited_response
 
     def produce(self, broker_id, identity, size_bytes):
         """`QuotaEngine.produce(broker_id, identity, size_bytes, None)`, or None (nothing done)."""
@@ -289,6 +293,35 @@ cdef class QuickCharge:
     def request(self, broker_id, identity):
         """`QuotaEngine.request(broker_id, identity)` of a rated request, or None (nothing done)."""
         return self._charge(self._request_entries, broker_id, identity, True, None, 0.0)
+
+    # The engine's three verbs whole, for a caller that would otherwise call the engine's Python
+    # method only to reach `produce` or `request` above (the quota stage's compiled hooks): the
+    # common case here, and everything else by the engine's own verb.
+
+    def produce_verdict(self, broker_id, identity, size_bytes):
+        """`QuotaEngine.produce(broker_id, identity, size_bytes, None)`."""
+        verdict = self._charge(self._produce_entries, broker_id, identity, True, self._produce,
+                               <double>size_bytes)
+        if verdict is not None:
+            return verdict
+        return self._engine.produce(broker_id, identity, size_bytes, None)
+
+    def request_verdict(self, broker_id, identity, bint rated):
+        """`QuotaEngine.request(broker_id, identity, rated=rated)`."""
+        engine = self._engine
+        if not rated or self._request_rate not in engine.active_kinds:
+            return self._empty
+        verdict = self._charge(self._request_entries, broker_id, identity, True, None, 0.0)
+        if verdict is not None:
+            return verdict
+        return engine.request(broker_id, identity, rated=True)
+
+    def response_verdict(self, broker_id, identity, elapsed_ms):
+        """`QuotaEngine.response(broker_id, identity, elapsed_ms)`."""
+        engine = self._engine
+        if self._not_limited_response is not None and self._request_percentage not in engine.active_kinds:
+            return self._not_limited_response
+        return engine.response(broker_id, identity, elapsed_ms)
 
     cdef object _charge(self, dict entries, object broker_id, object identity, bint count_request,
                         object bytes_kind, double value):

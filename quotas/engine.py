@@ -167,9 +167,13 @@ class QuotaEngine:
         # scope: cluster), asked per topic of a request, beside the client's own
         self._topic_managers: dict[int | None, QuotaManager] = {}
         self.topic_kinds: frozenset[QuotaKind] = frozenset()
+        self.active_kinds: frozenset[QuotaKind] = frozenset()
+        self.needs_produce_usage = False  # these four: `_set_kinds`
+        self.needs_fetch_request_topics = False
+        self.needs_fetch_usage = False
         self._wants_metadata = False
         self._callback_kinds = self._probe_callback()
-        self.active_kinds = self._kinds()  # nothing is recorded for a kind with no quota
+        self._set_kinds()  # nothing is recorded for a kind with no quota
         # consumer_record_rate: the bytes per record of each caller's last fetch, to cap a fetch's
         # max_bytes at the records the quota allows (as KAFKA-9677 caps bytes); bounded
         self._bytes_per_record: dict[ClientIdentity, float] = {}
@@ -178,7 +182,8 @@ class QuotaEngine:
         # produce and other requests in one compiled call while nothing throttles (quotas.fastpath)
         self._quick: QuickCharge | None = None if QuickChargeImpl is None else QuickChargeImpl(
             self, ThrottleDecision, RequestVerdict, NOT_LIMITED_REQUEST, QuotaKind.REQUEST_RATE,
-            QuotaKind.PRODUCE, self.plugins.scope == "cluster", SENSOR_SWEEP_INTERVAL_MS)
+            QuotaKind.PRODUCE, self.plugins.scope == "cluster", SENSOR_SWEEP_INTERVAL_MS,
+            QuotaKind.REQUEST_PERCENTAGE, NOT_LIMITED_RESPONSE)
 
     # ------------------------------------------------------------------ verbs
 
@@ -419,25 +424,6 @@ class QuotaEngine:
                                         limit.share, origin, limit.entity, limit.shadow, budget_per))
         return tuple(out)
 
-    # ------------------------------------------------------------------ what needs reading
-
-    @property
-    def needs_produce_usage(self) -> bool:
-        """A Produce request must be read per topic: records/s or topic quotas are configured."""
-        return QuotaKind.PRODUCER_RECORD_RATE in self.active_kinds or bool(self.topic_kinds)
-
-    @property
-    def needs_fetch_request_topics(self) -> bool:
-        """A Fetch or ShareFetch request must be read for its topics: a topic entry limits
-        consumed bytes or records, so its max_bytes is capped by them (`topic_fetch_cap`)."""
-        return bool(self.topic_kinds & _TOPIC_CAP_KINDS)
-
-    @property
-    def needs_fetch_usage(self) -> bool:
-        """A Fetch response must be read whole, per topic: records/s or topic quotas are configured."""
-        return (QuotaKind.CONSUMER_RECORD_RATE in self.active_kinds
-                or bool(self.topic_kinds & _TOPIC_FETCH_KINDS))
-
     # ------------------------------------------------------------------ budgets
 
     def for_broker(self, broker_id: int | None) -> QuotaManager:
@@ -560,7 +546,7 @@ class QuotaEngine:
             self._broker_bps = broker_bps
             for manager in self._broker_bps_managers.values():
                 manager.update_config(broker_bps)
-        self.active_kinds = self._kinds()
+        self._set_kinds()
 
     def _set_cluster_entries(self, yaml_entries: QuotaConfig | None) -> None:
         entries = yaml_entries
@@ -615,7 +601,7 @@ class QuotaEngine:
         effective = self._effective()
         for manager in self._managers.values():
             manager.update_config(effective)
-        self.active_kinds = self._kinds()
+        self._set_kinds()
 
     @property
     def config(self) -> QuotaConfig:
@@ -629,7 +615,7 @@ class QuotaEngine:
         for manager in self._topic_managers.values():
             manager.update_config(config)
         self._config = config
-        self.active_kinds = self._kinds()
+        self._set_kinds()
 
     @property
     def wants_cluster_metadata(self) -> bool:
@@ -649,7 +635,7 @@ class QuotaEngine:
                              f"{plugins.scope}); restart to apply")
         self._set_cluster_entries(plugins.cluster_entries)
         if plugins.same_callback(self.plugins):
-            self.active_kinds = self._kinds()
+            self._set_kinds()
             return
         self.plugins = plugins
         for broker_id, manager in self._managers.items():
@@ -660,7 +646,7 @@ class QuotaEngine:
             if self._shares:
                 self._tell_shares(manager)
         self._callback_kinds = self._probe_callback()
-        self.active_kinds = self._kinds()
+        self._set_kinds()
 
     def _probe_callback(self) -> frozenset[QuotaKind]:
         """Once per callback (at start and when it changes, never per config update): whether it
@@ -676,10 +662,26 @@ class QuotaEngine:
             probe.close()
         return frozenset(QuotaKind) if extra is None else frozenset(extra)
 
-    def _kinds(self) -> frozenset[QuotaKind]:
+    def _set_kinds(self) -> None:
+        """The kinds configured (`active_kinds`, `topic_kinds`) and what they make the stage read,
+        kept as plain attributes: every request reads them.
+
+        * `needs_produce_usage`: a Produce request must be read per topic (records/s or topic
+          quotas are configured);
+        * `needs_fetch_request_topics`: a Fetch or ShareFetch request must be read for its topics
+          (a topic entry limits consumed bytes or records, so its max_bytes is capped by them,
+          `topic_fetch_cap`);
+        * `needs_fetch_usage`: a Fetch response must be read whole, per topic (records/s or topic
+          quotas are configured)."""
         self.topic_kinds = frozenset(k for e in self._config if e.entity.is_topic for k in e.values)
         broker_bps = frozenset() if self._broker_bps is None else self._broker_bps.kinds()
-        return self._effective().kinds() | self._cluster_wide_kinds | self._callback_kinds | broker_bps
+        self.active_kinds = (self._effective().kinds() | self._cluster_wide_kinds | self._callback_kinds
+                             | broker_bps)
+        self.needs_produce_usage = (QuotaKind.PRODUCER_RECORD_RATE in self.active_kinds
+                                    or bool(self.topic_kinds))
+        self.needs_fetch_request_topics = bool(self.topic_kinds & _TOPIC_CAP_KINDS)
+        self.needs_fetch_usage = (QuotaKind.CONSUMER_RECORD_RATE in self.active_kinds
+                                  or bool(self.topic_kinds & _TOPIC_FETCH_KINDS))
 
     def _charge(self, broker_id: int | None, identity: ClientIdentity, size_bytes: int,
                 usage: TopicTally | None, bytes_kind: QuotaKind, records_kind: QuotaKind, *,

@@ -14,8 +14,11 @@ has a compiled twin too, `SystemClockImpl`, on Linux (where both read CLOCK_MONO
 The engine's common case has a compiled form too, `QuickChargeImpl` (`quotas._speedups.QuickCharge`):
 `QuotaEngine.produce` (without per-topic usage) and `QuotaEngine.request` recorded and decided in
 one call while nothing throttles, handing every budget that is not the common case to the
-manager's own Python. Its readable reference is the engine's Python verbs themselves (which run
-when it is None), and tests/unit/differential/test_quick_charge.py holds the two equal.
+manager's own Python; and the engine's `produce` (without usage), `request` and `response` verbs
+whole (`produce_verdict`, `request_verdict`, `response_verdict`: that, or the engine's Python
+verb), for the quota stage's compiled hooks (`proxy.stages._speedups`). Its readable reference is
+the engine's Python verbs themselves (which run when it is None); tests/unit/differential/
+test_quick_charge.py and test_quota_hooks.py hold the two equal.
 
 The compiled ones are used when they were built (`pip install` builds them when a C compiler is
 present) and `SLUICE_PURE_PYTHON` is not set to a true value (1, true, yes), the same switch as the
@@ -33,7 +36,7 @@ from contracts.compiled import choose
 from quotas import clock, stats
 
 if TYPE_CHECKING:
-    from quotas.engine import RequestVerdict
+    from quotas.engine import RequestVerdict, ResponseVerdict
     from quotas.entity import ClientIdentity
 
 _TWINS: Final = ("SampledRate", "TokenBucket", "SystemClock", "QuickCharge")
@@ -65,6 +68,15 @@ class QuickCharge(Protocol):
                 size_bytes: int) -> RequestVerdict | None: ...
 
     def request(self, broker_id: int | None, identity: ClientIdentity) -> RequestVerdict | None: ...
+
+    def produce_verdict(self, broker_id: int | None, identity: ClientIdentity,
+                        size_bytes: int) -> RequestVerdict: ...
+
+    def request_verdict(self, broker_id: int | None, identity: ClientIdentity,
+                        rated: bool) -> RequestVerdict: ...
+
+    def response_verdict(self, broker_id: int | None, identity: ClientIdentity,
+                         elapsed_ms: int) -> ResponseVerdict: ...
 
 
 QuickChargeImpl: Final = None if _impl is None else _impl.QuickCharge

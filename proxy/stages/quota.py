@@ -50,7 +50,9 @@ Every rule is the engine's; what a fetch session fetches is `proxy.stages.fetch_
 from __future__ import annotations
 
 import logging
+from typing import Final
 
+from contracts.compiled import choose
 from protocol.apis import ApiKey, api_name
 from protocol.errors import ProtocolError
 from protocol.fetch import fetch_request_topics
@@ -69,6 +71,13 @@ log = logging.getLogger("sluice.quotas")
 
 _NOT_REQUEST_RATED = frozenset({ApiKey.API_VERSIONS, ApiKey.SASL_HANDSHAKE, ApiKey.SASL_AUTHENTICATE})
 
+_CHOICE: Final = choose("proxy.stages._speedups", ("QuotaHooks",))
+COMPILED_MODULE: Final = _CHOICE.compiled_module
+"""proxy.stages._speedups if it was built (whatever SLUICE_PURE_PYTHON says: tests use both), else None."""
+QuotaHooksImpl: Final = None if _CHOICE.active is None else _CHOICE.active.QuotaHooks
+"""The compiled hooks (`proxy/stages/_speedups.pyx`) a stage installs in place of its own, or None."""
+describe: Final = _CHOICE.describe
+
 
 class QuotaStage(StageBase):
     def __init__(self, engine: QuotaEngine, observer: DecisionObserver | None = None,
@@ -78,6 +87,10 @@ class QuotaStage(StageBase):
         self.topic_names = TopicNames() if topic_names is None else topic_names  # Produce v13, Fetch v13+
         self._fetch_sessions = FetchSessions()  # what an incremental fetch fetches beside what it lists
         self._identities = Identities()  # one ClientIdentity object per (principal, client id)
+        if QuotaHooksImpl is not None:  # the same hooks compiled, for the requests most common
+            hooks = QuotaHooksImpl(self, QuotaStage)
+            self.on_request = hooks.on_request  # type: ignore[method-assign]
+            self.on_response = hooks.on_response  # type: ignore[method-assign]
 
     # ------------------------------------------------------------------ requests
 

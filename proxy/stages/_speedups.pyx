@@ -1,0 +1,123 @@
+# cython: language_level=3, boundscheck=False, wraparound=False
+"""The quota stage's two hooks compiled (Cython): `QuotaHooks`.
+
+The readable reference is `QuotaStage.on_request` and `QuotaStage.on_response`
+(`proxy/stages/quota.py`). This is the same code for the requests every connection sends most:
+a Produce whose topics need no reading (no records/s and no topic quota configured) and every
+request that is not a Fetch or ShareFetch, and their responses. The caller's identity is looked up,
+the engine's verb is called through its compiled twin (`quotas._speedups.QuickCharge`'s
+`produce_verdict`, `request_verdict` and `response_verdict`, which run the engine's own Python
+verb whenever the request is not its common case), violations are told to the observer, and the
+in-flight entry's quota note and delay are written as the reference writes them. It enters no
+Python function of its own per request: the reference enters the hook, the engine's verb and the
+note's constructor on the request side, and the hook, the verb and `_observe` on the response side.
+
+Everything else (a Fetch or ShareFetch, a Produce read per topic, a Metadata response whose topic
+ids a topic quota needs, a response to a request Sluice answered itself, an engine without the
+compiled twin) is the reference's own method, called as it is.
+
+`QuotaStage` installs these hooks in place of its own when `proxy.stages.quota.QuotaHooksImpl` is
+the compiled class; SLUICE_PURE_PYTHON=1 (or no build) runs the reference.
+tests/unit/differential/test_quota_hooks.py holds the two equal.
+"""
+
+from protocol.apis import ApiKey
+from proxy.flow.inflight import QuotaNote
+from proxy.flow.pipeline import Forward
+
+cdef long _PRODUCE = ApiKey.PRODUCE
+cdef long _FETCH = ApiKey.FETCH
+cdef long _SHARE_FETCH = ApiKey.SHARE_FETCH
+cdef long _METADATA = ApiKey.METADATA
+cdef long _API_VERSIONS = ApiKey.API_VERSIONS
+cdef long _SASL_HANDSHAKE = ApiKey.SASL_HANDSHAKE
+cdef long _SASL_AUTHENTICATE = ApiKey.SASL_AUTHENTICATE
+
+_new_note = QuotaNote.__new__
+
+
+cdef inline bint _rated(long api_key):
+    """Not in `proxy.stages.quota._NOT_REQUEST_RATED`."""
+    return api_key != _API_VERSIONS and api_key != _SASL_HANDSHAKE and api_key != _SASL_AUTHENTICATE
+
+
+cdef class QuotaHooks:
+    """`QuotaStage.on_request` and `QuotaStage.on_response` of one stage, compiled."""
+
+    cdef object _stage, _engine, _identities, _observer, _on_request, _on_response, _throttled
+
+    def __init__(self, stage, reference):
+        """`reference`: the stage's class, whose methods are the readable hooks."""
+        self._stage = stage
+        self._engine = stage._engine
+        self._identities = stage._identities
+        self._observer = stage._observer
+        self._on_request = reference.on_request
+        self._on_response = reference.on_response
+        self._throttled = reference._throttled
+
+    cdef inline void _observe(self, ctx, decisions):
+        observer = self._observer
+        if observer is None:
+            return
+        for d in decisions:
+            if d.would_throttle_ms > 0:
+                observer.on_violation(ctx, d)
+
+    def on_request(self, ctx, entry, header, payload):
+        engine = self._engine
+        if not engine.active_kinds:
+            return None  # no quota configured: nothing to record, nothing to remember
+        cdef long api_key = header.api_key
+        quick = engine._quick
+        if (quick is None or api_key == _FETCH or api_key == _SHARE_FETCH
+                or (api_key == _PRODUCE and engine.needs_produce_usage)):
+            return self._on_request(self._stage, ctx, entry, header, payload)
+        names = (ctx.principal, header.client_id)
+        identities = self._identities
+        identity = identities.get(names)
+        if identity is None:
+            identity = identities.make(names)
+        if api_key == _PRODUCE:
+            verdict = quick.produce_verdict(ctx.broker_id, identity, len(payload))
+        else:
+            verdict = quick.request_verdict(ctx.broker_id, identity, _rated(api_key))
+        decisions = verdict.decisions
+        if decisions:
+            self._observe(ctx, decisions)
+        enforced = verdict.throttle_ms
+        if api_key == _PRODUCE and entry.expects_response:
+            # KIP-219: a produce's delay runs from its response (the reference says why)
+            entry.delay_from_response_ms = enforced
+        note = _new_note(QuotaNote)  # QuotaNote(identity, list(decisions), enforced)
+        note.identity = identity
+        note.decisions = list(decisions)
+        note.enforced_ms = enforced
+        entry.quota = note
+        if enforced == 0:
+            return None
+        return Forward(None, enforced)
+
+    def on_response(self, ctx, entry, payload):
+        note = entry.quota
+        if note is None:
+            return None
+        engine = self._engine
+        cdef long api_key = entry.api_key
+        quick = engine._quick
+        if (quick is None or api_key == _FETCH or api_key == _SHARE_FETCH or not entry.forwarded
+                or not _rated(api_key) or (api_key == _METADATA and engine.topic_kinds)):
+            return self._on_response(self._stage, ctx, entry, payload)
+        earlier_ms = note.enforced_ms
+        verdict = quick.response_verdict(ctx.broker_id, note.identity,
+                                         entry.response_received_ms - entry.received_ms)
+        decisions = verdict.decisions
+        if decisions:
+            self._observe(ctx, decisions)
+            note.decisions.extend(decisions)
+        new_ms = verdict.throttle_ms
+        total_ms = new_ms if new_ms > earlier_ms else earlier_ms
+        note.enforced_ms = total_ms
+        if total_ms == 0:
+            return None  # nothing to patch, nothing to mute
+        return self._throttled(entry, payload, new_ms, total_ms)
