@@ -37,6 +37,7 @@ COPY protocol/*.pyx protocol/*.pxd protocol/
 COPY quotas/*.pyx quotas/
 COPY proxy/pumps/*.pyx proxy/pumps/
 COPY proxy/stages/*.pyx proxy/stages/
+COPY proxy/ops/*.pyx proxy/ops/
 RUN touch README.md && /opt/build/bin/python setup.py -q build_ext --build-lib /opt/extensions \
  && rm -rf build README.md
 # 3. The sources: a wheel with those extensions copied in, installed without its dependencies

@@ -1,8 +1,8 @@
 """Builds the compiled data plane (protocol/_speedups.pyx, the access log's walks in
 protocol/_log_speedups.pyx, a connection's response side in proxy/pumps/_speedups.pyx, the quota
-stage's hooks in proxy/stages/_speedups.pyx), the quota stats (quotas/_speedups.pyx) and the replay's
-loop (quotas/_replay_speedups.pyx), with Cython,
-when it can. The two byte-path modules cimport the inline helpers of protocol/_walk.pxd (a change
+stage's hooks in proxy/stages/_speedups.pyx, the access log's capture in proxy/ops/_speedups.pyx),
+the quota stats (quotas/_speedups.pyx) and the replay's loop (quotas/_replay_speedups.pyx), with
+Cython, when it can. The two byte-path modules cimport the inline helpers of protocol/_walk.pxd (a change
 there rebuilds both).
 
 Everything else is in pyproject.toml. The extension is optional: without a C compiler (or without
@@ -79,6 +79,7 @@ def _extensions() -> list[Extension]:
         # a connection's response side (proxy/pumps/responses.py's twin)
         Extension("proxy.pumps._speedups", ["proxy/pumps/_speedups.pyx"]),
         Extension("proxy.stages._speedups", ["proxy/stages/_speedups.pyx"]),  # the quota stage's hooks
+        Extension("proxy.ops._speedups", ["proxy/ops/_speedups.pyx"]),  # the access log's capture
         # the replay's loop (quotas/replay_loop.py's twin): its float arithmetic must be the
         # reference's, operation for operation, so no fused multiply-adds
         Extension("quotas._replay_speedups", ["quotas/_replay_speedups.pyx"],

@@ -20,6 +20,7 @@ from proxy.fleet.kafka import KafkaExchange
 from proxy.fleet.local import LocalExchange, hub_path
 from proxy.fleet.member import FleetClaims, FleetCollector, FleetMember
 from proxy.flow.pipeline import ConnectionContext, Pipeline, Stage
+from proxy.ops import access_log as access_log_module
 from proxy.ops.access_log import AccessLogStage, AccessLogWriter
 from proxy.ops.broker_listeners import BrokerListenerCollector
 from proxy.ops.connections import SAMPLE_INTERVAL_MS, BearerToken, ConnectionInventory
@@ -50,6 +51,7 @@ from proxy.pumps.upstreams import BrokerRegistry, UpstreamTarget, schedule_serve
 from proxy.quota_service import QuotaService
 from proxy.settings import auth_settings, listener_settings
 from proxy.settings import describe as describe_listener
+from proxy.stages import quota as quota_stage
 from proxy.stages.addresses import ResponseRewriter, RewriteStage
 from proxy.stages.callbacks import ClusterMetadataFeed, ClusterMetadataStage
 from proxy.stages.client_software import ClientSoftwareStage
@@ -187,9 +189,11 @@ class ProxyServer:
         log.info("Sluice listening on %s:%d (%s) for %s", sock[0], sock[1], describe_listener(config),
                  ",".join(str(a) for a in config.upstream.bootstrap))
         log.info("data plane: %s; quota stats: %s", fastpath.describe(), quota_fastpath.describe())
-        log.info("connection orchestration: %s", responses.describe())
+        log.info("connection orchestration: %s; quota stage hooks: %s", responses.describe(),
+                 quota_stage.describe())
         if self.access_log is not None:
-            log.info("access-log walks: %s", log_fastpath.describe())
+            log.info("access-log walks: %s; access-log capture: %s", log_fastpath.describe(),
+                     access_log_module.describe())
         if config.metrics.port is not None:
             inventory, token = self.inventory, BearerToken.configured(config.connections_endpoint)
             degraded: list[Degraded] = [self.quota_service.problems]

@@ -45,8 +45,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from multiprocessing.process import BaseProcess
 from pathlib import Path
-from typing import Any
+from typing import Any, Final
 
+from contracts.compiled import choose
 from protocol.apis import ApiKey
 from protocol.headers import RequestHeader
 from proxy.flow.inflight import InFlight
@@ -57,6 +58,11 @@ from quotas.clock import Clock
 from quotas.entity import QuotaEntity
 
 log = logging.getLogger("sluice.access_log")
+
+_CHOICE: Final = choose("proxy.ops._speedups", ("AccessLogHooks",))
+COMPILED_MODULE: Final = _CHOICE.compiled_module
+"""proxy.ops._speedups if it was built (whatever SLUICE_PURE_PYTHON says: tests use both), else None."""
+describe: Final = _CHOICE.describe
 
 _FEED_INTERVAL_S = 0.05   # how often the feeder thread looks at the batch and the writer
 SEND_INTERVAL_S = 1.0     # a batch goes to the writer at least this often ...
@@ -328,6 +334,11 @@ class AccessLogStage(StageBase):
         self._add = writer.add
         self._clock = clock
         self._epoch_offset_ms = int(time.time() * 1000) - clock.now_ms()
+        compiled = _CHOICE.active
+        if compiled is not None:  # the same hooks compiled (`proxy/ops/_speedups.pyx`)
+            hooks = compiled.AccessLogHooks(self)
+            self.on_request = hooks.on_request  # type: ignore[method-assign]
+            self.on_complete = hooks.on_complete  # type: ignore[method-assign]
 
     def on_request(self, ctx: ConnectionContext, entry: InFlight, header: RequestHeader,
                    payload: bytes) -> RequestOutcome | None:

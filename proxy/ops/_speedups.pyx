@@ -1,0 +1,214 @@
+# cython: language_level=3, boundscheck=False, wraparound=False
+"""The access log's capture on the event loop, compiled (Cython): `AccessLogHooks`.
+
+The readable reference is `AccessLogStage.on_request` and `AccessLogStage.on_complete`
+(`proxy/ops/access_log.py`), with what `on_complete` calls: `AccessLogWriter.add` and
+`LogBatch.add`, `_append` and `_columns_append` (`proxy/ops/access_log_batch.py`). This is the
+same code in one object for the records the loop builds most: Produce (its partitions walked
+when it arrives, its response's error codes and throttle read in one walk), Fetch (the compiled
+walk of a whole response of at most `RESPONSE_WALK_MAX_BYTES`, or the throttle of a streamed
+one's head) and ApiVersions. It enters no Python function per record, where the reference enters
+six (`produce_parts`, the stage's hook, the writer's `add`, the batch's `add`, `_append` and
+`_columns_append`). Every other API (its response may go to the writer process to be read) is
+the reference's `LogBatch.add`, called under the same lock, as are the rare steps (a quota, a
+topic or an error set seen for the first time in a batch is the batch's own Python).
+
+`AccessLogStage` installs these hooks in place of its own when the compiled module is built and
+SLUICE_PURE_PYTHON is not set. tests/unit/differential/test_access_log_hooks.py holds the batch
+the two build equal, byte for byte.
+"""
+
+import math
+import time
+
+from protocol import fastpath
+from protocol._wire import I16, I32
+from protocol.apis import ApiKey
+from protocol.errors import ProtocolError
+from protocol.log_fastpath import produce_log_parts, produce_log_summary
+from proxy.ops.access_log import log
+from proxy.ops.access_log_batch import NULL_INT, RESPONSE_WALK_MAX_BYTES
+
+cdef long _PRODUCE = ApiKey.PRODUCE
+cdef long _FETCH = ApiKey.FETCH
+cdef long _API_VERSIONS = ApiKey.API_VERSIONS
+cdef long long _NULL_INT = NULL_INT
+cdef long long _WALK_MAX = RESPONSE_WALK_MAX_BYTES
+cdef double _NAN = math.nan
+
+_throttle_offset = fastpath.throttle_time_offset
+_fetch_partitions = fastpath.fetch_response_partitions
+_monotonic = time.monotonic
+_unpack_i32 = I32.unpack_from
+_unpack_i16 = I16.unpack_from
+
+
+cdef long long _throttle(payload, long api_key, long api_version):
+    """`access_log_batch._throttle`: the broker's throttle_time_ms in `payload`, or NULL_INT."""
+    try:
+        offset = _throttle_offset(payload, api_key, api_version)
+        if offset is None:
+            return _NULL_INT
+        return _unpack_i32(payload, offset)[0]
+    except (ProtocolError, ValueError):
+        return _NULL_INT
+
+
+cdef class AccessLogHooks:
+    """`AccessLogStage.on_request` and `AccessLogStage.on_complete` of one stage, compiled."""
+
+    cdef object _stage, _writer
+
+    def __init__(self, stage):
+        self._stage = stage
+        self._writer = stage._writer
+
+    def on_request(self, ctx, entry, header, payload):
+        if header.api_key == _PRODUCE and not entry.parts_walked:  # InFlight.produce_parts
+            entry.parts = produce_log_parts(payload, header)
+            entry.parts_walked = True
+        return None
+
+    def on_complete(self, ctx, entry, sent_ms):
+        """`AccessLogWriter.add(ctx, entry, entry.received_ms + epoch offset)`."""
+        writer = self._writer
+        cdef long long ts_ms = entry.received_ms + self._stage._epoch_offset_ms
+        with writer._lock:
+            batch = writer._batch
+            if len(batch.ts_ms) >= writer.queue_size:
+                writer.dropped += 1
+                writer._last_drop_s = _monotonic()
+                return
+            try:
+                self._add(batch, ctx, entry, ts_ms, writer.max_pending_payload_bytes)
+            except Exception:  # a bug must cost one record, never the connection
+                writer.unreadable += 1
+                if writer.unreadable == 1 or writer.unreadable % 10_000 == 0:
+                    log.exception("cannot log a request (%d so far)", writer.unreadable)
+
+    cdef _add(self, batch, ctx, entry, long long ts_ms, defer_budget_bytes):
+        """`LogBatch.add` for Produce, Fetch and ApiVersions; any other API is the batch's own."""
+        cdef long api_key = entry.api_key
+        if api_key != _PRODUCE and api_key != _FETCH and api_key != _API_VERSIONS:
+            batch.add(ctx, entry, ts_ms, defer_budget_bytes)
+            return
+        cdef long version = entry.api_version
+        response = entry.broker_response
+        cdef Py_ssize_t size = 0 if response is None else len(response)
+        cdef bint whole = (response is not None and size == entry.upstream_response_bytes
+                           and size <= _WALK_MAX)
+        parts = None
+        codes = ()
+        cdef long long throttle = _NULL_INT
+        cdef bint read
+        if api_key == _PRODUCE:
+            parts = entry.parts
+            if whole:
+                read = False
+                if parts is not None:
+                    try:
+                        codes, throttle = produce_log_summary(response, version)
+                        read = True
+                    except ProtocolError:
+                        pass
+                if not read:
+                    throttle = _throttle(response, api_key, version)
+        elif api_key == _FETCH:
+            if response is not None:
+                throttle = _throttle(response, api_key, version)
+                if whole:
+                    try:
+                        top, traffic = _fetch_partitions(response, version)
+                    except ProtocolError:
+                        pass
+                    else:
+                        parts = tuple((p.topic, p.topic_id, p.partition,
+                                       -1 if p.records is None else p.records, p.bytes) for p in traffic)
+                        found_codes = {top, *(p.error_code for p in traffic)}
+                        found_codes.discard(0)
+                        codes = tuple(sorted(found_codes))
+        elif whole:  # ApiVersions: its one error code, read in place
+            throttle = _throttle(response, api_key, version)
+            if size >= 6:
+                code = _unpack_i16(response, 4)[0]
+                codes = (code,) if code else ()
+        self._append(batch, ctx, entry, ts_ms, parts, codes, throttle)
+
+    cdef _append(self, batch, ctx, entry, long long ts_ms, parts, codes, long long throttle):
+        """`LogBatch._append` and `_columns_append` (no deferred response: none of these APIs has one)."""
+        conn_key = (ctx.client_address, ctx.principal, ctx.client_software_name, ctx.client_software_version,
+                    ctx.broker_id)
+        cdef dict conns = batch._conns
+        conn = conns.get(conn_key)
+        if conn is None:
+            conn = conns[conn_key] = len(conns)
+        cdef dict client_ids = batch._client_ids
+        client_id = entry.client_id
+        client = client_ids.get(client_id)
+        if client is None:
+            client = client_ids[client_id] = len(client_ids)
+        note = entry.quota
+        quota = -1
+        cdef long long would = _NULL_INT
+        enforced = 0
+        if note is not None:
+            enforced = note.enforced_ms
+            matched = None
+            for d in note.decisions:
+                if d.entity is not None and d.bound is not None and (
+                        matched is None or d.would_throttle_ms > matched.would_throttle_ms):
+                    matched = d
+            if matched is not None:
+                by_decision = batch._by_decision
+                known = by_decision.get(id(matched))
+                if known is not None and known[0] is matched:
+                    quota = known[1]
+                else:
+                    quota = batch._quota_index(matched)
+                    by_decision[id(matched)] = (matched, quota)
+                if matched.shadow:
+                    would = matched.would_throttle_ms
+        cdef dict error_sets = batch._error_sets
+        errors = error_sets.get(codes)
+        if errors is None:
+            errors = error_sets[codes] = len(error_sets)
+        received = entry.response_received_ms
+        ts_column = batch.ts_ms
+        cdef Py_ssize_t row = len(ts_column)
+        part_index = batch.part_index
+        cdef Py_ssize_t n_parts = len(part_index)
+        try:  # `_columns_append`
+            ts_column.append(ts_ms)
+            batch.conn.append(conn)
+            batch.client_id.append(client)
+            batch.api_key.append(entry.api_key)
+            batch.api_version.append(entry.api_version)
+            batch.correlation_id.append(entry.correlation_id)
+            batch.request_bytes.append(entry.request_bytes)
+            batch.response_bytes.append(entry.response_bytes if received else _NULL_INT)
+            batch.latency_ms.append(float(received - entry.received_ms) if entry.forwarded and received
+                                    else _NAN)
+            batch.throttle_ms.append(enforced)
+            batch.broker_throttle_ms.append(throttle)
+            batch.quota.append(quota)
+            batch.would_throttle_ms.append(would)
+            batch.errors.append(errors)
+            if parts is not None:
+                topics = batch._topics
+                part_topic = batch.part_topic
+                part_records = batch.part_records
+                part_bytes = batch.part_bytes
+                for topic, topic_id, index, n_records, n_bytes in parts:
+                    key = topic if topic is not None else (topic_id or b"")
+                    t = topics.get(key)
+                    if t is None:
+                        t = topics[key] = len(topics)
+                    part_topic.append(t)
+                    part_index.append(index)
+                    part_records.append(n_records)
+                    part_bytes.append(n_bytes)
+            batch.topics_end.append(len(part_index))
+            batch.topics_valid.append(parts is not None)
+        except Exception:
+            batch._truncate(row, n_parts)  # a row is added whole or not at all
+            raise
