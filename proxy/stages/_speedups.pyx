@@ -25,13 +25,11 @@ from protocol.apis import ApiKey
 from proxy.flow.inflight import QuotaNote
 from proxy.flow.pipeline import Forward
 
-cdef long _PRODUCE = ApiKey.PRODUCE
-cdef long _FETCH = ApiKey.FETCH
-cdef long _SHARE_FETCH = ApiKey.SHARE_FETCH
-cdef long _METADATA = ApiKey.METADATA
-cdef long _API_VERSIONS = ApiKey.API_VERSIONS
-cdef long _SASL_HANDSHAKE = ApiKey.SASL_HANDSHAKE
-cdef long _SASL_AUTHENTICATE = ApiKey.SASL_AUTHENTICATE
+# the API keys these hooks tell apart, as C longs
+cdef long _PRODUCE, _FETCH, _SHARE_FETCH, _METADATA, _API_VERSIONS, _SASL_HANDSHAKE, _SASL_AUTHENTICATE
+(_PRODUCE, _FETCH, _SHARE_FETCH, _METADATA, _API_VERSIONS, _SASL_HANDSHAKE, _SASL_AUTHENTICATE) = (
+    ApiKey.PRODUCE, ApiKey.FETCH, ApiKey.SHARE_FETCH, ApiKey.METADATA, ApiKey.API_VERSIONS,
+    ApiKey.SASL_HANDSHAKE, ApiKey.SASL_AUTHENTICATE)
 
 _new_note = QuotaNote.__new__
 
