@@ -323,11 +323,12 @@ class SocketBench:
 
     MODES = ("raw", "log_off", "log_on")
 
-    def __init__(self, tmp: Path) -> None:
+    def __init__(self, tmp: Path, pin_proxy: int | None = None) -> None:
         self.tmp = tmp
         self.python = sys.executable
         self.broker_port = free_port()
         self.procs: list[subprocess.Popen[bytes]] = []
+        self.pin_proxy = pin_proxy  # the CPU the proxies run on (None: any); the rest run on the others
 
     def __enter__(self) -> SocketBench:
         broker = self._spawn([self.python, "-m", "bench.bench_hot_path", "--canned-broker",
@@ -354,13 +355,15 @@ class SocketBench:
             path = self.tmp / f"{mode}.yaml"
             path.write_text(yaml.safe_dump(config))
             cmd = [*(sluice or [self.python, "-m", "proxy"]), "proxy", "--config", str(path)]
-        proc = self._spawn(cmd)
+        proc = self._spawn(cmd, self.pin_proxy)
         wait_port(port, proc)
         client_pairs(port, 1000)  # warm-up: connections, sensors, the writer's first file
         return proc, port
 
-    def _spawn(self, cmd: list[str]) -> subprocess.Popen[bytes]:
-        proc = subprocess.Popen(cmd, cwd=REPO, stderr=subprocess.DEVNULL)
+    def _spawn(self, cmd: list[str], cpu: int | None = None) -> subprocess.Popen[bytes]:
+        # pinned: its threads and children too
+        pin = None if cpu is None else (lambda: os.sched_setaffinity(0, {cpu}))
+        proc = subprocess.Popen(cmd, cwd=REPO, stderr=subprocess.DEVNULL, preexec_fn=pin)
         self.procs.append(proc)
         return proc
 
@@ -372,10 +375,15 @@ class SocketBench:
                 proc.wait(30)
 
 
-def measure_sockets(pairs_n: int, repeats: int, tmp: Path) -> list[dict[str, Any]]:
-    """Raw forwarder, Sluice log off and Sluice log on, in front of one canned broker."""
-    rows = []
-    with SocketBench(tmp) as bench:
+def measure_sockets(pairs_n: int, repeats: int, tmp: Path,
+                    pin_proxy: int | None = None) -> list[dict[str, Any]]:
+    """Raw forwarder, Sluice log off and Sluice log on, in front of one canned broker; with
+    `pin_proxy`, the proxy on that CPU and the client and the canned broker on the others."""
+    rows: list[dict[str, Any]] = []
+    everywhere = os.sched_getaffinity(0)
+    if pin_proxy is not None:
+        os.sched_setaffinity(0, everywhere - {pin_proxy})  # this process (the client) and the broker
+    with SocketBench(tmp, pin_proxy) as bench:
         for mode in bench.MODES:
             proc, port = bench.start(mode)
             best_cpu, best_wall = float("inf"), float("inf")
@@ -389,9 +397,11 @@ def measure_sockets(pairs_n: int, repeats: int, tmp: Path) -> list[dict[str, Any
                          "wall_us_per_pair": round(best_wall * 1e6 / pairs_n, 1)})
             print(f"sockets {mode:8s} CPU {rows[-1]['cpu_us_per_pair']:6.1f} us/pair  "
                   f"round trip {rows[-1]['wall_us_per_pair']:6.1f} us", flush=True)
+    os.sched_setaffinity(0, everywhere)
     raw = rows[0]["cpu_us_per_pair"]
     for row in rows:
         row["cpu_x_raw"] = round(row["cpu_us_per_pair"] / raw, 2) if raw else None
+        row["pin_proxy"] = pin_proxy
     return rows
 
 
@@ -466,6 +476,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, default=RESULTS)
     parser.add_argument("--no-sockets", action="store_true",
                         help="only the half with no sockets (and the writer's paths)")
+    parser.add_argument("--pin-proxy", type=int, metavar="CPU",
+                        help="over sockets, run the proxies on this CPU only and the client and the "
+                             "canned broker on the others (does sharing a core with them cost the proxy?)")
     parser.add_argument("--canned-broker", type=int, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.canned_broker:
@@ -473,7 +486,8 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     rows = []
     with tempfile.TemporaryDirectory(prefix="sluice-hot-path-") as tmp:
-        sockets_rows = [] if args.no_sockets else measure_sockets(args.pairs, args.repeats, Path(tmp))
+        sockets_rows = [] if args.no_sockets else measure_sockets(args.pairs, args.repeats, Path(tmp),
+                                                                   args.pin_proxy)
         writer_paths = measure_writer_paths(args.pairs, args.repeats, Path(tmp))
         print("writer paths, us/record: " + ", ".join(f"{k} {v:.2f}" for k, v in writer_paths.items()),
               flush=True)
