@@ -336,8 +336,10 @@ class SocketBench:
         wait_port(self.broker_port, broker)
         return self
 
-    def start(self, mode: str, sluice: list[str] | None = None) -> tuple[subprocess.Popen[bytes], int]:
-        """The process of `mode`, listening and warmed up; `sluice` replaces `python -m proxy`."""
+    def start(self, mode: str, sluice: list[str] | None = None,
+              extra: dict[str, Any] | None = None) -> tuple[subprocess.Popen[bytes], int]:
+        """The process of `mode`, listening and warmed up; `sluice` replaces `python -m proxy`, and
+        `extra` is added to Sluice's configuration (`{"workers": 2}`)."""
         import yaml
 
         port = free_port()
@@ -352,6 +354,7 @@ class SocketBench:
                 "quotas": {"entries": [{"client_id": "<default>", "producer_byte_rate": 10**12}]}}
             if mode == "log_on":
                 config["access_log"] = {"dir": str(self.tmp / f"sockets-{mode}" / "logs")}
+            config |= extra or {}
             path = self.tmp / f"{mode}.yaml"
             path.write_text(yaml.safe_dump(config))
             cmd = [*(sluice or [self.python, "-m", "proxy"]), "proxy", "--config", str(path)]
