@@ -10,7 +10,7 @@ workers with SO_REUSEPORT), `--pairs` pairs each. The CPU is the whole process t
 `--rounds` times; the medians are compared. The connections' spread over the workers is printed:
 with two workers, a round whose connections all landed on one worker measures one worker.
 
-    .venv/bin/python -m bench.bench_workers            # about 3 min; bench/results/workers.json
+    .venv/bin/python -m bench.bench_workers            # under a minute; bench/results/workers.json
 """
 
 from __future__ import annotations
