@@ -378,17 +378,18 @@ class SocketBench:
                 proc.wait(30)
 
 
-def measure_sockets(pairs_n: int, repeats: int, tmp: Path,
-                    pin_proxy: int | None = None) -> list[dict[str, Any]]:
+def measure_sockets(pairs_n: int, repeats: int, tmp: Path, pin_proxy: int | None = None,
+                    quota: bool = True) -> list[dict[str, Any]]:
     """Raw forwarder, Sluice log off and Sluice log on, in front of one canned broker; with
-    `pin_proxy`, the proxy on that CPU and the client and the canned broker on the others."""
+    `pin_proxy`, the proxy on that CPU and the client and the canned broker on the others; without
+    `quota`, Sluice has no quota configured."""
     rows: list[dict[str, Any]] = []
     everywhere = os.sched_getaffinity(0)
     if pin_proxy is not None:
         os.sched_setaffinity(0, everywhere - {pin_proxy})  # this process (the client) and the broker
     with SocketBench(tmp, pin_proxy) as bench:
         for mode in bench.MODES:
-            proc, port = bench.start(mode)
+            proc, port = bench.start(mode, extra=None if quota else {"quotas": {"entries": []}})
             best_cpu, best_wall = float("inf"), float("inf")
             for _ in range(repeats):
                 c0 = process_cpu_s(proc.pid)
@@ -405,6 +406,7 @@ def measure_sockets(pairs_n: int, repeats: int, tmp: Path,
     for row in rows:
         row["cpu_x_raw"] = round(row["cpu_us_per_pair"] / raw, 2) if raw else None
         row["pin_proxy"] = pin_proxy
+        row["quota"] = quota
     return rows
 
 
@@ -482,6 +484,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--pin-proxy", type=int, metavar="CPU",
                         help="over sockets, run the proxies on this CPU only and the client and the "
                              "canned broker on the others (does sharing a core with them cost the proxy?)")
+    parser.add_argument("--no-quota", action="store_true",
+                        help="over sockets, Sluice with no quota configured (default: a client-id "
+                             "quota that never binds, so every request is recorded and checked)")
     parser.add_argument("--canned-broker", type=int, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.canned_broker:
@@ -490,7 +495,7 @@ def main(argv: list[str] | None = None) -> int:
     rows = []
     with tempfile.TemporaryDirectory(prefix="sluice-hot-path-") as tmp:
         sockets_rows = [] if args.no_sockets else measure_sockets(args.pairs, args.repeats, Path(tmp),
-                                                                   args.pin_proxy)
+                                                                   args.pin_proxy, not args.no_quota)
         writer_paths = measure_writer_paths(args.pairs, args.repeats, Path(tmp))
         print("writer paths, us/record: " + ", ".join(f"{k} {v:.2f}" for k, v in writer_paths.items()),
               flush=True)
