@@ -270,7 +270,7 @@ cdef class QuickCharge:
     cdef object _not_limited_response
 
     def __init__(self, engine, decision_type, verdict_type, empty_verdict, request_rate, produce,
-                 cluster_scope, sweep_interval_ms, request_percentage=None, not_limited_response=None):
+                 cluster_scope, sweep_interval_ms, request_percentage, not_limited_response):
         if sweep_interval_ms != SWEEP_INTERVAL_MS:
             raise ValueError(f"QuickCharge assumes a sweep every {SWEEP_INTERVAL_MS} ms, not {sweep_interval_ms}")
         self._engine = engine
@@ -296,7 +296,7 @@ cdef class QuickCharge:
 
     # The engine's three verbs whole, for a caller that would otherwise call the engine's Python
     # method only to reach `produce` or `request` above (the quota stage's compiled hooks): the
-    # common case here, and everything else by the engine's own verb.
+    # common case here, and everything else by the engine's Python, without trying it twice.
 
     def produce_verdict(self, broker_id, identity, size_bytes):
         """`QuotaEngine.produce(broker_id, identity, size_bytes, None)`."""
@@ -304,7 +304,7 @@ cdef class QuickCharge:
                                <double>size_bytes)
         if verdict is not None:
             return verdict
-        return self._engine.produce(broker_id, identity, size_bytes, None)
+        return self._engine._produce_charged(broker_id, identity, size_bytes, None)
 
     def request_verdict(self, broker_id, identity, bint rated):
         """`QuotaEngine.request(broker_id, identity, rated=rated)`."""
@@ -314,12 +314,12 @@ cdef class QuickCharge:
         verdict = self._charge(self._request_entries, broker_id, identity, True, None, 0.0)
         if verdict is not None:
             return verdict
-        return engine.request(broker_id, identity, rated=True)
+        return engine._request_charged(broker_id, identity)
 
     def response_verdict(self, broker_id, identity, elapsed_ms):
         """`QuotaEngine.response(broker_id, identity, elapsed_ms)`."""
         engine = self._engine
-        if self._not_limited_response is not None and self._request_percentage not in engine.active_kinds:
+        if self._request_percentage not in engine.active_kinds:
             return self._not_limited_response
         return engine.response(broker_id, identity, elapsed_ms)
 

@@ -196,6 +196,11 @@ class QuotaEngine:
             verdict = self._quick.produce(broker_id, identity, size_bytes)
             if verdict is not None:
                 return verdict
+        return self._produce_charged(broker_id, identity, size_bytes, usage)
+
+    def _produce_charged(self, broker_id: int | None, identity: ClientIdentity, size_bytes: int,
+                         usage: TopicTally | None) -> RequestVerdict:
+        """`produce` without the compiled common case (which found this request not common)."""
         decisions = self._charge(broker_id, identity, size_bytes, usage, QuotaKind.PRODUCE,
                                  QuotaKind.PRODUCER_RECORD_RATE, count_request=True)
         return RequestVerdict(tuple(decisions), enforced_ms(decisions))
@@ -284,6 +289,10 @@ class QuotaEngine:
             verdict = self._quick.request(broker_id, identity)
             if verdict is not None:
                 return verdict
+        return self._request_charged(broker_id, identity)
+
+    def _request_charged(self, broker_id: int | None, identity: ClientIdentity) -> RequestVerdict:
+        """`request` of a rated request without the compiled common case."""
         decisions = [manager.record_and_check(QuotaKind.REQUEST_RATE, identity, 1.0)
                      for manager, kinds in self.for_request(broker_id)
                      if QuotaKind.REQUEST_RATE in kinds]

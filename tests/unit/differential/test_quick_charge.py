@@ -25,7 +25,7 @@ from hypothesis import strategies as st
 from quotas import fastpath
 from quotas.clock import FakeClock
 from quotas.config import QuotaConfig
-from quotas.engine import NOT_LIMITED_REQUEST, QuotaEngine, RequestVerdict
+from quotas.engine import NOT_LIMITED_REQUEST, NOT_LIMITED_RESPONSE, QuotaEngine, RequestVerdict
 from quotas.entity import ClientIdentity, QuotaKind
 from quotas.manager import SENSOR_SWEEP_INTERVAL_MS, QuotaManager, ThrottleDecision
 from tests.unit.differential.impls import built
@@ -58,7 +58,8 @@ def engines(model: str, bounds: dict[str, tuple[float, float | None]],
     quick, reference = (QuotaEngine(config(model, bounds, shadow), clock) for clock in clocks)
     quick._quick = compiled().QuickCharge(quick, ThrottleDecision, RequestVerdict, NOT_LIMITED_REQUEST,
                                           QuotaKind.REQUEST_RATE, QuotaKind.PRODUCE, False,
-                                          SENSOR_SWEEP_INTERVAL_MS)
+                                          SENSOR_SWEEP_INTERVAL_MS, QuotaKind.REQUEST_PERCENTAGE,
+                                          NOT_LIMITED_RESPONSE)
     reference._quick = None
     return quick, reference, clocks[0], clocks[1]
 
