@@ -44,7 +44,6 @@ import argparse
 import asyncio
 import contextlib
 import cProfile
-import json
 import os
 import socket
 import struct
@@ -57,6 +56,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.common.cpu import process_cpu_s
+from bench.common.results import write_json
 from bench.common.setup import free_port
 from protocol.apis import ApiKey
 from proxy.config import load_config
@@ -509,9 +509,7 @@ def main(argv: list[str] | None = None) -> int:
     report = {"what": __doc__.split("\n")[0], "load_average": os.getloadavg(), "cpu_count": os.cpu_count(),
               "python": sys.version.split()[0], "sockets": sockets_rows, "no_sockets": rows,
               "writer_paths_us_per_record": writer_paths}
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(report, indent=2) + "\n")
-    print(f"results: {args.out}")
+    print(f"results: {write_json(report, args.out)}")
     return 0
 
 

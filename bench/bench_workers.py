@@ -16,7 +16,6 @@ with two workers, a round whose connections all landed on one worker measures on
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
 import sys
@@ -27,8 +26,8 @@ from pathlib import Path
 from typing import Any
 
 from bench.bench_hot_path import SocketBench, client_pairs
-from bench.common.cpu import _children, process_cpu_s
-from bench.common.results import commit
+from bench.common.cpu import children, process_cpu_s
+from bench.common.results import commit, write_json
 
 RESULTS = Path(__file__).resolve().parent / "results" / "workers.json"
 
@@ -51,7 +50,7 @@ def round_of(bench: SocketBench, workers: int, clients: int, pairs: int) -> dict
         wall = drive(port, clients, pairs)
         time.sleep(0.3)  # the writers finish this round's records (a benchmark: no test waits so)
         cpu = process_cpu_s(proc.pid) - c0
-        busy = [round(process_cpu_s(child), 2) for child in _children(proc.pid)]
+        busy = [round(process_cpu_s(child), 2) for child in children(proc.pid)]
     finally:
         proc.terminate()
         proc.wait(30)
@@ -87,9 +86,7 @@ def main(argv: list[str] | None = None) -> int:
               "clients": args.clients, "pairs_per_client": args.pairs, "rounds": rows,
               "median_pairs_per_cpu_s": median, "ratio_2_to_1": round(ratio, 3),
               "goal_within_10_percent": ratio >= 0.9}
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(report, indent=2) + "\n")
-    print(f"results: {args.out}")
+    print(f"results: {write_json(report, args.out)}")
     return 0
 
 

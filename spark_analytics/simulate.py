@@ -307,29 +307,34 @@ def fetch_demand(*, topics: bool, resolution_ms: int = 1, streamed: bool = True)
         # is matched to that many records too few: its demand lost the last ones produced, and
         # gained the streamed bytes as recorded, at the moment it caught up.
         who = ["principal", "client_id", "broker_id"]
-        streamed_fetches = (logs.where((api == FETCH_API_KEY) & F.col("topics").isNull())
-                    .select(*who, "ts_ms", "api_key", ready.alias("ready_ms"),
-                            throttled.alias("recorded_throttled"),
-                            F.coalesce(F.col("response_bytes"), F.lit(0)).cast("double").alias("bytes")))
-        # the consumers' distinct partitions first (a hash aggregation, a few rows per consumer);
-        # a minimum of (topic, partition) over the pieces themselves would sort them all
-        read = fetched.select(*who, F.struct("topic", "partition").alias("tp")).distinct()
-        single = (read.groupBy(*[F.col(c).alias(f"one_{c}") for c in who])
-                  .agg(F.count(F.lit(1)).alias("partitions"), F.min("tp").alias("first"))
-                  # (a piece of no known topic or partition is nobody's single partition)
-                  .where((F.col("partitions") == 1) & F.col("first.topic").isNotNull()
-                         & F.col("first.partition").isNotNull()))
-        placed = streamed_fetches.join(
-            single, [streamed_fetches[c].eqNullSafe(single[f"one_{c}"]) for c in who], "left")
-        routed = (placed.where(F.col("first").isNotNull())
-                  .select(*who, "ts_ms", "ready_ms", "recorded_throttled",
-                          F.col("first.topic").alias("topic"), F.col("first.partition").alias("partition"),
-                          F.lit(None).cast("long").alias("records"), "bytes"))
+        taken = fetched
+        unplaced: DataFrame | None = None  # streamed fetches of a consumer of several partitions
+        if streamed:
+            streamed_fetches = (logs.where((api == FETCH_API_KEY) & F.col("topics").isNull())
+                                .select(*who, "ts_ms", "api_key", ready.alias("ready_ms"),
+                                        throttled.alias("recorded_throttled"),
+                                        F.coalesce(F.col("response_bytes"), F.lit(0)).cast("double")
+                                        .alias("bytes")))
+            # the consumers' distinct partitions first (a hash aggregation, a few rows per
+            # consumer); a minimum of (topic, partition) over the pieces would sort them all
+            read = fetched.select(*who, F.struct("topic", "partition").alias("tp")).distinct()
+            single = (read.groupBy(*[F.col(c).alias(f"one_{c}") for c in who])
+                      .agg(F.count(F.lit(1)).alias("partitions"), F.min("tp").alias("first"))
+                      # (a piece of no known topic or partition is nobody's single partition)
+                      .where((F.col("partitions") == 1) & F.col("first.topic").isNotNull()
+                             & F.col("first.partition").isNotNull()))
+            placed = streamed_fetches.join(
+                single, [streamed_fetches[c].eqNullSafe(single[f"one_{c}"]) for c in who], "left")
+            taken = fetched.unionByName(
+                placed.where(F.col("first").isNotNull())
+                .select(*who, "ts_ms", "ready_ms", "recorded_throttled",
+                        F.col("first.topic").alias("topic"), F.col("first.partition").alias("partition"),
+                        F.lit(None).cast("long").alias("records"), "bytes"))
+            unplaced = placed.where(F.col("first").isNull())
 
-        def run(made: pa.Table, taken: pa.Table) -> pa.Table:
-            return retime_partition(made, taken, topics=topics, resolution_ms=resolution_ms)
+        def run(made: pa.Table, fetches: pa.Table) -> pa.Table:
+            return retime_partition(made, fetches, topics=topics, resolution_ms=resolution_ms)
         # cogrouped, not one union grouped: each side goes to the workers with its own columns
-        taken = fetched.unionByName(routed) if streamed else fetched
         retimed = (produced.groupBy("topic", "partition")
                    .cogroup(taken.groupBy("topic", "partition"))
                    .applyInArrow(run, _DEMAND_SCHEMA))
@@ -343,8 +348,8 @@ def fetch_demand(*, topics: bool, resolution_ms: int = 1, streamed: bool = True)
                 .select(*who, "ts_ms", throttled.alias("recorded_throttled"), "api_key",
                         F.coalesce(F.col("response_bytes"), F.lit(0)).cast("double").alias("bytes"))
                 .select(*as_recorded))
-        if streamed:
-            bare = bare.unionByName(placed.where(F.col("first").isNull()).select(*as_recorded))
+        if unplaced is not None:
+            bare = bare.unionByName(unplaced.select(*as_recorded))
         if topics:  # a topic budget counts the topics' bytes: a response with none adds nothing
             return retimed
         return retimed.unionByName(bare)
