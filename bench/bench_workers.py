@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.bench_hot_path import SocketBench, client_pairs
-from bench.common.cpu import children, process_cpu_s
+from bench.common.cpu import child_pids, process_cpu_s
 from bench.common.results import commit, write_json
 
 RESULTS = Path(__file__).resolve().parent / "results" / "workers.json"
@@ -50,7 +50,7 @@ def round_of(bench: SocketBench, workers: int, clients: int, pairs: int) -> dict
         wall = drive(port, clients, pairs)
         time.sleep(0.3)  # the writers finish this round's records (a benchmark: no test waits so)
         cpu = process_cpu_s(proc.pid) - c0
-        busy = [round(process_cpu_s(child), 2) for child in children(proc.pid)]
+        busy = [round(process_cpu_s(child), 2) for child in child_pids(proc.pid)]
     finally:
         proc.terminate()
         proc.wait(30)

@@ -20,7 +20,7 @@ def process_cpu_s(pid: int | None, children: bool = True) -> float:
     own = own_cpu_s(pid)
     if not children:
         return own
-    return own + sum(process_cpu_s(child) for child in children(pid))
+    return own + sum(process_cpu_s(child) for child in child_pids(pid))
 
 
 def own_cpu_s(pid: int) -> float:
@@ -36,7 +36,7 @@ def own_cpu_s(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / TICK_S  # utime + stime
 
 
-def children(pid: int) -> list[int]:
+def child_pids(pid: int) -> list[int]:
     """The live child processes of `pid`."""
     try:
         return [int(c) for task in Path(f"/proc/{pid}/task").iterdir()
