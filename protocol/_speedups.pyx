@@ -19,6 +19,7 @@ from protocol._walk cimport count_records as _walk_count_records
 from protocol._walk cimport read_compact_length, read_topic_id, read_topic_name
 from protocol._walk cimport read_i16 as _i16
 from protocol._walk cimport read_i32 as _i32
+from protocol._slots cimport put, slot_offset
 
 from protocol import framing as _framing
 from protocol import headers as _headers
@@ -36,6 +37,33 @@ cdef object _pure_plan_throttle_patch = _throttle.plan_throttle_patch
 cdef object _pure_patch_throttle_time = _throttle.patch_throttle_time
 
 cdef int32_t INT32_MAX = 0x7FFFFFFF
+
+# `RequestHeader(...)` without its generated __init__ (a Python function, entered per request):
+# the slots filled in C (protocol/_slots.pxd), in the dataclass's field order, which is checked here
+cdef object _object_new = object.__new__
+_HEADER_FIELDS = ("api_key", "api_version", "correlation_id", "client_id", "header_version", "body_offset")
+if tuple(_RequestHeader.__dataclass_fields__) != _HEADER_FIELDS:
+    raise ImportError(f"RequestHeader's fields are {tuple(_RequestHeader.__dataclass_fields__)}, "
+                      f"not the {_HEADER_FIELDS} this module fills")
+cdef Py_ssize_t _H_API_KEY = slot_offset(_RequestHeader, "api_key")
+cdef Py_ssize_t _H_API_VERSION = slot_offset(_RequestHeader, "api_version")
+cdef Py_ssize_t _H_CORRELATION_ID = slot_offset(_RequestHeader, "correlation_id")
+cdef Py_ssize_t _H_CLIENT_ID = slot_offset(_RequestHeader, "client_id")
+cdef Py_ssize_t _H_HEADER_VERSION = slot_offset(_RequestHeader, "header_version")
+cdef Py_ssize_t _H_BODY_OFFSET = slot_offset(_RequestHeader, "body_offset")
+
+
+cdef object _new_header(int api_key, int api_version, int32_t correlation_id, object client_id,
+                        int header_version, Py_ssize_t body_offset):
+    """`RequestHeader(api_key, api_version, correlation_id, client_id, header_version, body_offset)`."""
+    header = _object_new(_RequestHeader)
+    put(header, _H_API_KEY, api_key)
+    put(header, _H_API_VERSION, api_version)
+    put(header, _H_CORRELATION_ID, correlation_id)
+    put(header, _H_CLIENT_ID, client_id)
+    put(header, _H_HEADER_VERSION, header_version)
+    put(header, _H_BODY_OFFSET, body_offset)
+    return header
 DEFAULT_MAX_FRAME_BYTES = _framing.DEFAULT_MAX_FRAME_BYTES
 
 # --- tables, built once from the pure modules' own tables ---------------------------------------
@@ -197,7 +225,7 @@ def read_request_header(payload):
         if pos >= n or p[pos] != 0:  # a tag section with fields: the original walks it
             return _pure_read_request_header(payload)
         pos += 1
-    return _RequestHeader(api_key, api_version, correlation_id, client_id, header_version, pos)
+    return _new_header(api_key, api_version, correlation_id, client_id, header_version, pos)
 
 
 def read_response_correlation_id(payload):

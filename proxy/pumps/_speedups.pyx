@@ -82,6 +82,10 @@ cdef class ResponseOrder:
 
     def on_broker_frame(self, payload):
         """A whole response from the broker: the oldest forwarded request's."""
+        self.broker_frame(payload)
+
+    cdef broker_frame(self, payload):
+        """`on_broker_frame`, for `UpstreamReader` to call without a method lookup."""
         try:
             entry = self._match(read_response_correlation_id(payload))
         except (ProtocolError, CorrelationMismatch) as exc:
@@ -179,6 +183,10 @@ cdef class ResponseOrder:
 
 import logging
 
+from cpython.tuple cimport PyTuple_GET_ITEM
+
+from protocol._slots cimport put, slot_offset
+
 from protocol.apis import ApiKey
 from protocol.fastpath import read_produce_acks, read_request_header
 from proxy.flow.inflight import InFlight
@@ -190,6 +198,74 @@ _log = logging.getLogger("sluice.connection")
 _NOT_MUTED = ChannelMuteState.NOT_MUTED
 cdef long _PRODUCE = ApiKey.PRODUCE
 cdef long _API_VERSIONS = ApiKey.API_VERSIONS
+
+
+# `InFlight(correlation_id, api_key, api_version, client_id, request_bytes, received_ms,
+# expects_response=...)` without the dataclass's generated __init__ (a Python function, entered per
+# request): the slots filled in C (protocol/_slots.pxd), every other field with its declared default
+cdef object _object_new = object.__new__
+_GIVEN = ("correlation_id", "api_key", "api_version", "client_id", "request_bytes", "received_ms",
+          "expects_response")
+cdef Py_ssize_t _E_CORRELATION_ID = slot_offset(InFlight, "correlation_id")
+cdef Py_ssize_t _E_API_KEY = slot_offset(InFlight, "api_key")
+cdef Py_ssize_t _E_API_VERSION = slot_offset(InFlight, "api_version")
+cdef Py_ssize_t _E_CLIENT_ID = slot_offset(InFlight, "client_id")
+cdef Py_ssize_t _E_REQUEST_BYTES = slot_offset(InFlight, "request_bytes")
+cdef Py_ssize_t _E_RECEIVED_MS = slot_offset(InFlight, "received_ms")
+cdef Py_ssize_t _E_EXPECTS_RESPONSE = slot_offset(InFlight, "expects_response")
+
+
+def _entry_defaults():
+    """(offsets, values) of InFlight's fields that a request does not give: their declared defaults."""
+    import dataclasses
+    offsets, values = [], []
+    for f in dataclasses.fields(InFlight):
+        if f.name in _GIVEN:
+            continue
+        if f.default is dataclasses.MISSING:  # a default_factory, or none: this module cannot fill it
+            raise ImportError(f"InFlight.{f.name} has no plain default to fill in C")
+        offsets.append(slot_offset(InFlight, f.name))
+        values.append(f.default)
+    if len(offsets) + len(_GIVEN) != len(InFlight.__slots__):
+        raise ImportError(f"InFlight's slots {InFlight.__slots__} are not its fields")
+    return offsets, tuple(values)
+
+
+DEF MAX_DEFAULTS = 64
+cdef Py_ssize_t _default_offsets[MAX_DEFAULTS]
+cdef Py_ssize_t _n_defaults = 0
+_offsets, _default_values = _entry_defaults()
+if len(_offsets) > MAX_DEFAULTS:
+    raise ImportError(f"InFlight has more than {MAX_DEFAULTS} defaulted fields")
+for _offset in _offsets:
+    _default_offsets[_n_defaults] = _offset
+    _n_defaults += 1
+cdef tuple _defaults = _default_values
+
+
+cdef object new_entry(object correlation_id, object api_key, object api_version, object client_id,
+                      object request_bytes, object received_ms, bint expects_response):
+    """`InFlight(correlation_id, api_key, api_version, client_id, request_bytes, received_ms,
+    expects_response=expects_response)`."""
+    entry = _object_new(InFlight)
+    put(entry, _E_CORRELATION_ID, correlation_id)
+    put(entry, _E_API_KEY, api_key)
+    put(entry, _E_API_VERSION, api_version)
+    put(entry, _E_CLIENT_ID, client_id)
+    put(entry, _E_REQUEST_BYTES, request_bytes)
+    put(entry, _E_RECEIVED_MS, received_ms)
+    put(entry, _E_EXPECTS_RESPONSE, True if expects_response else False)
+    cdef Py_ssize_t i
+    for i in range(_n_defaults):
+        put(entry, _default_offsets[i], <object>PyTuple_GET_ITEM(_defaults, i))
+    return entry
+
+
+def make_entry(correlation_id, api_key, api_version, client_id, request_bytes, received_ms, *,
+               bint expects_response=True):
+    """`new_entry` for the differential tests: the entry the request side makes."""
+    return new_entry(correlation_id, api_key, api_version, client_id, request_bytes, received_ms,
+                     expects_response)
 
 
 cdef class RequestReader:
@@ -284,8 +360,8 @@ cdef class RequestReader:
             except ProtocolError as exc:
                 _log.warning("connection %d: cannot read Produce acks (%s); expecting a response",
                              self._ctx.connection_id, exc)
-        entry = InFlight(header.correlation_id, header.api_key, header.api_version, header.client_id,
-                         len(payload), now_ms, expects_response=expects_response)
+        entry = new_entry(header.correlation_id, header.api_key, header.api_version, header.client_id,
+                          len(payload), now_ms, expects_response)
         watchdog = self._watchdog
         if not watchdog.handshake_done:
             watchdog.request(header.api_key)
@@ -342,3 +418,141 @@ cdef class RequestReader:
             self._pipeline.on_complete(self._ctx, entry, now_ms)
         if entry.response is not None:
             conn._flush()
+
+
+# ----------------------------------------------------------------------------- writing to the client
+
+from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_FromStringAndSize
+
+from protocol._wire import I32
+
+_pack_size = I32.pack
+
+
+cdef inline bytes _size_prefix(Py_ssize_t n):
+    """`I32.pack(n)`: the 4-byte big-endian size prefix (out of range: I32.pack's own error)."""
+    if n < 0 or n > 0x7FFFFFFF:
+        return _pack_size(n)
+    cdef bytes prefix = PyBytes_FromStringAndSize(NULL, 4)
+    cdef unsigned char *p = <unsigned char *>PyBytes_AS_STRING(prefix)
+    p[0] = (n >> 24) & 0xFF
+    p[1] = (n >> 16) & 0xFF
+    p[2] = (n >> 8) & 0xFF
+    p[3] = n & 0xFF
+    return prefix
+
+
+cdef class ClientOutput:
+    """`proxy.pumps.client_output.ClientOutput`, compiled: same constructor, methods and effects."""
+
+    cdef object _buffer, _watchdog, _now_ms, _transport
+
+    def __init__(self, buffer, watchdog, now_ms):
+        self._buffer = buffer
+        self._watchdog = watchdog
+        self._now_ms = now_ms
+        self._transport = None
+
+    def attach(self, transport):
+        self._transport = transport
+
+    def write(self, data):
+        transport = self._transport
+        if transport is not None and not transport.is_closing():
+            transport.write(data)
+            self._wrote(transport)
+
+    def writelines(self, parts):
+        transport = self._transport
+        if transport is not None and not transport.is_closing():
+            transport.writelines(parts)
+            self._wrote(transport)
+
+    def frame(self, payload):
+        """One whole Kafka frame: the size prefix, then the payload."""
+        transport = self._transport
+        if transport is not None and not transport.is_closing():
+            transport.writelines((_size_prefix(len(payload)), payload))
+            self._wrote(transport)
+
+    cdef _wrote(self, transport):
+        self._watchdog.last_active_ms = self._now_ms()
+        buffer = self._buffer
+        if transport.get_write_buffer_size() != buffer.held_bytes:
+            buffer.measure()
+
+
+# ----------------------------------------------------------------------------- the broker side
+
+from proxy.pumps.fetch_stream import STREAM_HEAD_BYTES as _STREAM_HEAD_BYTES_OBJ
+from proxy.pumps.fetch_stream import STREAM_MIN_BYTES as _STREAM_MIN_BYTES_OBJ
+
+cdef Py_ssize_t _STREAM_HEAD_BYTES = _STREAM_HEAD_BYTES_OBJ
+cdef Py_ssize_t _STREAM_MIN_BYTES = _STREAM_MIN_BYTES_OBJ
+
+
+cdef class UpstreamReader:
+    """`UpstreamConnection.write` and `UpstreamConnection.data_received` of one upstream connection,
+    compiled (the reference is those methods in `proxy/pumps/upstream.py`, with the first test of
+    `FetchStream.streamable` and, for a client connection whose broker frames go to a compiled
+    `ResponseOrder`, `ClientConnection.on_upstream_frame` inline). The connection installs the two
+    bound methods in place of its own and calls `attach` with its transport."""
+
+    cdef object _client, _stream, _splitter, _transport
+    cdef ResponseOrder _responses   # the client's, when compiled: its frames are handed over in C ...
+    cdef object _responses_frame    # ... while its broker-frame handler is this one (no SASL exchange)
+
+    def __init__(self, conn, client):
+        self._client = client
+        self._stream = conn._stream
+        self._splitter = conn._splitter
+        self._transport = None
+        responses = getattr(client, "responses", None)
+        if isinstance(responses, ResponseOrder) and hasattr(client, "_responses_frame"):
+            self._responses = responses
+            self._responses_frame = client._responses_frame
+        else:
+            self._responses = None
+
+    def attach(self, transport):
+        self._transport = transport
+
+    def write(self, payload):
+        self._transport.writelines((_size_prefix(len(payload)), payload))
+
+    def data_received(self, data):
+        stream = self._stream
+        if stream.left:
+            data = stream.feed(data)
+            if not data:
+                return
+        splitter = self._splitter
+        client = self._client
+        cdef Py_ssize_t size
+        try:
+            splitter.feed(data)
+            while True:
+                pending = splitter.pending_frame(_STREAM_HEAD_BYTES)
+                if pending is None:
+                    return
+                size = pending[0]
+                if size >= _STREAM_MIN_BYTES and not client.closed:  # FetchStream.streamable's first test
+                    entry = stream.streamable(size, pending[1])
+                    if entry is not None:
+                        stream.start(entry, size, splitter)
+                        if stream.left:
+                            return  # the splitter is empty; the rest comes straight off the socket
+                        continue
+                payload = splitter.next_frame()
+                if payload is None:
+                    return
+                if self._responses is None:
+                    client.on_upstream_frame(payload)
+                elif not client.closed:  # ClientConnection.on_upstream_frame, inline
+                    handler = client._broker_frame
+                    if handler is self._responses_frame:
+                        self._responses.broker_frame(payload)
+                    else:
+                        handler(payload)
+        except ProtocolError as exc:
+            client.close(f"malformed frame from the broker: {exc}")

@@ -100,7 +100,8 @@ class ClientConnection(asyncio.Protocol):
                                             lambda: len(self._inflight),
                                             _limit_closer(limits.log, self.ctx, self.close))
         self._buffer = ClientBuffer(limits, self.ctx.connection_id, self._link.set_paused)
-        self._out = ClientOutput(self._buffer, self._watchdog, self._now_ms)
+        output = ClientOutput if COMPILED_REQUESTS is None else COMPILED_REQUESTS.ClientOutput
+        self._out = output(self._buffer, self._watchdog, self._now_ms)
         self.write_client, self.write_client_lines = self._out.write, self._out.writelines
         self.send_client = self._out.frame
         self._gate = ReadGate(self._mute, self._splitter, self._inflight.queue,
@@ -112,7 +113,10 @@ class ClientConnection(asyncio.Protocol):
             read_on=self._read_on, close=self.close, is_closed=lambda: self.closed)
         self._flush = self.response_done = self.responses.flush
         self.run_response_stages = self.responses.run_stages
-        self._broker_frame: FrameHandler = self.responses.on_broker_frame
+        # the responses' own handler, kept as one object: a compiled UpstreamReader hands frames
+        # straight to a compiled ResponseOrder while this is the handler (no SASL exchange, no stream)
+        self._responses_frame: FrameHandler = self.responses.on_broker_frame
+        self._broker_frame: FrameHandler = self._responses_frame
         if reader is not None:
             reader.attach()
 
@@ -365,7 +369,7 @@ class ClientConnection(asyncio.Protocol):
 
     def set_frame_handlers(self, client: FrameHandler | None, broker: FrameHandler | None) -> None:
         self._client_frame = self._on_request if client is None else client
-        self._broker_frame = self.responses.on_broker_frame if broker is None else broker
+        self._broker_frame = self._responses_frame if broker is None else broker
 
     def unread(self, frames: list[bytes]) -> None:
         self._splitter.unread(frames)

@@ -3,6 +3,10 @@
 Everything it reads goes to its `ClientConnection` (`proxy.pumps.connection`): whole response
 frames, or, for a large Fetch response, the stream (`proxy.pumps.fetch_stream.FetchStream`), which
 takes the rest straight off the socket without framing or copying.
+
+`write` and `data_received` below are the readable reference of `proxy.pumps._speedups.UpstreamReader`,
+which the connection installs in their place when it was built (SLUICE_PURE_PYTHON=1, or no build,
+runs these).
 """
 
 from __future__ import annotations
@@ -14,6 +18,7 @@ from protocol.errors import ProtocolError
 from protocol.fastpath import FrameSplitter
 from protocol.framing import size_prefix
 from proxy.pumps.fetch_stream import STREAM_HEAD_BYTES, FetchStream
+from proxy.pumps.responses import COMPILED_REQUESTS
 
 
 class UpstreamClient(Protocol):
@@ -42,9 +47,14 @@ class UpstreamConnection(asyncio.Protocol):
         self._stream = client.fetch_stream
         self._splitter = FrameSplitter(max_frame_bytes)
         self._transport: asyncio.Transport | None = None
+        self._reader = None if COMPILED_REQUESTS is None else COMPILED_REQUESTS.UpstreamReader(self, client)
+        if self._reader is not None:  # the compiled twin of write and data_received
+            vars(self).update(write=self._reader.write, data_received=self._reader.data_received)
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self._transport = cast(asyncio.Transport, transport)
+        if self._reader is not None:
+            self._reader.attach(transport)
         if self._max_buffered_bytes is not None:  # requests a slow broker has not read yet
             high = self._max_buffered_bytes
             self._transport.set_write_buffer_limits(high=high, low=high // 4)

@@ -46,11 +46,13 @@ from proxy.flow.pipeline import (
 )
 from proxy.pumps import connection as connection_module
 from proxy.pumps import responses
+from proxy.pumps import upstream as upstream_module
 from proxy.pumps.connection import ClientConnection, ConnectionServices
 from proxy.pumps.limits import ConnectionLimits, LimitLog, LimitSettings
 from proxy.pumps.read_gate import ReadGate
 from proxy.pumps.services import Upstream
 from proxy.pumps.throttle_timer import ThrottleTimer
+from proxy.pumps.upstream import UpstreamConnection
 from proxy.pumps.upstreams import BrokerRegistry, UpstreamTarget
 from proxy.stages.quota import QuotaStage
 from quotas.clock import FakeClock
@@ -58,7 +60,7 @@ from quotas.config import QuotaConfig
 from quotas.connection_limits import BufferBudget, ConnectionLimiter
 from quotas.engine import QuotaEngine
 from tests.unit.differential.impls import built
-from tests.unit.proxy.test_connection import FakeTimers, FakeTransport, FakeUpstream, run_ready_callbacks
+from tests.unit.proxy.test_connection import FakeTimers, FakeTransport, run_ready_callbacks
 
 
 def twins() -> tuple[Any, Any]:
@@ -318,9 +320,11 @@ async def connection_run(compiled: bool, budget: dict[str, float], max_in_flight
     clock = FakeClock(1_000)
     timers = FakeTimers(clock)
     engine = QuotaEngine(QuotaConfig.from_dict({"entries": [{"client_id": "<default>", **budget}]}), clock)
-    upstream = FakeUpstream()
+    broker = FakeTransport()  # the upstream socket: what the connection forwards, size-prefixed
 
     async def connect(client: ClientConnection, target: UpstreamTarget) -> Upstream | str:
+        upstream = UpstreamConnection(client, 1024 * 1024)  # made here, as tcp_upstream makes it
+        upstream.connection_made(broker)  # type: ignore[arg-type]
         return upstream
 
     rows, answers = RowStage(), AnswerSome()
@@ -333,31 +337,42 @@ async def connection_run(compiled: bool, budget: dict[str, float], max_in_flight
                                   call_later=timers.call_later, limits=limits)
     module = built(responses.COMPILED_MODULE, "proxy.pumps._speedups")
     chosen = (module.ResponseOrder, module) if compiled else (responses.ResponseOrder, None)
-    previous = (connection_module.ResponseOrderImpl, connection_module.COMPILED_REQUESTS)
+    previous = (connection_module.ResponseOrderImpl, connection_module.COMPILED_REQUESTS,
+                upstream_module.COMPILED_REQUESTS)
     connection_module.ResponseOrderImpl, connection_module.COMPILED_REQUESTS = chosen  # type: ignore[misc]
+    upstream_module.COMPILED_REQUESTS = chosen[1]  # type: ignore[misc]
     try:
         conn = ClientConnection(services, UpstreamTarget(1))
+        transport = FakeTransport()
+        conn.connection_made(transport)  # type: ignore[arg-type]
+        await run_ready_callbacks()  # the upstream connects (UpstreamConnection made in connect)
     finally:
-        connection_module.ResponseOrderImpl, connection_module.COMPILED_REQUESTS = previous  # type: ignore[misc]
+        connection_module.ResponseOrderImpl, connection_module.COMPILED_REQUESTS = previous[:2]  # type: ignore[misc]
+        upstream_module.COMPILED_REQUESTS = previous[2]  # type: ignore[misc]
     assert type(conn.responses) is chosen[0]
+    upstream = conn._link.upstream
+    # every twin in place on the compiled side, none on the reference's
     assert (getattr(conn.data_received, "__self__", None).__class__ is module.RequestReader) == compiled
-    transport = FakeTransport()
-    conn.connection_made(transport)  # type: ignore[arg-type]
-    await run_ready_callbacks()
+    assert (getattr(upstream.data_received, "__self__", None).__class__ is module.UpstreamReader) == compiled
+    assert (type(conn._out) is module.ClientOutput) == compiled
     answered = resolved = 0
     held = b""  # the second half of a frame sent in two reads
     mute = conn.throttle.mute
     seen: list[tuple[Any, ...]] = []  # after every step: what a client, the broker and the log see
     for step, (what, n, cut, ms) in enumerate(script, start=1):
         if what == "answer":
-            if answered < len(upstream.written):
-                request = upstream.written[answered]
+            if answered < len(broker.frames()):
+                request = broker.frames()[answered]
                 answered += 1
                 cid = struct.unpack_from(">i", request, 4)[0]
                 produce = struct.unpack_from(">h", request)[0] == ApiKey.PRODUCE
                 # no topics, then the broker's own throttle_time_ms
                 body = struct.pack(">ii", 0, n % 50) if produce else struct.pack(">i", 0) + b"\x00" * 12
-                conn.on_upstream_frame(struct.pack(">i", cid) + body)
+                response = struct.pack(">i", cid) + body
+                data = struct.pack(">i", len(response)) + response
+                if cut:  # the broker's bytes in two reads, cut inside the frame
+                    upstream.data_received(data[:cut])
+                upstream.data_received(data[cut:])
         elif what == "resolve":
             if resolved < len(answers.pending):
                 answers.pending[resolved].set_result(struct.pack(">i", 0) + b"later")
@@ -369,11 +384,13 @@ async def connection_run(compiled: bool, budget: dict[str, float], max_in_flight
             cut = min(cut, len(data))
             conn.data_received(data[:cut] if cut else data)
             held = data[cut:] if cut else b""
-        seen.append((len(transport.data), len(upstream.written), len(rows.rows), conn.in_flight, mute.state,
+        seen.append((len(transport.data), len(broker.frames()), len(rows.rows), conn.in_flight, mute.state,
                      mute.deadline_ms, transport.paused, transport.closed, conn._close_reason))
         timers.advance(ms)
         await run_ready_callbacks()
-    return bytes(transport.data), tuple(upstream.written), tuple(rows.rows), tuple(seen)
+        if transport.closed and not conn.closed:  # what the event loop does after a transport's close
+            conn.connection_lost(None)  # (the broker's answers after it are dropped, on both twins)
+    return bytes(transport.data), bytes(broker.data), tuple(rows.rows), tuple(seen)
 
 
 # a throttled Produce answered, its delay over, then another: the mute's whole cycle (KIP-219)
