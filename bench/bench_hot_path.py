@@ -33,6 +33,13 @@ feeder's message of each 1,000-record batch, and the writer's Arrow record batch
     .venv/bin/python -m bench.bench_hot_path                 # both halves, 20,000 pairs x 5
     .venv/bin/python -m bench.bench_hot_path --profile OUT   # cProfile of the loop, log on
     .venv/bin/python -m bench.bench_hot_path --no-sockets    # the in-memory half only, ~1 min
+    .venv/bin/python -m bench.bench_hot_path --against DIR   # and another commit's Sluice, same run
+
+``--against DIR`` runs a second Sluice from DIR, a checkout of another commit with its compiled
+modules built (`bench/common/run_from.py` puts DIR first on its path), log off and on, each just
+before this tree's: the change between two commits in one run, at one load. One way to make DIR:
+``git worktree add /tmp/before REV && .venv/bin/pip wheel --no-deps -w /tmp/wheel /tmp/before &&
+.venv/bin/python -m zipfile -e /tmp/wheel/sluice-*.whl /tmp/before-built`` (DIR=/tmp/before-built).
 
 Writes bench/results/hot_path.json. Absolute figures depend on the machine and its load; compare
 runs of the same day, and log off against log on within a run.
@@ -379,17 +386,26 @@ class SocketBench:
 
 
 def measure_sockets(pairs_n: int, repeats: int, tmp: Path, pin_proxy: int | None = None,
-                    quota: bool = True) -> list[dict[str, Any]]:
+                    quota: bool = True, against: Path | None = None) -> list[dict[str, Any]]:
     """Raw forwarder, Sluice log off and Sluice log on, in front of one canned broker; with
     `pin_proxy`, the proxy on that CPU and the client and the canned broker on the others; without
-    `quota`, Sluice has no quota configured."""
+    `quota`, Sluice has no quota configured; with `against` (another checkout), its Sluice too,
+    log off and on, each run just before this tree's (rows ``against_log_off``, ``against_log_on``)."""
     rows: list[dict[str, Any]] = []
     everywhere = os.sched_getaffinity(0)
     if pin_proxy is not None:
         os.sched_setaffinity(0, everywhere - {pin_proxy})  # this process (the client) and the broker
+    modes = [(m, None) for m in SocketBench.MODES]
+    if against is not None:
+        launcher = [sys.executable, str(REPO / "bench" / "common" / "run_from.py"), str(against)]
+        modes = [("raw", None), ("log_off", launcher), ("log_off", None), ("log_on", launcher),
+                 ("log_on", None)]
     with SocketBench(tmp, pin_proxy) as bench:
-        for mode in bench.MODES:
-            proc, port = bench.start(mode, extra=None if quota else {"quotas": {"entries": []}})
+        for mode, sluice in modes:
+            no_quota = None if quota else {"quotas": {"entries": []}}
+            proc, port = bench.start(mode, sluice=sluice, extra=no_quota)
+            if sluice is not None:
+                mode = f"against_{mode}"
             best_cpu, best_wall = float("inf"), float("inf")
             for _ in range(repeats):
                 c0 = process_cpu_s(proc.pid)
@@ -399,7 +415,7 @@ def measure_sockets(pairs_n: int, repeats: int, tmp: Path, pin_proxy: int | None
             rows.append({"mode": mode, "pairs": pairs_n, "repeats": repeats,
                          "cpu_us_per_pair": round(best_cpu * 1e6 / pairs_n, 1),
                          "wall_us_per_pair": round(best_wall * 1e6 / pairs_n, 1)})
-            print(f"sockets {mode:8s} CPU {rows[-1]['cpu_us_per_pair']:6.1f} us/pair  "
+            print(f"sockets {mode:16s} CPU {rows[-1]['cpu_us_per_pair']:6.1f} us/pair  "
                   f"round trip {rows[-1]['wall_us_per_pair']:6.1f} us", flush=True)
     os.sched_setaffinity(0, everywhere)
     raw = rows[0]["cpu_us_per_pair"]
@@ -487,6 +503,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--no-quota", action="store_true",
                         help="over sockets, Sluice with no quota configured (default: a client-id "
                              "quota that never binds, so every request is recorded and checked)")
+    parser.add_argument("--against", type=Path, metavar="DIR",
+                        help="over sockets, also run the Sluice of another checkout (DIR: its compiled "
+                             "modules built), log off and on, each just before this tree's")
     parser.add_argument("--canned-broker", type=int, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.canned_broker:
@@ -495,7 +514,8 @@ def main(argv: list[str] | None = None) -> int:
     rows = []
     with tempfile.TemporaryDirectory(prefix="sluice-hot-path-") as tmp:
         sockets_rows = [] if args.no_sockets else measure_sockets(args.pairs, args.repeats, Path(tmp),
-                                                                   args.pin_proxy, not args.no_quota)
+                                                                   args.pin_proxy, not args.no_quota,
+                                                                   args.against)
         writer_paths = measure_writer_paths(args.pairs, args.repeats, Path(tmp))
         print("writer paths, us/record: " + ", ".join(f"{k} {v:.2f}" for k, v in writer_paths.items()),
               flush=True)

@@ -3,6 +3,9 @@
 A write is activity for the idle timeout (`ConnectionWatchdog.last_active_ms`), and what the
 client's transport holds afterwards is re-measured for the buffer limits (`ClientBuffer`) when it
 changed. Writes after the transport started closing are dropped: the client is gone.
+
+This is the readable reference of `proxy.pumps._speedups.ClientOutput`, which a connection uses
+when the compiled orchestration was built (`proxy.pumps.connection`).
 """
 
 from __future__ import annotations

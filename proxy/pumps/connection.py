@@ -22,7 +22,8 @@ correlation id and the throttle patch) is `protocol.fastpath`: the compiled twin
 pure-Python functions when it was built, the pure ones under SLUICE_PURE_PYTHON=1. The same holds
 for the per-request orchestration: `data_received`, `_read_on` and `_on_request` below are the
 readable reference of `proxy.pumps._speedups.RequestReader`, which a connection installs in their
-place when it was built (and `ResponseOrder` has its twin, `proxy.pumps.responses`).
+place when it was built; `ResponseOrder` (`proxy.pumps.responses`), `ClientOutput` and the upstream
+side (`proxy.pumps.upstream`) have their twins in the same module, chosen with it.
 
 A malformed frame or a broken upstream closes this connection, with the reason logged, and
 nothing else. The principal (`ctx.principal`) is set at the start from the TLS certificate or
