@@ -29,6 +29,11 @@ from protocol.log_fastpath import produce_log_parts, produce_log_summary
 from proxy.ops.access_log import log
 from proxy.ops.access_log_batch import NULL_INT, RESPONSE_WALK_MAX_BYTES
 
+from cpython cimport array
+from cpython.object cimport Py_SIZE
+
+from proxy.ops.access_log_batch import PART_COLUMNS, ROW_COLUMNS
+
 cdef long _PRODUCE = ApiKey.PRODUCE
 cdef long _FETCH = ApiKey.FETCH
 cdef long _API_VERSIONS = ApiKey.API_VERSIONS
@@ -54,14 +59,95 @@ cdef long long _throttle(payload, long api_key, long api_version):
         return _NULL_INT
 
 
+# --- a batch's columns, appended to in C --------------------------------------------------------
+# `array.append` looks the method up and parses its argument per call; these store the converted
+# value at the end of the typed array instead (a value out of the column's range raises
+# OverflowError, as `append` does). A batch's columns are private to it while records are added.
+
+cdef inline int _push_q(array.array a, object v) except -1:
+    cdef long long x = v
+    cdef Py_ssize_t n = Py_SIZE(a)
+    array.resize_smart(a, n + 1)
+    a.data.as_longlongs[n] = x
+    return 0
+
+
+cdef inline int _push_i(array.array a, object v) except -1:
+    cdef int x = v
+    cdef Py_ssize_t n = Py_SIZE(a)
+    array.resize_smart(a, n + 1)
+    a.data.as_ints[n] = x
+    return 0
+
+
+cdef inline int _push_h(array.array a, object v) except -1:
+    cdef short x = v
+    cdef Py_ssize_t n = Py_SIZE(a)
+    array.resize_smart(a, n + 1)
+    a.data.as_shorts[n] = x
+    return 0
+
+
+cdef inline int _push_b(array.array a, object v) except -1:
+    cdef signed char x = v
+    cdef Py_ssize_t n = Py_SIZE(a)
+    array.resize_smart(a, n + 1)
+    a.data.as_schars[n] = x
+    return 0
+
+
+cdef inline int _push_d(array.array a, object v) except -1:
+    cdef double x = v
+    cdef Py_ssize_t n = Py_SIZE(a)
+    array.resize_smart(a, n + 1)
+    a.data.as_doubles[n] = x
+    return 0
+
+
+_EXPECTED_CODES = {"ts_ms": "q", "conn": "i", "client_id": "i", "api_key": "h", "api_version": "h",
+                   "correlation_id": "i", "request_bytes": "q", "response_bytes": "q", "latency_ms": "d",
+                   "throttle_ms": "i", "broker_throttle_ms": "q", "quota": "i", "would_throttle_ms": "q",
+                   "errors": "i", "topics_end": "i", "topics_valid": "b", "part_topic": "i",
+                   "part_index": "i", "part_records": "q", "part_bytes": "q"}
+if dict(ROW_COLUMNS + PART_COLUMNS) != _EXPECTED_CODES:
+    raise ImportError("LogBatch's columns are not the ones proxy.ops._speedups appends to")
+
+
+cdef class _Columns:
+    """One batch's column arrays, typed (read once per batch: the feeder swaps batches, not columns)."""
+
+    cdef object batch
+    cdef array.array ts_ms, conn, client_id, api_key, api_version, correlation_id, request_bytes
+    cdef array.array response_bytes, latency_ms, throttle_ms, broker_throttle_ms, quota
+    cdef array.array would_throttle_ms, errors, topics_end, topics_valid
+    cdef array.array part_topic, part_index, part_records, part_bytes
+
+    def __init__(self, batch):
+        for name, code in _EXPECTED_CODES.items():  # a column of another type is a bug: say so
+            if type(getattr(batch, name)) is not array.array or getattr(batch, name).typecode != code:
+                raise TypeError(f"LogBatch.{name} is not an array of {code!r}")
+        self.batch = batch
+        self.ts_ms, self.conn, self.client_id = batch.ts_ms, batch.conn, batch.client_id
+        self.api_key, self.api_version, self.correlation_id = batch.api_key, batch.api_version, batch.correlation_id
+        self.request_bytes, self.response_bytes = batch.request_bytes, batch.response_bytes
+        self.latency_ms, self.throttle_ms = batch.latency_ms, batch.throttle_ms
+        self.broker_throttle_ms, self.quota = batch.broker_throttle_ms, batch.quota
+        self.would_throttle_ms, self.errors = batch.would_throttle_ms, batch.errors
+        self.topics_end, self.topics_valid = batch.topics_end, batch.topics_valid
+        self.part_topic, self.part_index = batch.part_topic, batch.part_index
+        self.part_records, self.part_bytes = batch.part_records, batch.part_bytes
+
+
 cdef class AccessLogHooks:
     """`AccessLogStage.on_request` and `AccessLogStage.on_complete` of one stage, compiled."""
 
     cdef object _stage, _writer
+    cdef _Columns _columns  # the current batch's (a new batch: read again)
 
     def __init__(self, stage):
         self._stage = stage
         self._writer = stage._writer
+        self._columns = None
 
     def on_request(self, ctx, entry, header, payload):
         if header.api_key == _PRODUCE and not entry.parts_walked:  # InFlight.produce_parts
@@ -173,42 +259,40 @@ cdef class AccessLogHooks:
         if errors is None:
             errors = error_sets[codes] = len(error_sets)
         received = entry.response_received_ms
-        ts_column = batch.ts_ms
-        cdef Py_ssize_t row = len(ts_column)
-        part_index = batch.part_index
-        cdef Py_ssize_t n_parts = len(part_index)
+        cdef _Columns c = self._columns
+        if c is None or c.batch is not batch:
+            c = self._columns = _Columns(batch)
+        cdef Py_ssize_t row = Py_SIZE(c.ts_ms)
+        cdef Py_ssize_t n_parts = Py_SIZE(c.part_index)
         try:  # `_columns_append`
-            ts_column.append(ts_ms)
-            batch.conn.append(conn)
-            batch.client_id.append(client)
-            batch.api_key.append(entry.api_key)
-            batch.api_version.append(entry.api_version)
-            batch.correlation_id.append(entry.correlation_id)
-            batch.request_bytes.append(entry.request_bytes)
-            batch.response_bytes.append(entry.response_bytes if received else _NULL_INT)
-            batch.latency_ms.append(float(received - entry.received_ms) if entry.forwarded and received
-                                    else _NAN)
-            batch.throttle_ms.append(enforced)
-            batch.broker_throttle_ms.append(throttle)
-            batch.quota.append(quota)
-            batch.would_throttle_ms.append(would)
-            batch.errors.append(errors)
+            _push_q(c.ts_ms, ts_ms)
+            _push_i(c.conn, conn)
+            _push_i(c.client_id, client)
+            _push_h(c.api_key, entry.api_key)
+            _push_h(c.api_version, entry.api_version)
+            _push_i(c.correlation_id, entry.correlation_id)
+            _push_q(c.request_bytes, entry.request_bytes)
+            _push_q(c.response_bytes, entry.response_bytes if received else _NULL_INT)
+            _push_d(c.latency_ms, float(received - entry.received_ms) if entry.forwarded and received
+                    else _NAN)
+            _push_i(c.throttle_ms, enforced)
+            _push_q(c.broker_throttle_ms, throttle)
+            _push_i(c.quota, quota)
+            _push_q(c.would_throttle_ms, would)
+            _push_i(c.errors, errors)
             if parts is not None:
                 topics = batch._topics
-                part_topic = batch.part_topic
-                part_records = batch.part_records
-                part_bytes = batch.part_bytes
                 for topic, topic_id, index, n_records, n_bytes in parts:
                     key = topic if topic is not None else (topic_id or b"")
                     t = topics.get(key)
                     if t is None:
                         t = topics[key] = len(topics)
-                    part_topic.append(t)
-                    part_index.append(index)
-                    part_records.append(n_records)
-                    part_bytes.append(n_bytes)
-            batch.topics_end.append(len(part_index))
-            batch.topics_valid.append(parts is not None)
+                    _push_i(c.part_topic, t)
+                    _push_i(c.part_index, index)
+                    _push_q(c.part_records, n_records)
+                    _push_q(c.part_bytes, n_bytes)
+            _push_i(c.topics_end, Py_SIZE(c.part_index))
+            _push_b(c.topics_valid, parts is not None)
         except Exception:
             batch._truncate(row, n_parts)  # a row is added whole or not at all
             raise
