@@ -60,56 +60,48 @@ cdef long long _throttle(payload, long api_key, long api_version):
 
 
 # --- a batch's columns, appended to in C --------------------------------------------------------
-# `array.append` looks the method up and parses its argument per call; these store the converted
+# `array.append` looks the method up and parses its argument per call; `_push` stores the converted
 # value at the end of the typed array instead (a value out of the column's range raises
 # OverflowError, as `append` does). A batch's columns are private to it while records are added.
 
-cdef inline int _push_q(array.array a, object v) except -1:
-    cdef long long x = v
+cdef inline int _push(array.array a, object v) except -1:
+    """`a.append(v)` for the column type codes a batch has ('q', 'i', 'h', 'b', 'd')."""
     cdef Py_ssize_t n = Py_SIZE(a)
-    array.resize_smart(a, n + 1)
-    a.data.as_longlongs[n] = x
+    cdef char code = a.ob_descr.typecode
+    cdef long long q
+    cdef int i
+    cdef short h
+    cdef signed char b
+    cdef double d
+    if code == b'q':
+        q = v  # (each conversion first: out of range raises before the array grows)
+        array.resize_smart(a, n + 1)
+        a.data.as_longlongs[n] = q
+    elif code == b'i':
+        i = v
+        array.resize_smart(a, n + 1)
+        a.data.as_ints[n] = i
+    elif code == b'h':
+        h = v
+        array.resize_smart(a, n + 1)
+        a.data.as_shorts[n] = h
+    elif code == b'b':
+        b = v
+        array.resize_smart(a, n + 1)
+        a.data.as_schars[n] = b
+    elif code == b'd':
+        d = v
+        array.resize_smart(a, n + 1)
+        a.data.as_doubles[n] = d
+    else:
+        a.append(v)
     return 0
 
 
-cdef inline int _push_i(array.array a, object v) except -1:
-    cdef int x = v
-    cdef Py_ssize_t n = Py_SIZE(a)
-    array.resize_smart(a, n + 1)
-    a.data.as_ints[n] = x
-    return 0
-
-
-cdef inline int _push_h(array.array a, object v) except -1:
-    cdef short x = v
-    cdef Py_ssize_t n = Py_SIZE(a)
-    array.resize_smart(a, n + 1)
-    a.data.as_shorts[n] = x
-    return 0
-
-
-cdef inline int _push_b(array.array a, object v) except -1:
-    cdef signed char x = v
-    cdef Py_ssize_t n = Py_SIZE(a)
-    array.resize_smart(a, n + 1)
-    a.data.as_schars[n] = x
-    return 0
-
-
-cdef inline int _push_d(array.array a, object v) except -1:
-    cdef double x = v
-    cdef Py_ssize_t n = Py_SIZE(a)
-    array.resize_smart(a, n + 1)
-    a.data.as_doubles[n] = x
-    return 0
-
-
-_EXPECTED_CODES = {"ts_ms": "q", "conn": "i", "client_id": "i", "api_key": "h", "api_version": "h",
-                   "correlation_id": "i", "request_bytes": "q", "response_bytes": "q", "latency_ms": "d",
-                   "throttle_ms": "i", "broker_throttle_ms": "q", "quota": "i", "would_throttle_ms": "q",
-                   "errors": "i", "topics_end": "i", "topics_valid": "b", "part_topic": "i",
-                   "part_index": "i", "part_records": "q", "part_bytes": "q"}
-if dict(ROW_COLUMNS + PART_COLUMNS) != _EXPECTED_CODES:
+_COLUMNS = ("ts_ms", "conn", "client_id", "api_key", "api_version", "correlation_id", "request_bytes",
+            "response_bytes", "latency_ms", "throttle_ms", "broker_throttle_ms", "quota", "would_throttle_ms",
+            "errors", "topics_end", "topics_valid", "part_topic", "part_index", "part_records", "part_bytes")
+if {name for name, _ in ROW_COLUMNS + PART_COLUMNS} != set(_COLUMNS):
     raise ImportError("LogBatch's columns are not the ones proxy.ops._speedups appends to")
 
 
@@ -123,7 +115,7 @@ cdef class _Columns:
     cdef array.array part_topic, part_index, part_records, part_bytes
 
     def __init__(self, batch):
-        for name, code in _EXPECTED_CODES.items():  # a column of another type is a bug: say so
+        for name, code in ROW_COLUMNS + PART_COLUMNS:  # a column of another type is a bug: say so
             if type(getattr(batch, name)) is not array.array or getattr(batch, name).typecode != code:
                 raise TypeError(f"LogBatch.{name} is not an array of {code!r}")
         self.batch = batch
@@ -265,21 +257,21 @@ cdef class AccessLogHooks:
         cdef Py_ssize_t row = Py_SIZE(c.ts_ms)
         cdef Py_ssize_t n_parts = Py_SIZE(c.part_index)
         try:  # `_columns_append`
-            _push_q(c.ts_ms, ts_ms)
-            _push_i(c.conn, conn)
-            _push_i(c.client_id, client)
-            _push_h(c.api_key, entry.api_key)
-            _push_h(c.api_version, entry.api_version)
-            _push_i(c.correlation_id, entry.correlation_id)
-            _push_q(c.request_bytes, entry.request_bytes)
-            _push_q(c.response_bytes, entry.response_bytes if received else _NULL_INT)
-            _push_d(c.latency_ms, float(received - entry.received_ms) if entry.forwarded and received
+            _push(c.ts_ms, ts_ms)
+            _push(c.conn, conn)
+            _push(c.client_id, client)
+            _push(c.api_key, entry.api_key)
+            _push(c.api_version, entry.api_version)
+            _push(c.correlation_id, entry.correlation_id)
+            _push(c.request_bytes, entry.request_bytes)
+            _push(c.response_bytes, entry.response_bytes if received else _NULL_INT)
+            _push(c.latency_ms, float(received - entry.received_ms) if entry.forwarded and received
                     else _NAN)
-            _push_i(c.throttle_ms, enforced)
-            _push_q(c.broker_throttle_ms, throttle)
-            _push_i(c.quota, quota)
-            _push_q(c.would_throttle_ms, would)
-            _push_i(c.errors, errors)
+            _push(c.throttle_ms, enforced)
+            _push(c.broker_throttle_ms, throttle)
+            _push(c.quota, quota)
+            _push(c.would_throttle_ms, would)
+            _push(c.errors, errors)
             if parts is not None:
                 topics = batch._topics
                 for topic, topic_id, index, n_records, n_bytes in parts:
@@ -287,12 +279,12 @@ cdef class AccessLogHooks:
                     t = topics.get(key)
                     if t is None:
                         t = topics[key] = len(topics)
-                    _push_i(c.part_topic, t)
-                    _push_i(c.part_index, index)
-                    _push_q(c.part_records, n_records)
-                    _push_q(c.part_bytes, n_bytes)
-            _push_i(c.topics_end, Py_SIZE(c.part_index))
-            _push_b(c.topics_valid, parts is not None)
+                    _push(c.part_topic, t)
+                    _push(c.part_index, index)
+                    _push(c.part_records, n_records)
+                    _push(c.part_bytes, n_bytes)
+            _push(c.topics_end, Py_SIZE(c.part_index))
+            _push(c.topics_valid, parts is not None)
         except Exception:
             batch._truncate(row, n_parts)  # a row is added whole or not at all
             raise
