@@ -12,6 +12,7 @@ such a member. The differential tests compare the objects made here with the con
 
 from cpython.object cimport PyObject
 from cpython.ref cimport Py_INCREF, Py_XDECREF
+from cpython.tuple cimport PyTuple_GET_ITEM
 
 cdef extern from "structmember.h":
     ctypedef struct PyMemberDef:
@@ -44,3 +45,20 @@ cdef inline void put(object obj, Py_ssize_t offset, object value):
     Py_INCREF(value)
     slot[0] = <PyObject *>value
     Py_XDECREF(old)
+
+
+cdef inline int offsets_of(object cls, tuple names, Py_ssize_t *out, Py_ssize_t capacity) except -1:
+    """`out[i]` = the offset of `cls`'s slot `names[i]` (at most `capacity` names)."""
+    if len(names) > capacity:
+        raise ValueError(f"{len(names)} slots of {cls.__name__}, room for {capacity}")
+    cdef Py_ssize_t k
+    for k in range(len(names)):
+        out[k] = slot_offset(cls, names[k])
+    return 0
+
+
+cdef inline void fill(object obj, const Py_ssize_t *offsets, tuple values):
+    """`obj`'s slot at `offsets[i]` = `values[i]`, for every value."""
+    cdef Py_ssize_t k
+    for k in range(len(values)):
+        put(obj, offsets[k], <object>PyTuple_GET_ITEM(values, k))

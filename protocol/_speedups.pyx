@@ -19,7 +19,7 @@ from protocol._walk cimport count_records as _walk_count_records
 from protocol._walk cimport read_compact_length, read_topic_id, read_topic_name
 from protocol._walk cimport read_i16 as _i16
 from protocol._walk cimport read_i32 as _i32
-from protocol._slots cimport put, slot_offset
+from protocol._slots cimport fill, offsets_of
 
 from protocol import framing as _framing
 from protocol import headers as _headers
@@ -45,24 +45,15 @@ _HEADER_FIELDS = ("api_key", "api_version", "correlation_id", "client_id", "head
 if tuple(_RequestHeader.__dataclass_fields__) != _HEADER_FIELDS:
     raise ImportError(f"RequestHeader's fields are {tuple(_RequestHeader.__dataclass_fields__)}, "
                       f"not the {_HEADER_FIELDS} this module fills")
-cdef Py_ssize_t _H_API_KEY = slot_offset(_RequestHeader, "api_key")
-cdef Py_ssize_t _H_API_VERSION = slot_offset(_RequestHeader, "api_version")
-cdef Py_ssize_t _H_CORRELATION_ID = slot_offset(_RequestHeader, "correlation_id")
-cdef Py_ssize_t _H_CLIENT_ID = slot_offset(_RequestHeader, "client_id")
-cdef Py_ssize_t _H_HEADER_VERSION = slot_offset(_RequestHeader, "header_version")
-cdef Py_ssize_t _H_BODY_OFFSET = slot_offset(_RequestHeader, "body_offset")
+cdef Py_ssize_t _header_offsets[6]
+offsets_of(_RequestHeader, _HEADER_FIELDS, _header_offsets, 6)
 
 
 cdef object _new_header(int api_key, int api_version, int32_t correlation_id, object client_id,
                         int header_version, Py_ssize_t body_offset):
     """`RequestHeader(api_key, api_version, correlation_id, client_id, header_version, body_offset)`."""
     header = _object_new(_RequestHeader)
-    put(header, _H_API_KEY, api_key)
-    put(header, _H_API_VERSION, api_version)
-    put(header, _H_CORRELATION_ID, correlation_id)
-    put(header, _H_CLIENT_ID, client_id)
-    put(header, _H_HEADER_VERSION, header_version)
-    put(header, _H_BODY_OFFSET, body_offset)
+    fill(header, _header_offsets, (api_key, api_version, correlation_id, client_id, header_version, body_offset))
     return header
 DEFAULT_MAX_FRAME_BYTES = _framing.DEFAULT_MAX_FRAME_BYTES
 

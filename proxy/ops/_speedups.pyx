@@ -60,49 +60,35 @@ cdef long long _throttle(payload, long api_key, long api_version):
 
 
 # --- a batch's columns, appended to in C --------------------------------------------------------
-# `array.append` looks the method up and parses its argument per call; `_push` stores the converted
-# value at the end of the typed array instead (a value out of the column's range raises
-# OverflowError, as `append` does). A batch's columns are private to it while records are added.
+# `array.append` looks the method up and parses its argument per call; `_store` puts the value,
+# converted to the column's C type first (out of range raises OverflowError, as `append` does,
+# before the array grows), at the end of the typed array. A batch's columns are private to it
+# while records are added.
 
-cdef inline int _push(array.array a, object v) except -1:
-    """`a.append(v)` for the column type codes a batch has ('q', 'i', 'h', 'b', 'd')."""
+ctypedef fused _Cell:
+    long long
+    int
+    short
+    signed char
+    double
+
+
+cdef inline int _store(array.array a, _Cell x) except -1:
+    """`x` added at the end of `a`, whose items are of `x`'s C type."""
     cdef Py_ssize_t n = Py_SIZE(a)
-    cdef char code = a.ob_descr.typecode
-    cdef long long q
-    cdef int i
-    cdef short h
-    cdef signed char b
-    cdef double d
-    if code == b'q':
-        q = v  # (each conversion first: out of range raises before the array grows)
-        array.resize_smart(a, n + 1)
-        a.data.as_longlongs[n] = q
-    elif code == b'i':
-        i = v
-        array.resize_smart(a, n + 1)
-        a.data.as_ints[n] = i
-    elif code == b'h':
-        h = v
-        array.resize_smart(a, n + 1)
-        a.data.as_shorts[n] = h
-    elif code == b'b':
-        b = v
-        array.resize_smart(a, n + 1)
-        a.data.as_schars[n] = b
-    elif code == b'd':
-        d = v
-        array.resize_smart(a, n + 1)
-        a.data.as_doubles[n] = d
-    else:
-        a.append(v)
+    array.resize_smart(a, n + 1)
+    (<_Cell *>a.data.as_voidptr)[n] = x
     return 0
 
 
-_COLUMNS = ("ts_ms", "conn", "client_id", "api_key", "api_version", "correlation_id", "request_bytes",
-            "response_bytes", "latency_ms", "throttle_ms", "broker_throttle_ms", "quota", "would_throttle_ms",
-            "errors", "topics_end", "topics_valid", "part_topic", "part_index", "part_records", "part_bytes")
-if {name for name, _ in ROW_COLUMNS + PART_COLUMNS} != set(_COLUMNS):
-    raise ImportError("LogBatch's columns are not the ones proxy.ops._speedups appends to")
+# the C type each column's items are stored as, by its array type code (checked per batch)
+_CODES = {"ts_ms": "q", "conn": "i", "client_id": "i", "api_key": "h", "api_version": "h",
+          "correlation_id": "i", "request_bytes": "q", "response_bytes": "q", "latency_ms": "d",
+          "throttle_ms": "i", "broker_throttle_ms": "q", "quota": "i", "would_throttle_ms": "q",
+          "errors": "i", "topics_end": "i", "topics_valid": "b", "part_topic": "i", "part_index": "i",
+          "part_records": "q", "part_bytes": "q"}
+if dict(ROW_COLUMNS + PART_COLUMNS) != _CODES:
+    raise ImportError("LogBatch's columns are not the ones proxy.ops._speedups stores into")
 
 
 cdef class _Columns:
@@ -115,7 +101,7 @@ cdef class _Columns:
     cdef array.array part_topic, part_index, part_records, part_bytes
 
     def __init__(self, batch):
-        for name, code in ROW_COLUMNS + PART_COLUMNS:  # a column of another type is a bug: say so
+        for name, code in _CODES.items():  # a column of another type is a bug: say so
             if type(getattr(batch, name)) is not array.array or getattr(batch, name).typecode != code:
                 raise TypeError(f"LogBatch.{name} is not an array of {code!r}")
         self.batch = batch
@@ -257,21 +243,21 @@ cdef class AccessLogHooks:
         cdef Py_ssize_t row = Py_SIZE(c.ts_ms)
         cdef Py_ssize_t n_parts = Py_SIZE(c.part_index)
         try:  # `_columns_append`
-            _push(c.ts_ms, ts_ms)
-            _push(c.conn, conn)
-            _push(c.client_id, client)
-            _push(c.api_key, entry.api_key)
-            _push(c.api_version, entry.api_version)
-            _push(c.correlation_id, entry.correlation_id)
-            _push(c.request_bytes, entry.request_bytes)
-            _push(c.response_bytes, entry.response_bytes if received else _NULL_INT)
-            _push(c.latency_ms, float(received - entry.received_ms) if entry.forwarded and received
+            _store(c.ts_ms, <long long>ts_ms)
+            _store(c.conn, <int>conn)
+            _store(c.client_id, <int>client)
+            _store(c.api_key, <short>entry.api_key)
+            _store(c.api_version, <short>entry.api_version)
+            _store(c.correlation_id, <int>entry.correlation_id)
+            _store(c.request_bytes, <long long>entry.request_bytes)
+            _store(c.response_bytes, <long long>(entry.response_bytes if received else _NULL_INT))
+            _store(c.latency_ms, <double>float(received - entry.received_ms) if entry.forwarded and received
                     else _NAN)
-            _push(c.throttle_ms, enforced)
-            _push(c.broker_throttle_ms, throttle)
-            _push(c.quota, quota)
-            _push(c.would_throttle_ms, would)
-            _push(c.errors, errors)
+            _store(c.throttle_ms, <int>enforced)
+            _store(c.broker_throttle_ms, <long long>throttle)
+            _store(c.quota, <int>quota)
+            _store(c.would_throttle_ms, <long long>would)
+            _store(c.errors, <int>errors)
             if parts is not None:
                 topics = batch._topics
                 for topic, topic_id, index, n_records, n_bytes in parts:
@@ -279,12 +265,12 @@ cdef class AccessLogHooks:
                     t = topics.get(key)
                     if t is None:
                         t = topics[key] = len(topics)
-                    _push(c.part_topic, t)
-                    _push(c.part_index, index)
-                    _push(c.part_records, n_records)
-                    _push(c.part_bytes, n_bytes)
-            _push(c.topics_end, Py_SIZE(c.part_index))
-            _push(c.topics_valid, parts is not None)
+                    _store(c.part_topic, <int>t)
+                    _store(c.part_index, <int>index)
+                    _store(c.part_records, <long long>n_records)
+                    _store(c.part_bytes, <long long>n_bytes)
+            _store(c.topics_end, <int>Py_SIZE(c.part_index))
+            _store(c.topics_valid, <signed char>(parts is not None))
         except Exception:
             batch._truncate(row, n_parts)  # a row is added whole or not at all
             raise

@@ -183,9 +183,7 @@ cdef class ResponseOrder:
 
 import logging
 
-from cpython.tuple cimport PyTuple_GET_ITEM
-
-from protocol._slots cimport put, slot_offset
+from protocol._slots cimport fill, offsets_of
 
 from protocol.apis import ApiKey
 from protocol.fastpath import read_produce_acks, read_request_header
@@ -206,40 +204,30 @@ cdef long _API_VERSIONS = ApiKey.API_VERSIONS
 cdef object _object_new = object.__new__
 _GIVEN = ("correlation_id", "api_key", "api_version", "client_id", "request_bytes", "received_ms",
           "expects_response")
-cdef Py_ssize_t _E_CORRELATION_ID = slot_offset(InFlight, "correlation_id")
-cdef Py_ssize_t _E_API_KEY = slot_offset(InFlight, "api_key")
-cdef Py_ssize_t _E_API_VERSION = slot_offset(InFlight, "api_version")
-cdef Py_ssize_t _E_CLIENT_ID = slot_offset(InFlight, "client_id")
-cdef Py_ssize_t _E_REQUEST_BYTES = slot_offset(InFlight, "request_bytes")
-cdef Py_ssize_t _E_RECEIVED_MS = slot_offset(InFlight, "received_ms")
-cdef Py_ssize_t _E_EXPECTS_RESPONSE = slot_offset(InFlight, "expects_response")
+cdef Py_ssize_t _given_offsets[7]
+offsets_of(InFlight, _GIVEN, _given_offsets, 7)
 
 
 def _entry_defaults():
-    """(offsets, values) of InFlight's fields that a request does not give: their declared defaults."""
+    """(names, values) of InFlight's fields that a request does not give: their declared defaults."""
     import dataclasses
-    offsets, values = [], []
+    names, values = [], []
     for f in dataclasses.fields(InFlight):
         if f.name in _GIVEN:
             continue
         if f.default is dataclasses.MISSING:  # a default_factory, or none: this module cannot fill it
             raise ImportError(f"InFlight.{f.name} has no plain default to fill in C")
-        offsets.append(slot_offset(InFlight, f.name))
+        names.append(f.name)
         values.append(f.default)
-    if len(offsets) + len(_GIVEN) != len(InFlight.__slots__):
+    if len(names) + len(_GIVEN) != len(InFlight.__slots__):
         raise ImportError(f"InFlight's slots {InFlight.__slots__} are not its fields")
-    return offsets, tuple(values)
+    return tuple(names), tuple(values)
 
 
 DEF MAX_DEFAULTS = 64
 cdef Py_ssize_t _default_offsets[MAX_DEFAULTS]
-cdef Py_ssize_t _n_defaults = 0
-_offsets, _default_values = _entry_defaults()
-if len(_offsets) > MAX_DEFAULTS:
-    raise ImportError(f"InFlight has more than {MAX_DEFAULTS} defaulted fields")
-for _offset in _offsets:
-    _default_offsets[_n_defaults] = _offset
-    _n_defaults += 1
+_default_names, _default_values = _entry_defaults()
+offsets_of(InFlight, _default_names, _default_offsets, MAX_DEFAULTS)
 cdef tuple _defaults = _default_values
 
 
@@ -248,16 +236,9 @@ cdef object new_entry(object correlation_id, object api_key, object api_version,
     """`InFlight(correlation_id, api_key, api_version, client_id, request_bytes, received_ms,
     expects_response=expects_response)`."""
     entry = _object_new(InFlight)
-    put(entry, _E_CORRELATION_ID, correlation_id)
-    put(entry, _E_API_KEY, api_key)
-    put(entry, _E_API_VERSION, api_version)
-    put(entry, _E_CLIENT_ID, client_id)
-    put(entry, _E_REQUEST_BYTES, request_bytes)
-    put(entry, _E_RECEIVED_MS, received_ms)
-    put(entry, _E_EXPECTS_RESPONSE, True if expects_response else False)
-    cdef Py_ssize_t i
-    for i in range(_n_defaults):
-        put(entry, _default_offsets[i], <object>PyTuple_GET_ITEM(_defaults, i))
+    fill(entry, _given_offsets, (correlation_id, api_key, api_version, client_id, request_bytes, received_ms,
+                                 True if expects_response else False))
+    fill(entry, _default_offsets, _defaults)
     return entry
 
 

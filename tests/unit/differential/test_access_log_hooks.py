@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 from kio.schema.errors import ErrorCode
 
@@ -105,13 +105,18 @@ def produce_response(correlation_id: int, version: int, code: int, throttle_ms: 
 exchange_st = st.tuples(
     st.sampled_from([ApiKey.PRODUCE, ApiKey.PRODUCE, ApiKey.API_VERSIONS, ApiKey.FETCH]),
     st.sampled_from(["whole", "cut", "garbage", "none", "answered"]),
-    st.integers(-1, 30), st.integers(0, 500), st.sampled_from(["none", "matched", "shadow", "unmatched"]),
+    # the quota note's throttle; 2**31 does not fit its int32 column: the row is dropped whole, on both
+    st.integers(-1, 30), st.one_of(st.integers(0, 500), st.just(2**31)),
+    st.sampled_from(["none", "matched", "shadow", "unmatched"]),
     st.sampled_from(["app", None, "zoë"]), st.integers(0, 50))
 
 
 @pytest.mark.both_twins
 @settings(max_examples=150, deadline=None)
 @given(exchanges=st.lists(exchange_st, max_size=40), every=st.integers(1, 50), queue_size=st.integers(1, 60))
+@example(exchanges=[(ApiKey.PRODUCE, "whole", 0, 7, "matched", "app", 1),
+                    (ApiKey.PRODUCE, "whole", 0, 2**31, "matched", "app", 1),  # dropped whole, on both
+                    (ApiKey.API_VERSIONS, "whole", 0, 0, "none", "app", 1)], every=50, queue_size=60)
 def test_random_exchanges_make_the_same_batches(tmp_path_factory: pytest.TempPathFactory,
                                                 exchanges: list[tuple[Any, ...]], every: int,
                                                 queue_size: int) -> None:
@@ -129,13 +134,14 @@ def test_random_exchanges_make_the_same_batches(tmp_path_factory: pytest.TempPat
             pipeline.on_request(CTX, entry, header, payload)
             if quota != "none":
                 entry.quota = QuotaNote(ClientIdentity("alice", client), decisions(quota, api), throttle)
+            wire_throttle = min(throttle, 2**31 - 1)  # the broker's own throttle_time_ms, an int32
             if api == ApiKey.PRODUCE:
-                response = produce_response(n, version, max(code, 0), throttle)
+                response = produce_response(n, version, max(code, 0), wire_throttle)
             elif api == ApiKey.API_VERSIONS:
                 response = api_versions_v3_response(
                     ErrorCode.none if code <= 0 else ErrorCode.unsupported_version)
             else:
-                response = struct.pack(">ii", n, throttle) + b"\x00" * 12
+                response = struct.pack(">ii", n, wire_throttle) + b"\x00" * 12
             now += latency
             if how == "answered":
                 entry.answer(response, now)
@@ -149,6 +155,8 @@ def test_random_exchanges_make_the_same_batches(tmp_path_factory: pytest.TempPat
             pipeline.on_complete(CTX, entry, now)
         seen.append((batches(writer, cutter), writer.dropped, writer.unreadable))
     assert seen[0] == seen[1]
+    if seen[0][2]:  # the only rows that cannot be stored: a throttle past int32 (counted, not written)
+        assert any(throttle >= 2**31 and quota != "none" for _, _, _, throttle, quota, _, _ in exchanges)
 
 
 @pytest.mark.both_twins
