@@ -30,7 +30,7 @@ The engine does no I/O and never reads a clock of its own.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Collection, Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -168,11 +168,9 @@ class QuotaEngine:
         self._topic_managers: dict[int | None, QuotaManager] = {}
         self.topic_kinds: frozenset[QuotaKind] = frozenset()
         self.active_kinds: frozenset[QuotaKind] = frozenset()
-        self.needs_produce_usage = False  # these five: `_set_kinds`
+        self.needs_produce_usage = False  # these four: `_set_kinds`
         self.needs_fetch_request_topics = False
         self.needs_fetch_usage = False
-        self.charges_responses = False
-        self._kinds_listeners: list[Callable[[], None]] = []
         self._wants_metadata = False
         self._callback_kinds = self._probe_callback()
         self._set_kinds()  # nothing is recorded for a kind with no quota
@@ -683,9 +681,7 @@ class QuotaEngine:
           (a topic entry limits consumed bytes or records, so its max_bytes is capped by them,
           `topic_fetch_cap`);
         * `needs_fetch_usage`: a Fetch response must be read whole, per topic (records/s or topic
-          quotas are configured);
-        * `charges_responses`: `response` records something (``request_percentage`` is configured);
-          without it, it answers every response `NOT_LIMITED_RESPONSE`."""
+          quotas are configured)."""
         self.topic_kinds = frozenset(k for e in self._config if e.entity.is_topic for k in e.values)
         broker_bps = frozenset() if self._broker_bps is None else self._broker_bps.kinds()
         self.active_kinds = (self._effective().kinds() | self._cluster_wide_kinds | self._callback_kinds
@@ -695,14 +691,6 @@ class QuotaEngine:
         self.needs_fetch_request_topics = bool(self.topic_kinds & _TOPIC_CAP_KINDS)
         self.needs_fetch_usage = (QuotaKind.CONSUMER_RECORD_RATE in self.active_kinds
                                   or bool(self.topic_kinds & _TOPIC_FETCH_KINDS))
-        self.charges_responses = QuotaKind.REQUEST_PERCENTAGE in self.active_kinds
-        for listener in self._kinds_listeners:
-            listener()
-
-    def on_kinds_changed(self, listener: Callable[[], None]) -> None:
-        """Call `listener` after every change of the kinds above (a caller that keeps its own copy
-        of what they make it do: the quota stage's compiled hooks)."""
-        self._kinds_listeners.append(listener)
 
     def _charge(self, broker_id: int | None, identity: ClientIdentity, size_bytes: int,
                 usage: TopicTally | None, bytes_kind: QuotaKind, records_kind: QuotaKind, *,

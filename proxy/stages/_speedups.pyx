@@ -43,9 +43,6 @@ cdef class QuotaHooks:
     """`QuotaStage.on_request` and `QuotaStage.on_response` of one stage, compiled."""
 
     cdef object _stage, _engine, _identities, _observer, _on_request, _on_response, _throttled
-    # the engine's kinds as these hooks need them, kept current by the engine (`kinds_changed`):
-    # whether a response can be charged, and whether a Metadata response's topic ids are learnt
-    cdef bint _charges_responses, _learns_topics
 
     def __init__(self, stage, reference):
         """`reference`: the stage's class, whose methods are the readable hooks."""
@@ -56,14 +53,6 @@ cdef class QuotaHooks:
         self._on_request = reference.on_request
         self._on_response = reference.on_response
         self._throttled = reference._throttled
-        self.kinds_changed()
-        self._engine.on_kinds_changed(self.kinds_changed)
-
-    def kinds_changed(self):
-        """The engine's kinds changed (`QuotaEngine.on_kinds_changed`)."""
-        engine = self._engine
-        self._charges_responses = engine.charges_responses
-        self._learns_topics = bool(engine.topic_kinds)
 
     cdef inline void _observe(self, ctx, decisions):
         observer = self._observer
@@ -111,13 +100,8 @@ cdef class QuotaHooks:
         note = entry.quota
         if note is None:
             return None
-        cdef long api_key = entry.api_key
-        if (not self._charges_responses and api_key != _FETCH and api_key != _SHARE_FETCH
-                and not (api_key == _METADATA and self._learns_topics) and note.enforced_ms == 0):
-            # the reference's engine.response answers NOT_LIMITED_RESPONSE (no request_percentage):
-            # no decision, nothing enforced before or now: nothing to record, patch or mute
-            return None
         engine = self._engine
+        cdef long api_key = entry.api_key
         quick = engine._quick
         if (quick is None or api_key == _FETCH or api_key == _SHARE_FETCH or not entry.forwarded
                 or not _rated(api_key) or (api_key == _METADATA and engine.topic_kinds)):
