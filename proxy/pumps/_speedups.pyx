@@ -403,24 +403,9 @@ cdef class RequestReader:
 
 # ----------------------------------------------------------------------------- writing to the client
 
-from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_FromStringAndSize
-
 from protocol._wire import I32
 
-_pack_size = I32.pack
-
-
-cdef inline bytes _size_prefix(Py_ssize_t n):
-    """`I32.pack(n)`: the 4-byte big-endian size prefix (out of range: I32.pack's own error)."""
-    if n < 0 or n > 0x7FFFFFFF:
-        return _pack_size(n)
-    cdef bytes prefix = PyBytes_FromStringAndSize(NULL, 4)
-    cdef unsigned char *p = <unsigned char *>PyBytes_AS_STRING(prefix)
-    p[0] = (n >> 24) & 0xFF
-    p[1] = (n >> 16) & 0xFF
-    p[2] = (n >> 8) & 0xFF
-    p[3] = n & 0xFF
-    return prefix
+_pack_size = I32.pack  # the size prefix, as `proxy.pumps.client_output` writes it
 
 
 cdef class ClientOutput:
@@ -453,7 +438,7 @@ cdef class ClientOutput:
         """One whole Kafka frame: the size prefix, then the payload."""
         transport = self._transport
         if transport is not None and not transport.is_closing():
-            transport.writelines((_size_prefix(len(payload)), payload))
+            transport.writelines((_pack_size(len(payload)), payload))
             self._wrote(transport)
 
     cdef _wrote(self, transport):
@@ -499,7 +484,7 @@ cdef class UpstreamReader:
         self._transport = transport
 
     def write(self, payload):
-        self._transport.writelines((_size_prefix(len(payload)), payload))
+        self._transport.writelines((_pack_size(len(payload)), payload))
 
     def data_received(self, data):
         stream = self._stream
