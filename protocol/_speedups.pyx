@@ -11,7 +11,9 @@ tests/unit/differential feeds the same bytes to both.
 No I/O, no asyncio: this is part of the sans-IO `protocol` package.
 """
 
-from cpython.bytearray cimport PyByteArray_AS_STRING, PyByteArray_GET_SIZE
+from cpython.bytearray cimport PyByteArray_AS_STRING, PyByteArray_GET_SIZE, PyByteArray_Resize
+from cpython.unicode cimport PyUnicode_AsUTF8AndSize, PyUnicode_DecodeUTF8
+from libc.string cimport memcmp, memcpy, memmove
 from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_FromStringAndSize, PyBytes_GET_SIZE
 from libc.stdint cimport int16_t, int32_t, uint8_t, uint16_t, uint32_t
 
@@ -122,10 +124,20 @@ cdef class FrameSplitter:
 
     def feed(self, data):
         cdef bytearray buf = self._buf
-        if self._pos and self._pos * 2 >= PyByteArray_GET_SIZE(buf):
-            del buf[: self._pos]
+        cdef Py_ssize_t pos = self._pos
+        cdef Py_ssize_t held = PyByteArray_GET_SIZE(buf)
+        cdef Py_ssize_t n
+        if pos and pos * 2 >= held:  # `del buf[:pos]`: the unread tail moved to the front
+            memmove(PyByteArray_AS_STRING(buf), PyByteArray_AS_STRING(buf) + pos, held - pos)
+            held -= pos
+            PyByteArray_Resize(buf, held)
             self._pos = 0
-        buf += data
+        if type(data) is not bytes:
+            buf += data  # any other buffer: bytearray's own concatenation
+            return
+        n = PyBytes_GET_SIZE(data)  # `buf += data` for bytes, without the buffer protocol's round trip
+        PyByteArray_Resize(buf, held + n)
+        memcpy(PyByteArray_AS_STRING(buf) + held, PyBytes_AS_STRING(data), n)
 
     def next_frame(self):
         cdef Py_ssize_t size = self._front_size()
@@ -179,7 +191,7 @@ cdef class FrameSplitter:
         cdef bytearray buf = self._buf
         cdef bytes out = PyBytes_FromStringAndSize(PyByteArray_AS_STRING(buf) + start, end - start)
         if end == PyByteArray_GET_SIZE(buf):
-            del buf[:]
+            PyByteArray_Resize(buf, 0)  # `del buf[:]`
             self._pos = 0
         else:
             self._pos = end
@@ -187,6 +199,22 @@ cdef class FrameSplitter:
 
 
 # --- headers ------------------------------------------------------------------------------------
+
+
+cdef object _last_client_id = ""  # the client-id decoded last: most requests repeat their predecessor's
+
+
+cdef object _client_id(const uint8_t* p, Py_ssize_t n):
+    """`bytes(p[:n]).decode("utf-8", "replace")`: the last call's string again when the bytes are its
+    UTF-8 (valid UTF-8 decodes to one string only), else decoded afresh."""
+    global _last_client_id
+    cdef Py_ssize_t last_n
+    cdef const char* last = PyUnicode_AsUTF8AndSize(_last_client_id, &last_n)
+    if last_n == n and memcmp(last, p, n) == 0:
+        return _last_client_id
+    decoded = PyUnicode_DecodeUTF8(<const char*>p, n, "replace")
+    _last_client_id = decoded
+    return decoded
 
 
 def read_request_header(payload):
@@ -209,7 +237,7 @@ def read_request_header(payload):
         pos += client_id_len
         if pos > n:
             return _pure_read_request_header(payload)
-        client_id = payload[10:pos].decode("utf-8", "replace")
+        client_id = _client_id(p + 10, client_id_len)
     cdef int header_version = 1
     if _flexible(api_key, api_version):
         header_version = 2

@@ -39,12 +39,23 @@ from proxy.flow.inflight import CorrelationMismatch
 from proxy.flow.pipeline import Pipeline, ResponseOutcome, combine_response
 
 
+cdef object route_of(pipeline, long key):
+    """`pipeline.route(api_key, api_version)` for the key `Pipeline` files its routes under (the
+    API key in the high 16 bits, the version in the low 16): its dict first, as its hooks do."""
+    route = pipeline._routes.get(key)
+    if route is None:
+        route = pipeline.route(key >> 16, key & 0xFFFF)
+    return route
+
+
 cdef class ResponseOrder:
     """`proxy.pumps.responses.ResponseOrder`, compiled: same constructor, methods and effects."""
 
     cdef object _ctx, _pipeline, _clock, _now_ms, _inflight, _slots, _throttle, _gate, _splitter
     cdef object _upstream_name, _send, _start_throttle, _read_on, _close, _is_closed
     cdef bint _plain_pipeline
+    cdef long _route_key      # the API key and version (as the pipeline keys them) of ...
+    cdef object _route_obj    # ... the route looked up last
     cdef public object sasl
 
     def __init__(self, ctx, pipeline, clock, inflight, throttle, gate, splitter, upstream_name, *,
@@ -57,17 +68,16 @@ cdef class ResponseOrder:
         self._send, self._start_throttle, self._read_on = send, start_throttle, read_on
         self._close, self._is_closed = close, is_closed
         self._plain_pipeline = type(pipeline) is Pipeline
+        self._route_key = -1
         self.sasl = None  # set by the connection at its first SASL request
 
     cdef object _route(self, entry):
         """The pipeline's route for the entry's API key and version (`Pipeline.on_response`'s lookup)."""
-        cdef object pipeline = self._pipeline
-        cdef long api_key = entry.api_key
-        cdef long api_version = entry.api_version
-        route = pipeline._routes.get(((api_key & 0xFFFF) << 16) | (api_version & 0xFFFF))
-        if route is None:
-            route = pipeline.route(api_key, api_version)
-        return route
+        cdef long key = ((<long>entry.api_key & 0xFFFF) << 16) | (<long>entry.api_version & 0xFFFF)
+        if key != self._route_key:  # a pipeline's route for a key never changes: the last one is kept
+            self._route_obj = route_of(self._pipeline, key)
+            self._route_key = key
+        return self._route_obj
 
     cdef object _match(self, long long correlation_id):
         """`InFlightRequests.match_upstream`: the oldest forwarded, unanswered slot, or raises."""
@@ -258,11 +268,14 @@ cdef class RequestReader:
 
     cdef object _conn, _now_ms, _splitter, _gate, _pipeline, _slots, _watchdog, _ctx
     cdef bint _plain_pipeline
+    cdef long _route_key  # the route looked up last (as in ResponseOrder._route)
+    cdef object _route_obj
     cdef object _request_handler  # this object's bound on_request: the connection's _client_frame when no
                                   # SASL exchange or streamed Fetch has swapped it
 
     def __init__(self, conn):
         self._conn = conn
+        self._route_key = -1
         self._request_handler = self.on_request
 
     def attach(self):
@@ -334,6 +347,7 @@ cdef class RequestReader:
         now_ms = self._now_ms()
         cdef long api_key = header.api_key
         cdef long api_version = header.api_version
+        cdef long key
         cdef bint expects_response = True
         if api_key == _PRODUCE:  # acks=0: no response will come
             try:
@@ -350,9 +364,11 @@ cdef class RequestReader:
         if self._plain_pipeline:  # Pipeline.on_request, inline
             outcome = None
             pipeline = self._pipeline
-            route = pipeline._routes.get(((api_key & 0xFFFF) << 16) | (api_version & 0xFFFF))
-            if route is None:
-                route = pipeline.route(header.api_key, header.api_version)
+            key = ((api_key & 0xFFFF) << 16) | (api_version & 0xFFFF)
+            if key != self._route_key:  # a pipeline's route for a key never changes: the last one is kept
+                self._route_obj = route_of(pipeline, key)
+                self._route_key = key
+            route = self._route_obj
             staged = payload
             for on_request in route.on_request:
                 said = on_request(self._ctx, entry, header, staged)

@@ -191,6 +191,29 @@ def test_request_headers(frame: bytes) -> None:
         assert header.header_version == request_header_version(header.api_key, header.api_version)
 
 
+# the same lengths with other bytes; invalid UTF-8 (0xff, a lone surrogate's encoding); two-byte letters
+CLIENT_IDS = [b"a", b"b", b"ab", b"", b"\xff", b"\xfe", b"\xc3\xa9", b"\xc3\xa8", b"\xed\xa0\x80",
+              b"producer-1"]
+
+
+def _header_with_client_id(client_id: bytes) -> bytes:
+    # api_key 18 (ApiVersions) v0: header v1, no tag section; correlation id 7; then the client-id
+    return struct.pack(">hhih", 18, 0, 7, len(client_id)) + client_id
+
+
+@pytest.mark.both_twins
+@SETTINGS
+@given(client_ids=st.lists(st.sampled_from(CLIENT_IDS), min_size=1, max_size=12))
+def test_request_headers_in_sequence(client_ids: list[bytes]) -> None:
+    # one after another, as a connection reads them: a client-id equal in length to the one before
+    # (or the same bytes again, valid UTF-8 or not) still reads as its own bytes decode
+    for client_id in client_ids:
+        frame = _header_with_client_id(client_id)
+        fast = compiled().read_request_header(frame)
+        assert fast == PURE.read_request_header(frame)
+        assert fast.client_id == client_id.decode("utf-8", "replace")
+
+
 @st.composite
 def produce_requests(draw: st.DrawFn) -> tuple[bytes, RequestHeader]:
     version = draw(st.integers(min_value=0, max_value=15))
