@@ -53,7 +53,14 @@ from protocol.headers import RequestHeader
 from proxy.flow.inflight import InFlight
 from proxy.flow.pipeline import ConnectionContext, RequestOutcome, StageBase
 from proxy.ops.access_log_batch import LogBatch
-from proxy.ops.access_log_files import COUNTERS, FAILED, TOPIC_DELIVERED, TOPIC_DROPPED, WRITTEN, serve
+from proxy.ops.access_log_files import (
+    COUNTERS,
+    FAILED,
+    TOPIC_DELIVERED,
+    TOPIC_DROPPED,
+    WRITTEN,
+    writer_process,
+)
 from quotas.clock import Clock
 from quotas.entity import QuotaEntity
 
@@ -151,7 +158,7 @@ class AccessLogWriter:
     def _start_process(self) -> None:
         receiver, pipe = self._ctx.Pipe(duplex=False)
         process = self._ctx.Process(
-            target=serve, name="sluice-access-log-writer", daemon=True,
+            target=writer_process, name="sluice-access-log-writer", daemon=True,
             args=(receiver, str(self.root), self.instance, self.log_format, self.rotate_bytes, self.worker,
                   self._kafka, self._counters))
         process.start()

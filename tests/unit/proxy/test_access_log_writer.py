@@ -73,6 +73,22 @@ def test_every_handed_over_record_is_written_valid_in_either_format(tmp_path: Pa
         assert record["upstream_latency_ms"] == 2.0 and record["response_bytes"] == 12
 
 
+def test_the_writer_process_writes_parquet_without_loading_pandas(tmp_path: Path) -> None:
+    # pyarrow loads pandas (installed here: the Spark jobs use it) on its first conversion of a
+    # Python list unless the process marked it absent; pandas' own extension modules would then
+    # be mapped into the writer process
+    writer = AccessLogWriter(tmp_path / "logs", "unit")
+    writer.start()
+    try:
+        serve_requests(writer, 200)
+        wait_until(lambda: writer.written == 200, 60, "the writer to write the 200 records")
+        maps = Path(f"/proc/{writer.writer_pid}/maps").read_text()
+        assert "/pyarrow/" in maps  # what wrote the Parquet file is there ...
+        assert "/pandas/" not in maps  # ... and pandas is not
+    finally:
+        writer.close(timeout_s=60)
+
+
 def test_a_full_handoff_drops_and_counts_instead_of_blocking(tmp_path: Path) -> None:
     writer = AccessLogWriter(tmp_path / "logs", "unit", queue_size=100)  # not started: nothing drains
     assert writer.problems() == []
