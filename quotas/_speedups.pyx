@@ -243,16 +243,28 @@ cdef class _Entry:
     cdef object verdict_second
 
 
+cdef double _owed(object manager, object sensor, double owed, long long now_ms) except? -1.0:
+    """`manager._owed(sensor, now_ms)`: what a windowed sensor still owes the fleet (repaid linearly
+    over one retention window; cleared once repaid), for a sensor whose `owed` is the float `owed`."""
+    cdef double retention = <long long>manager._rate_config.retention_ms
+    cdef double left = 1.0 - <double>(now_ms - <long long>sensor.owed_ms) / retention
+    if left <= 0.0:
+        sensor.owed = 0.0
+        return 0.0
+    return owed * (1.0 if left > 1.0 else left)
+
+
 cdef class QuickCharge:
     """`QuotaEngine.produce` (without per-topic usage) and `QuotaEngine.request` in one compiled
     call for the common case: the caller's budgets are in one manager (no ``cluster_entries`` or
     ``broker_bps``), already bound, with no callback that polls or observes, and nothing throttles.
 
     Per budget, in the engine's order and with one clock read each (as `record_and_check`): the
-    windowed rate (and the token bucket) records in C; a decision that is not a throttle is the
-    slot's preallocated one (`observed` NaN: the rate is not carried; metrics read the sensors);
-    anything else (a sweep due, a cached lookup gone stale, a sensor that owes the fleet, a rate
-    over its bound or a bucket in debt) goes to the manager's own Python for that budget, with the
+    windowed rate (and the token bucket) records in C, and what a windowed sensor owes the fleet
+    after its share rose (`QuotaManager._owed`) is counted in C; a decision that is not a throttle
+    is the slot's preallocated one (`observed` NaN: the rate is not carried; metrics read the
+    sensors); anything else (a sweep due, a cached lookup gone stale, a rate over its bound or a
+    bucket in debt) goes to the manager's own Python for that budget, with the
     same clock reading, so every decision, throttle and sensor is the reference's bit for bit
     (tests/unit/differential/test_quick_charge.py). Returns None, having recorded nothing, when the
     request is not the common case; the engine then runs its Python verbs."""
@@ -406,9 +418,11 @@ cdef class QuickCharge:
             return self._slow(manager, kind, identity, value, now)  # a sweep, or one just ran
         bucket = sensor.bucket
         bound = sensor.bound
-        if (sensor.touched_sweep_ms != last_sweep or sensor.owed
+        owed = sensor.owed
+        if (sensor.touched_sweep_ms != last_sweep
                 or (bound is not None and type(bound) is not float)
-                or (bucket is not None and type(bucket) is not TokenBucket)):
+                or (bucket is not None and type(bucket) is not TokenBucket)
+                or (owed and (bucket is not None or type(owed) is not float))):
             manager._record_on(sensor, value, now)
             return manager._decide(kind, sensor, now)
         # manager._record_on
@@ -424,6 +438,8 @@ cdef class QuickCharge:
         cdef double total
         cdef long long window_ms
         rate._purge(now_ms, &total, &window_ms)
+        if owed:  # a fleet share that rose, still owed (manager._owed)
+            total += _owed(manager, sensor, <double>owed, now_ms)
         cdef double observed = total / (<double>window_ms / 1000.0)
         if bound is not None:
             b = <double>bound

@@ -191,3 +191,45 @@ def test_far_from_its_limit_a_produce_is_one_compiled_call_and_one_shared_verdic
     b_sensors = [[state for state in seen_sensors(engine, rates_at=1_000_000) if state[1].client_id == "b"]
                  for engine in (quick, reference)]   # client a went through the quick engine only
     assert b_sensors[0] == b_sensors[1] and b_sensors[0]
+
+
+@pytest.mark.both_twins
+def test_a_raised_fleet_share_is_owed_on_the_compiled_path_as_in_the_engine() -> None:
+    """A fleet share that rose leaves the sensor owing the fleet (`QuotaManager._owe_raise`); the
+    compiled path counts what is owed into the rate, decides, and clears it once repaid, as the
+    engine's Python does, without leaving the compiled path while nothing throttles."""
+    quick, reference, quick_clock, reference_clock = engines("windowed", {"a": (1_000.0, None)}, frozenset())
+    who = IDENTITIES["a"]
+
+    def produces(n: int, size: int, step_ms: int) -> list[RequestVerdict]:
+        """n Produce requests of `size` bytes, `step_ms` apart, on both engines: the same verdicts."""
+        out = []
+        for _ in range(n):
+            got, expected = quick.produce(None, who, size, None), reference.produce(None, who, size, None)
+            assert seen_verdict(got) == seen_verdict(expected)
+            assert seen_sensors(quick) == seen_sensors(reference)
+            out.append(got)
+            quick_clock.advance(step_ms)
+            reference_clock.advance(step_ms)
+        return out
+
+    def shares(share: float) -> None:
+        for engine in (quick, reference):
+            manager = engine.for_broker(None)
+            key = manager.check(QuotaKind.PRODUCE, who).key
+            manager.set_shares({key: share}, 1.0, busy=frozenset({key}))
+
+    shares(0.1)                     # bound 1 000 x 0.1 = 100 B/s
+    produces(150, 9, 100)           # 9 B every 100 ms for 15 s: 90 B/s, under it; the bound of
+                                    # 1 000 B/s before the share is older than the retention window
+    shares(1.0)                     # bound 1 000 B/s: the rise of 900 B/s is owed
+    sensor = next(iter(quick.for_broker(None)._sensors.values()))
+    assert sensor.owed > 0          # 900 B/s x the retention window, repaid linearly over it
+    # 10 B every 100 ms: 90 + 900 owed + 10 over the window stays under 1 000 B/s, decided by the
+    # compiled path (its shared decision carries no observed rate)
+    quiet = produces(3, 10, 100)
+    assert all(v.throttle_ms == 0 and math.isnan(v.decisions[0].observed) for v in quiet)
+    # 400 B every 100 ms: over the bound only with what is owed counted: both throttle
+    assert any(v.throttle_ms > 0 for v in produces(10, 400, 100))
+    produces(130, 10, 100)          # 13 s more, past the retention window: repaid, and cleared
+    assert sensor.owed == 0.0       # (by the compiled path: no sweep is due within these 30 s)
