@@ -62,7 +62,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from bench.common.cpu import process_cpu_s
+from bench.common.cpu import process_cpu_s, wait_quiet
 from bench.common.results import write_json
 from bench.common.setup import free_port
 from protocol.apis import ApiKey
@@ -346,13 +346,15 @@ class SocketBench:
     def start(self, mode: str, sluice: list[str] | None = None,
               extra: dict[str, Any] | None = None) -> tuple[subprocess.Popen[bytes], int]:
         """The process of `mode`, listening and warmed up; `sluice` replaces `python -m proxy`, and
-        `extra` is added to Sluice's configuration (`{"workers": 2}`)."""
+        `extra` is added to Sluice's configuration (`{"workers": 2}`; the raw forwarder takes its
+        "workers" too)."""
         import yaml
 
         port = free_port()
         if mode == "raw":
             cmd = [self.python, "-m", "bench.common.raw_forwarder", "--listen", f"127.0.0.1:{port}",
-                   "--upstream", f"127.0.0.1:{self.broker_port}"]
+                   "--upstream", f"127.0.0.1:{self.broker_port}",
+                   "--workers", str((extra or {}).get("workers", 1))]
         else:
             config: dict[str, Any] = {
                 "upstream": {"bootstrap": f"127.0.0.1:{self.broker_port}"},
@@ -367,7 +369,9 @@ class SocketBench:
             cmd = [*(sluice or [self.python, "-m", "proxy"]), "proxy", "--config", str(path)]
         proc = self._spawn(cmd, self.pin_proxy)
         wait_port(port, proc)
-        client_pairs(port, 1000)  # warm-up: connections, sensors, the writer's first file
+        for _ in range(8):  # warm-up: connections, sensors, each writer's first file; eight
+            client_pairs(port, 125)  # connections, so that every worker has some (SO_REUSEPORT)
+        wait_quiet(proc.pid)  # and the access-log writers' start-up, out of what is measured
         return proc, port
 
     def _spawn(self, cmd: list[str], cpu: int | None = None) -> subprocess.Popen[bytes]:

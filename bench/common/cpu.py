@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import time
 from pathlib import Path
 
 TICK_S = os.sysconf("SC_CLK_TCK")
@@ -21,6 +22,22 @@ def process_cpu_s(pid: int | None, children: bool = True) -> float:
     if not children:
         return own
     return own + sum(process_cpu_s(child) for child in child_pids(pid))
+
+
+def wait_quiet(pid: int, busy_share: float = 0.05, window_s: float = 1.5, timeout_s: float = 60.0) -> float:
+    """Wait until `pid` and its children use under `busy_share` of a CPU over a whole `window_s`
+    (Sluice's access-log writer is a process of its own, which starts up for seconds after the
+    proxy listens and reads its first batch up to a second after the first records: a measurement
+    that began then would count that start-up); the seconds waited.
+    Raises TimeoutError past `timeout_s`."""
+    began = time.monotonic()
+    while True:
+        c0, t0 = process_cpu_s(pid), time.monotonic()
+        time.sleep(window_s)  # a benchmark's measuring window, not a test's wait
+        if (process_cpu_s(pid) - c0) / (time.monotonic() - t0) < busy_share:
+            return time.monotonic() - began
+        if time.monotonic() - began > timeout_s:
+            raise TimeoutError(f"process {pid} still busy after {timeout_s:g} s")
 
 
 def own_cpu_s(pid: int) -> float:

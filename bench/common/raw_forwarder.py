@@ -13,7 +13,8 @@ gets an extra listener whose *advertised* address is this forwarder's port (see
 at the forwarder.
 
 Run: `python -m bench.common.raw_forwarder --listen 127.0.0.1:PORT --upstream 127.0.0.1:PORT`. It prints
-`raw forwarder ready: HOST:PORT` on stderr once listening, and exits on SIGTERM or SIGINT.
+`raw forwarder ready: HOST:PORT` on stderr once listening, and exits on SIGTERM or SIGINT. With
+`--workers N`, N such processes share the port (SO_REUSEPORT), as Sluice's workers do.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import signal
+import subprocess
 import sys
 from typing import cast
 
@@ -99,9 +101,10 @@ class _Client(_Side):
         self.transport.resume_reading()
 
 
-async def serve(listen: tuple[str, int], upstream: tuple[str, int]) -> None:
+async def serve(listen: tuple[str, int], upstream: tuple[str, int], reuse_port: bool = False) -> None:
     loop = asyncio.get_running_loop()
-    server = await loop.create_server(lambda: _Client(upstream), *listen, reuse_address=True)
+    server = await loop.create_server(lambda: _Client(upstream), *listen, reuse_address=True,
+                                      reuse_port=reuse_port or None)
     host, port = server.sockets[0].getsockname()[:2]
     stop = asyncio.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -121,13 +124,44 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--listen", required=True, type=_host_port, metavar="HOST:PORT")
     parser.add_argument("--upstream", required=True, type=_host_port, metavar="HOST:PORT")
     parser.add_argument("--loop", choices=["uvloop", "asyncio"], default="uvloop")
+    parser.add_argument("--workers", type=int, default=1,
+                        help="processes sharing the port with SO_REUSEPORT, as `sluice proxy --workers`")
+    parser.add_argument("--reuse-port", action="store_true", help=argparse.SUPPRESS)  # one of --workers
     args = parser.parse_args(argv)
+    if args.workers > 1:
+        return _supervise(args)
     if args.loop == "uvloop":
         import uvloop
 
-        uvloop.run(serve(args.listen, args.upstream))
+        uvloop.run(serve(args.listen, args.upstream, args.reuse_port))
     else:
-        asyncio.run(serve(args.listen, args.upstream))
+        asyncio.run(serve(args.listen, args.upstream, args.reuse_port))
+    return 0
+
+
+def _supervise(args: argparse.Namespace) -> int:
+    """`--workers N`: N forwarders on one port (SO_REUSEPORT: the kernel spreads the connections),
+    each its own process; ready once all are, stopped together on SIGTERM or SIGINT."""
+    listen = f"{args.listen[0]}:{args.listen[1]}"
+    upstream = f"{args.upstream[0]}:{args.upstream[1]}"
+    workers = [subprocess.Popen([sys.executable, "-m", "bench.common.raw_forwarder", "--listen", listen,
+                                 "--upstream", upstream, "--loop", args.loop, "--reuse-port"],
+                                stderr=subprocess.PIPE, text=True) for _ in range(args.workers)]
+    for worker in workers:
+        line = worker.stderr.readline() if worker.stderr else ""  # "raw forwarder ready: ..."
+        if not line.startswith("raw forwarder ready"):
+            for w in workers:
+                w.terminate()
+            print(f"a raw forwarder worker did not start: {line!r}", file=sys.stderr)
+            return 1
+    stopping = {signal.SIGTERM, signal.SIGINT}
+    signal.pthread_sigmask(signal.SIG_BLOCK, stopping)  # (after the workers started: not theirs)
+    print(f"raw forwarder ready: {listen} ({args.workers} workers)", file=sys.stderr, flush=True)
+    signal.sigwait(stopping)
+    for worker in workers:
+        worker.terminate()
+    for worker in workers:
+        worker.wait(30)
     return 0
 
 
