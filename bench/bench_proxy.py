@@ -55,7 +55,7 @@ from typing import Any
 
 import crc32c
 
-from bench.common.cpu import own_cpu_s, process_cpu_s
+from bench.common.cpu import own_cpu_s, process_cpu_s, wait_quiet
 from bench.common.results import git_describe, machine, pyplot
 from bench.common.setup import (
     READY,
@@ -513,12 +513,17 @@ def rotated(paths: Sequence[str], k: int) -> list[str]:
 
 def measured(env: Environment, path: str, record_size: int,
              fn: Callable[[], dict[str, float]]) -> dict[str, float]:
-    """Run one tool measurement, adding the proxy's CPU: % of the wall time and ms per MB moved."""
+    """Run one tool measurement, adding the proxy's CPU: % of the wall time and ms per MB moved.
+    The CPU is counted from a quiet proxy to a quiet proxy: none of an earlier run's work (the
+    access-log writer's on its records, a second after them) and all of this one's."""
     pid = env.proxy_pids.get(path)
+    if pid is not None:
+        wait_quiet(pid)
     c0, own0, t0 = process_cpu_s(pid), own_cpu_s(pid) if pid else 0.0, time.monotonic()
     result = fn()
     wall = time.monotonic() - t0
     if pid is not None:
+        wait_quiet(pid)
         cpu, own = process_cpu_s(pid) - c0, own_cpu_s(pid) - own0
         mb = result["records"] * record_size / 2**20
         result["proxy_cpu_s"] = cpu
@@ -591,9 +596,14 @@ def run_benchmark(params: Params, paths: Sequence[str], workloads: Sequence[str]
                         + (f"  proxy CPU {r['proxy_cpu_pct_of_wall']:.0f}%" if "proxy_cpu_s" in r else ""))
             if "latency" in workloads:
                 for name, (make, check) in latency_workloads.items():
+                    proxies = [pid for p in order if (pid := env.proxy_pids.get(p)) is not None]
+                    for pid in proxies:  # from quiet to quiet, as in `measured`
+                        wait_quiet(pid)
                     cpu0 = {p: process_cpu_s(env.proxy_pids.get(p)) for p in order}
                     by_path = latency_run({p: env.addresses[p] for p in order}, make, check,
                                           params.latency_samples, params.latency_warmup)
+                    for pid in proxies:
+                        wait_quiet(pid)
                     requests = params.latency_samples + params.latency_warmup
                     for path, t in by_path.items():
                         r = {"p50_ms": percentile(t, 50), "p99_ms": percentile(t, 99),
