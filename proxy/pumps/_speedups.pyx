@@ -39,13 +39,27 @@ from proxy.flow.inflight import CorrelationMismatch
 from proxy.flow.pipeline import Pipeline, ResponseOutcome, combine_response
 
 
-cdef object route_of(pipeline, long key):
-    """`pipeline.route(api_key, api_version)` for the key `Pipeline` files its routes under (the
-    API key in the high 16 bits, the version in the low 16): its dict first, as its hooks do."""
-    route = pipeline._routes.get(key)
-    if route is None:
-        route = pipeline.route(key >> 16, key & 0xFFFF)
-    return route
+cdef class _LastRoute:
+    """A `Pipeline`'s route for an API key and version (`Pipeline.on_request`'s lookup: its dict
+    first, then `route`), keeping the last one: a pipeline's route for a key never changes."""
+
+    cdef object _pipeline
+    cdef long _key      # the key `Pipeline` files the last route under (-1: none yet) ...
+    cdef object _route  # ... and that route
+
+    def __init__(self, pipeline):
+        self._pipeline = pipeline
+        self._key = -1
+
+    cdef object of(self, long api_key, long api_version):
+        cdef long key = ((api_key & 0xFFFF) << 16) | (api_version & 0xFFFF)
+        if key != self._key:
+            route = self._pipeline._routes.get(key)
+            if route is None:
+                route = self._pipeline.route(api_key, api_version)
+            self._route = route
+            self._key = key
+        return self._route
 
 
 cdef class ResponseOrder:
@@ -54,8 +68,7 @@ cdef class ResponseOrder:
     cdef object _ctx, _pipeline, _clock, _now_ms, _inflight, _slots, _throttle, _gate, _splitter
     cdef object _upstream_name, _send, _start_throttle, _read_on, _close, _is_closed
     cdef bint _plain_pipeline
-    cdef long _route_key      # the API key and version (as the pipeline keys them) of ...
-    cdef object _route_obj    # ... the route looked up last
+    cdef _LastRoute _routes
     cdef public object sasl
 
     def __init__(self, ctx, pipeline, clock, inflight, throttle, gate, splitter, upstream_name, *,
@@ -68,16 +81,12 @@ cdef class ResponseOrder:
         self._send, self._start_throttle, self._read_on = send, start_throttle, read_on
         self._close, self._is_closed = close, is_closed
         self._plain_pipeline = type(pipeline) is Pipeline
-        self._route_key = -1
+        self._routes = _LastRoute(pipeline)
         self.sasl = None  # set by the connection at its first SASL request
 
     cdef object _route(self, entry):
         """The pipeline's route for the entry's API key and version (`Pipeline.on_response`'s lookup)."""
-        cdef long key = ((<long>entry.api_key & 0xFFFF) << 16) | (<long>entry.api_version & 0xFFFF)
-        if key != self._route_key:  # a pipeline's route for a key never changes: the last one is kept
-            self._route_obj = route_of(self._pipeline, key)
-            self._route_key = key
-        return self._route_obj
+        return self._routes.of(entry.api_key, entry.api_version)
 
     cdef object _match(self, long long correlation_id):
         """`InFlightRequests.match_upstream`: the oldest forwarded, unanswered slot, or raises."""
@@ -268,14 +277,12 @@ cdef class RequestReader:
 
     cdef object _conn, _now_ms, _splitter, _gate, _pipeline, _slots, _watchdog, _ctx
     cdef bint _plain_pipeline
-    cdef long _route_key  # the route looked up last (as in ResponseOrder._route)
-    cdef object _route_obj
+    cdef _LastRoute _routes
     cdef object _request_handler  # this object's bound on_request: the connection's _client_frame when no
                                   # SASL exchange or streamed Fetch has swapped it
 
     def __init__(self, conn):
         self._conn = conn
-        self._route_key = -1
         self._request_handler = self.on_request
 
     def attach(self):
@@ -286,6 +293,7 @@ cdef class RequestReader:
         self._gate = conn._gate
         self._pipeline = conn._pipeline
         self._plain_pipeline = type(conn._pipeline) is Pipeline
+        self._routes = _LastRoute(conn._pipeline)
         self._slots = conn._inflight.queue
         self._watchdog = conn._watchdog
         self._ctx = conn.ctx
@@ -347,7 +355,6 @@ cdef class RequestReader:
         now_ms = self._now_ms()
         cdef long api_key = header.api_key
         cdef long api_version = header.api_version
-        cdef long key
         cdef bint expects_response = True
         if api_key == _PRODUCE:  # acks=0: no response will come
             try:
@@ -363,12 +370,7 @@ cdef class RequestReader:
         cdef object outcome
         if self._plain_pipeline:  # Pipeline.on_request, inline
             outcome = None
-            pipeline = self._pipeline
-            key = ((api_key & 0xFFFF) << 16) | (api_version & 0xFFFF)
-            if key != self._route_key:  # a pipeline's route for a key never changes: the last one is kept
-                self._route_obj = route_of(pipeline, key)
-                self._route_key = key
-            route = self._route_obj
+            route = self._routes.of(api_key, api_version)
             staged = payload
             for on_request in route.on_request:
                 said = on_request(self._ctx, entry, header, staged)
