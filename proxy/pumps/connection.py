@@ -375,6 +375,12 @@ class ClientConnection(asyncio.Protocol):
     def unread(self, frames: list[bytes]) -> None:
         self._splitter.unread(frames)
 
+    def sasl_began(self) -> None:
+        self._watchdog.sasl_began()
+
+    def sasl_succeeded(self) -> None:
+        self._watchdog.sasl_succeeded()
+
     read_on = _read_on
 
 

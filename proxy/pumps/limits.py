@@ -5,10 +5,13 @@
   the `ClientConnection` only if admitted. A connection over a count limit is closed at once; one
   over the creation rate is held, unread, for its throttle time and then closed (Kafka's acceptor
   keeps a throttled socket until its throttle time has passed, then closes it).
-* `ConnectionWatchdog` is one timer per connection for the handshake deadline (the first complete
-  request other than ApiVersions, SaslHandshake and SaslAuthenticate, so SASL included, must come
-  within `handshake_timeout_ms` of the connection) and the idle timeout (Kafka's
-  `connections.max.idle.ms`: nothing read or written for that long, and no request in flight).
+* `ConnectionWatchdog` is one timer per connection for the handshake deadlines and the idle
+  timeout. The first complete request (ApiVersions included) must come within
+  `handshake_timeout_ms` of the connection; a SASL exchange must succeed within
+  `handshake_timeout_ms` of its SaslHandshake (re-authentication included). A connection that has
+  sent its ApiVersions and nothing since is kept, as Kafka keeps it: librdkafka's coordinator
+  connection of a consumer that assigns its partitions is one. The idle timeout is Kafka's
+  `connections.max.idle.ms`: nothing read or written for that long, and no request in flight.
 * `ClientBuffer` bounds the bytes waiting for one client: the client transport's write-buffer
   high-water mark is `max_buffered_bytes_per_connection`; above it, or when the `BufferBudget`
   (`max_buffered_bytes_total`) pauses this connection as one of the biggest holders, the broker
@@ -40,9 +43,9 @@ MAX_BUFFERED_PER_CONNECTION = "max_buffered_bytes_per_connection"
 MAX_BUFFERED_TOTAL = "max_buffered_bytes_total"
 MAX_IN_FLIGHT = "max_in_flight_requests_per_connection"
 
-#: Requests that are part of the handshake, not its end (Kafka's SaslServerAuthenticator states).
-HANDSHAKE_APIS = frozenset({int(ApiKey.API_VERSIONS), int(ApiKey.SASL_HANDSHAKE),
-                            int(ApiKey.SASL_AUTHENTICATE)})
+#: Requests of a SASL exchange (Kafka's SaslServerAuthenticator states): they never end a handshake.
+SASL_APIS = frozenset({int(ApiKey.SASL_HANDSHAKE), int(ApiKey.SASL_AUTHENTICATE)})
+_API_VERSIONS = int(ApiKey.API_VERSIONS)
 
 #: How often the bytes held for clients are re-read while some connection holds any.
 REFRESH_INTERVAL_S = 0.1
@@ -221,13 +224,14 @@ class AdmissionGate(asyncio.Protocol):
 
 
 class ConnectionWatchdog:
-    """The handshake deadline and the idle timeout of one connection, on one timer.
+    """The handshake deadlines and the idle timeout of one connection, on one timer.
 
     The connection sets `last_active_ms` on every read from and write to its client (an attribute,
-    not a call: it is on the path of every frame) and calls `request` until `handshake_done`."""
+    not a call: it is on the path of every frame), calls `request` until `handshake_done`, and
+    calls `sasl_began` at each SaslHandshake and `sasl_succeeded` when the broker accepts one."""
 
     __slots__ = ("_call_later", "_clock", "_deadline_ms", "_expire", "_handle", "_handshake_ms", "_idle_ms",
-                 "_in_flight", "handshake_done", "last_active_ms")
+                 "_in_flight", "_in_sasl", "handshake_done", "last_active_ms")
 
     def __init__(self, clock: Clock, call_later: CallLater, settings: LimitSettings,
                  in_flight: Callable[[], int], expire: Callable[[str, str], None]) -> None:
@@ -239,6 +243,7 @@ class ConnectionWatchdog:
         self._expire = expire
         self._handle: TimerHandle | None = None
         self._deadline_ms = 0
+        self._in_sasl = False  # a SaslHandshake was sent and no exchange has succeeded since
         self.handshake_done = False
         self.last_active_ms = 0
 
@@ -249,9 +254,26 @@ class ConnectionWatchdog:
         self._arm(now_ms, min(self._deadline_ms, now_ms + self._idle_ms))
 
     def request(self, api_key: int) -> None:
-        """A complete request arrived; the first that is not part of the handshake ends it."""
-        if not self.handshake_done and api_key not in HANDSHAKE_APIS:
-            self.handshake_done = True
+        """A complete request arrived. Any ends the handshake but a SASL request, and ApiVersions
+        inside a SASL exchange."""
+        if api_key in SASL_APIS or (api_key == _API_VERSIONS and self._in_sasl):
+            return
+        self.handshake_done = True
+        self._in_sasl = False
+
+    def sasl_began(self) -> None:
+        """A SaslHandshake: the exchange it opens must succeed within the handshake timeout."""
+        now_ms = self._clock.now_ms()
+        self.handshake_done = False
+        self._in_sasl = True
+        self._deadline_ms = now_ms + self._handshake_ms
+        self.cancel()
+        self._arm(now_ms, min(self._deadline_ms, self.last_active_ms + self._idle_ms))
+
+    def sasl_succeeded(self) -> None:
+        """The broker accepted the exchange: the handshake is over."""
+        self.handshake_done = True
+        self._in_sasl = False
 
     def cancel(self) -> None:
         if self._handle is not None:
@@ -265,8 +287,10 @@ class ConnectionWatchdog:
         self._handle = None
         now_ms = self._clock.now_ms()
         if not self.handshake_done and now_ms >= self._deadline_ms:
-            self._expire(HANDSHAKE_TIMEOUT, "no complete request (SASL included) within "
-                                            f"handshake_timeout_ms {self._handshake_ms}")
+            what = ("no successful SASL exchange within handshake_timeout_ms "
+                    f"{self._handshake_ms} of its SaslHandshake" if self._in_sasl else
+                    f"no complete request within handshake_timeout_ms {self._handshake_ms}")
+            self._expire(HANDSHAKE_TIMEOUT, what)
             return
         idle_until = self.last_active_ms + self._idle_ms
         if now_ms >= idle_until:

@@ -103,9 +103,11 @@ class _Exchange:
 class SaslInspector:
     """Follows one connection's SASL exchanges and sets `ctx.principal` when the broker says yes."""
 
-    def __init__(self, ctx: ConnectionContext, settings: AuthSettings) -> None:
+    def __init__(self, ctx: ConnectionContext, settings: AuthSettings,
+                 on_success: Callable[[], None] | None = None) -> None:
         self._ctx = ctx
         self._settings = settings
+        self._on_success = on_success  # called each time the broker accepts an exchange
         self._exchange: _Exchange | None = None
         self._authenticated = False
 
@@ -208,6 +210,8 @@ class SaslInspector:
         what = "re-authenticated" if self._authenticated else "authenticated"
         self._authenticated = True
         self._settings.record(exchange.mechanism, "success")
+        if self._on_success is not None:
+            self._on_success()
         name = exchange.candidate.principal
         if name is None:
             log.warning("connection %d from %s: SASL %s accepted by the broker, but Sluice cannot tell the "

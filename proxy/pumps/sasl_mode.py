@@ -43,6 +43,14 @@ class SaslHost(Protocol):
 
     def close(self, reason: str | None = None) -> None: ...
 
+    def sasl_began(self) -> None:
+        """A SaslHandshake was sent: an exchange is open."""
+        ...
+
+    def sasl_succeeded(self) -> None:
+        """The broker accepted an exchange."""
+        ...
+
 
 class SaslMode:
     """One connection's SASL exchanges; created at its first SaslHandshake or SaslAuthenticate."""
@@ -51,7 +59,7 @@ class SaslMode:
 
     def __init__(self, host: SaslHost, auth: AuthSettings, max_held_bytes: int) -> None:
         self._host = host
-        self._inspector = SaslInspector(host.ctx, auth)
+        self._inspector = SaslInspector(host.ctx, auth, host.sasl_succeeded)
         self._held: list[bytes] = []
         self._held_bytes = 0
         self._max_held_bytes = max_held_bytes
@@ -62,6 +70,8 @@ class SaslMode:
 
     def on_request(self, header: RequestHeader, payload: bytes, entry: InFlight) -> None:
         self._inspector.on_request(header, payload, entry)
+        if header.api_key == ApiKey.SASL_HANDSHAKE:
+            self._host.sasl_began()
         if header.api_key == ApiKey.SASL_HANDSHAKE and header.api_version == 0:
             self._host.set_frame_handlers(self._hold, None)  # raw tokens may follow: wait for the answer
 

@@ -10,6 +10,7 @@ close a connection before its deadline, however loaded the machine is).
 from __future__ import annotations
 
 import datetime as dt
+import json
 import socket
 import struct
 import threading
@@ -335,4 +336,45 @@ def test_a_real_sluice_gives_its_free_heap_back_on_its_interval(kafka: KafkaClus
                    "three heap trims (one each 200 ms)")
         assert metrics.value("sluice_heap_trimmed_bytes_total") is not None
     finally:
+        sluice.stop()
+
+
+def test_an_assigned_consumers_quiet_coordinator_connection_is_kept(kafka: KafkaCluster, tmp_path: Path) -> None:
+    # librdkafka opens a coordinator connection for a consumer with a group.id even when it assigns
+    # its partitions itself and commits nothing: that connection sends ApiVersions and nothing
+    # more. Kafka keeps it (only connections.max.idle.ms closes it); Sluice must too, however short
+    # its handshake deadline. The consumer is watched for four deadlines through its own statistics.
+    from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
+
+    deadline_ms = 1_000
+    port = free_port()
+    sluice = SluiceProcess(kafka.bootstrap, tmp_path / "sluice", config={
+        "metrics": {"port": port}, "limits": {"handshake_timeout_ms": deadline_ms}}).start()
+    topic = create_topic(kafka.bootstrap, unique_name("assigned"))
+    coordinator: dict[str, Any] = {}
+    reports = [0]  # statistics reports seen
+
+    def on_stats(raw: str) -> None:
+        reports[0] += 1
+        for broker in json.loads(raw)["brokers"].values():
+            if broker["name"].startswith("GroupCoordinator"):
+                coordinator.update(broker)
+
+    consumer = Consumer({"bootstrap.servers": sluice.bootstrap, "group.id": unique_name("assigned-g"),
+                         "enable.auto.commit": False, "statistics.interval.ms": 200, "stats_cb": on_stats})
+    try:
+        consumer.assign([TopicPartition(topic, 0, OFFSET_BEGINNING)])
+        wait_until(lambda: consumer.poll(0.1) is None and coordinator.get("state") == "UP", 30.0,
+                   "the consumer's coordinator connection up")
+        up_at = time.monotonic()
+        connects = coordinator["connects"]
+        wait_until(lambda: consumer.poll(0.1) is None and time.monotonic() - up_at >= 4 * deadline_ms / 1000,
+                   60.0, "four handshake deadlines with the consumer polling")
+        seen = reports[0]
+        wait_until(lambda: consumer.poll(0.1) is None and reports[0] > seen, 10.0, "a later statistics report")
+        assert coordinator["disconnects"] == 0 and coordinator["connects"] == connects, coordinator
+        assert coordinator["state"] == "UP"
+        assert hits(Metrics(port), "handshake_timeout") == 0
+    finally:
+        consumer.close()
         sluice.stop()

@@ -11,8 +11,12 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+from kio.schema.errors import ErrorCode
+from kio.schema.sasl_handshake.v1.request import SaslHandshakeRequest
+from kio.schema.sasl_handshake.v1.response import SaslHandshakeResponse
 
 from protocol.apis import ApiKey
+from protocol.encode import encode_response
 from proxy.flow.pipeline import Pipeline
 from proxy.pumps.connection import ClientConnection, ConnectionServices, connection_factory
 from proxy.pumps.limits import (
@@ -46,6 +50,9 @@ from tests.unit.proxy.test_connection import (
     response,
     run_ready_callbacks,
 )
+from tests.unit.proxy.test_principals import authenticate as sasl_authenticate
+from tests.unit.proxy.test_principals import authenticate_response as sasl_authenticate_response
+from tests.unit.proxy.test_principals import request as sasl_request
 from tests.unit.proxy.test_principals import server_tls
 
 
@@ -182,15 +189,59 @@ async def test_no_request_within_the_handshake_deadline_closes() -> None:
     assert transport.closed and w.limits.log.hits == {HANDSHAKE_TIMEOUT: 1}
 
 
-async def test_api_versions_alone_does_not_end_the_handshake_but_a_request_does() -> None:
-    w = world(LimitSettings(handshake_timeout_ms=10_000, idle_timeout_ms=600_000))
-    probe, t1 = await w.connect()
-    done, t2 = await w.connect()
-    assert probe is not None and done is not None
+async def test_api_versions_ends_the_first_handshake_and_the_idle_timeout_takes_over() -> None:
+    # Kafka keeps a connection that has sent ApiVersions and nothing since (librdkafka's
+    # coordinator connection of a consumer that assigns its partitions): so does Sluice
+    w = world(LimitSettings(handshake_timeout_ms=10_000, idle_timeout_ms=60_000))
+    probe, transport = await w.connect()
+    assert probe is not None
     probe.data_received(frame(api_versions(1)))
-    done.data_received(frame(api_versions(1)) + frame(metadata_request(2)))
-    w.timers.advance(10_000)
-    assert t1.closed and not t2.closed
+    probe.on_upstream_frame(response(1))         # answered at t=1000: idle from then on
+    w.timers.advance(59_999)                     # far past the handshake deadline (t=11 000)
+    assert not transport.closed
+    w.timers.advance(1)
+    assert transport.closed and w.limits.log.hits == {IDLE_TIMEOUT: 1}
+
+
+def sasl_handshake(correlation_id: int) -> bytes:
+    return sasl_request(SaslHandshakeRequest(mechanism="PLAIN"), correlation_id)
+
+
+def sasl_handshake_response(correlation_id: int) -> bytes:
+    return encode_response(0, correlation_id, SaslHandshakeResponse(error_code=ErrorCode.none,
+                                                                    mechanisms=("PLAIN",)))
+
+
+async def test_a_sasl_exchange_must_succeed_within_the_deadline_of_its_handshake() -> None:
+    w = world(LimitSettings(handshake_timeout_ms=10_000, idle_timeout_ms=600_000))
+    stalled, t1 = await w.connect()
+    assert stalled is not None
+    stalled.data_received(frame(api_versions(1)))  # t=1000: the first handshake is over
+    stalled.on_upstream_frame(response(1))
+    w.timers.advance(5_000)
+    stalled.data_received(sasl_handshake(2))        # t=6000: an exchange opens, due by t=16 000
+    stalled.on_upstream_frame(sasl_handshake_response(2))
+    stalled.data_received(frame(api_versions(3)))  # ApiVersions inside the exchange does not end it
+    stalled.on_upstream_frame(response(3))
+    w.timers.advance(9_999)
+    assert not t1.closed
+    w.timers.advance(1)
+    assert t1.closed and w.limits.log.hits == {HANDSHAKE_TIMEOUT: 1}
+
+
+async def test_a_successful_sasl_exchange_ends_the_handshake_each_time() -> None:
+    w = world(LimitSettings(handshake_timeout_ms=10_000, idle_timeout_ms=600_000))
+    conn, transport = await w.connect()
+    assert conn is not None
+    for round_no in range(2):                      # the second is a re-authentication (KIP-368)
+        cid = 10 * round_no
+        conn.data_received(sasl_handshake(cid + 1))
+        conn.on_upstream_frame(sasl_handshake_response(cid + 1))
+        conn.data_received(sasl_authenticate(b"\x00alice\x00pw", cid + 2))
+        conn.on_upstream_frame(sasl_authenticate_response(cid + 2)[4:])  # (without its size prefix)
+        w.timers.advance(30_000)                   # three deadlines, nothing sent after the success
+        assert not transport.closed
+    assert w.limits.log.hits == {}
 
 
 async def test_idle_connection_closes_after_the_idle_timeout_but_not_with_a_request_in_flight() -> None:
