@@ -339,7 +339,8 @@ def test_a_real_sluice_gives_its_free_heap_back_on_its_interval(kafka: KafkaClus
         sluice.stop()
 
 
-def test_an_assigned_consumers_quiet_coordinator_connection_is_kept(kafka: KafkaCluster, tmp_path: Path) -> None:
+def test_an_assigned_consumers_quiet_coordinator_connection_is_kept(kafka: KafkaCluster,
+                                                                     tmp_path: Path) -> None:
     # librdkafka opens a coordinator connection for a consumer with a group.id even when it assigns
     # its partitions itself and commits nothing: that connection sends ApiVersions and nothing
     # more. Kafka keeps it (only connections.max.idle.ms closes it); Sluice must too, however short
@@ -371,7 +372,8 @@ def test_an_assigned_consumers_quiet_coordinator_connection_is_kept(kafka: Kafka
         wait_until(lambda: consumer.poll(0.1) is None and time.monotonic() - up_at >= 4 * deadline_ms / 1000,
                    60.0, "four handshake deadlines with the consumer polling")
         seen = reports[0]
-        wait_until(lambda: consumer.poll(0.1) is None and reports[0] > seen, 10.0, "a later statistics report")
+        wait_until(lambda: consumer.poll(0.1) is None and reports[0] > seen, 10.0,
+                   "a later statistics report")
         assert coordinator["disconnects"] == 0 and coordinator["connects"] == connects, coordinator
         assert coordinator["state"] == "UP"
         assert hits(Metrics(port), "handshake_timeout") == 0
