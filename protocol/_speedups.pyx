@@ -411,6 +411,75 @@ def patch_throttle_time(payload, api_key, api_version, throttle_time_ms):
     return out
 
 
+# --- KIP-951 leader endpoints: is the top-level tag section empty? (protocol.rewrite) ----------
+
+from protocol import rewrite as _rewrite
+
+cdef object _pure_node_endpoints_absent = _rewrite.node_endpoints_absent
+cdef int _PRODUCE_REWRITE_MAX = _rewrite.PARSEABLE_MAX_VERSIONS[PRODUCE]
+cdef int _FETCH_REWRITE_MAX = _rewrite.PARSEABLE_MAX_VERSIONS[FETCH]
+
+
+cdef bint _fetch_tags_empty(const uint8_t* p, Py_ssize_t n) noexcept nogil:
+    """A Fetch v16+ response in its usual shape (one-byte array lengths, record sets under 2 MiB,
+    empty partition and topic tag sections) walked to its end, whose tag section is empty and ends
+    the payload exactly. False means "not shown here": the reference decides."""
+    cdef Py_ssize_t pos = 15  # correlation id, empty header tags, throttle_time_ms, error_code, session_id
+    cdef Py_ssize_t length
+    cdef int n_topics, n_parts, n_aborted, t, i, a
+    if n < 17 or p[4] != 0 or p[pos] == 0 or p[pos] >= 0x80:
+        return False
+    n_topics = p[pos] - 1
+    pos += 1
+    for t in range(n_topics):
+        pos += 16  # topic_id
+        if pos >= n or p[pos] == 0 or p[pos] >= 0x80:
+            return False
+        n_parts = p[pos] - 1
+        pos += 1
+        for i in range(n_parts):
+            # index, error_code, high_watermark, last_stable_offset, log_start_offset
+            pos += 30
+            if pos >= n or p[pos] >= 0x80:
+                return False
+            n_aborted = p[pos] - 1 if p[pos] > 1 else 0  # 0: null, 1: empty
+            pos += 1
+            for a in range(n_aborted):  # producer_id, first_offset, empty tags
+                if pos + 17 > n or p[pos + 16] != 0:
+                    return False
+                pos += 17
+            pos += 4  # preferred_read_replica
+            if pos + 3 > n:
+                return False
+            length = read_compact_length(p, &pos)
+            if length < 0:
+                return False
+            pos += length
+            if pos >= n or p[pos] != 0:  # partition tags: empty
+                return False
+            pos += 1
+        if pos >= n or p[pos] != 0:  # topic tags: empty
+            return False
+        pos += 1
+    return pos + 1 == n and p[pos] == 0
+
+
+def node_endpoints_absent(payload, api_key, api_version):
+    """`protocol.rewrite.node_endpoints_absent`: True shown in C for the usual shapes; anything
+    else is the reference's answer."""
+    if type(payload) is not bytes or not (_small(api_key) and _small(api_version)):
+        return _pure_node_endpoints_absent(payload, api_key, api_version)
+    cdef const uint8_t* p = <const uint8_t*>PyBytes_AS_STRING(payload)
+    cdef Py_ssize_t n = PyBytes_GET_SIZE(payload)
+    if api_key == PRODUCE and 10 <= api_version <= _PRODUCE_REWRITE_MAX:
+        if _offset(p, n, PRODUCE, api_version) >= 0:  # the C walk ends at an empty tag section
+            return True
+    elif api_key == FETCH and 16 <= api_version <= _FETCH_REWRITE_MAX:
+        if _fetch_tags_empty(p, n):
+            return True
+    return _pure_node_endpoints_absent(payload, api_key, api_version)
+
+
 # --- the Fetch walk: per-partition bytes, records and error codes (protocol.records) -------------
 
 from protocol import records as _records

@@ -1,11 +1,12 @@
 """The one place that picks the data plane's implementation: compiled or pure Python.
 
 The per-request byte path (framing, the request header, Produce acks, the response's correlation
-id, the throttle_time_ms patch, and the Fetch response walk with its record counts) has two
+id, the throttle_time_ms patch, the Fetch response walk with its record counts, and the check that
+a Produce or Fetch response carries no KIP-951 leader endpoints to rewrite) has two
 implementations with one contract:
 
 * the pure-Python reference: `protocol.framing`, `protocol.headers`, `protocol.produce`,
-  `protocol.throttle`, `protocol.records`, and the per-request counters of /metrics,
+  `protocol.throttle`, `protocol.records`, `protocol.rewrite`, and the per-request counters of /metrics,
   `protocol.counters` (what a reader reads first, and the fallback);
 * its compiled twin, `protocol._speedups` (Cython), which handles the common, well-formed case in C
   and hands everything else to the reference, so both answer and raise alike (tests/unit/differential).
@@ -21,14 +22,14 @@ from collections.abc import Callable
 from typing import Final, cast
 
 from contracts.compiled import PURE_PYTHON_ENV, choose
-from protocol import counters, framing, headers, produce, records, throttle
+from protocol import counters, framing, headers, produce, records, rewrite, throttle
 from protocol.headers import RequestHeader
 
 __all__ = ["PURE_PYTHON_ENV"]  # re-exported: the switch's name, for the config's list of known variables
 
 _TWINS: Final = ("FrameSplitter", "read_request_header", "read_response_correlation_id", "read_produce_acks",
                   "throttle_time_offset", "plan_throttle_patch", "patch_throttle_time",
-                  "fetch_response_partitions", "count_records", "RequestCounters")
+                  "fetch_response_partitions", "count_records", "RequestCounters", "node_endpoints_absent")
 
 
 _CHOICE: Final = choose("protocol._speedups", _TWINS)
@@ -64,6 +65,10 @@ fetch_response_partitions: Final = cast(
     records.fetch_response_partitions if _impl is None else _impl.fetch_response_partitions)
 count_records: Final = cast(Callable[[bytes, int, int], int | None],
                             records.count_records if _impl is None else _impl.count_records)
+
+node_endpoints_absent: Final = cast(
+    Callable[[bytes, int, int], bool],
+    rewrite.node_endpoints_absent if _impl is None else _impl.node_endpoints_absent)
 
 # the per-request counters of /metrics (`protocol.counters`): C integers, no Python frame per request
 RequestCounters: Final = cast(type[counters.RequestCounters],

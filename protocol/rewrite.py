@@ -48,7 +48,7 @@ from protocol._wire import (
     skip_tagged_fields,
 )
 from protocol.apis import ApiKey, is_flexible
-from protocol.errors import DecodeError, EncodeError, UnsupportedVersion
+from protocol.errors import DecodeError, EncodeError, ProtocolError, UnsupportedVersion
 from protocol.headers import RequestHeader, response_body_offset
 from protocol.throttle import produce_throttle_offset_walk
 
@@ -319,6 +319,28 @@ _PRODUCE_NODE_ENDPOINTS_SINCE: Final = 10
 _FETCH_NODE_ENDPOINTS_SINCE: Final = 16
 _NODE_ENDPOINTS_TAG: Final = 0
 _NODE_ENDPOINT: Final[_Spec] = (_NODE, _STR, _TAGS)  # node_id, host, port, rack, tags
+
+
+def node_endpoints_absent(payload: bytes, api_key: int, api_version: int) -> bool:
+    """True when a whole Produce v10+ or Fetch v16+ response is well formed and its top-level tag
+    section, where KIP-951 puts the leader endpoints, is empty: the rewrites below would return it
+    as it is. False for anything else (endpoints or other tags there, a version or layout the walk
+    refuses, another API), which the rewrite then reads, and reports if it must.
+
+    The check every such response meets on its way to the client (a modern client's every Produce
+    and Fetch), so it has a compiled twin (`protocol.fastpath.node_endpoints_absent`)."""
+    try:
+        if api_key == ApiKey.PRODUCE and api_version >= _PRODUCE_NODE_ENDPOINTS_SINCE:
+            _check_version(ApiKey.PRODUCE, api_version)
+            tags = produce_throttle_offset_walk(payload, response_body_offset(payload, 1), api_version) + 4
+        elif api_key == ApiKey.FETCH and api_version >= _FETCH_NODE_ENDPOINTS_SINCE:
+            _check_version(ApiKey.FETCH, api_version)
+            tags = _fetch_top_level_tags_offset(payload, response_body_offset(payload, 1), api_version)
+        else:
+            return False
+    except ProtocolError:
+        return False
+    return tags + 1 == len(payload) and payload[tags] == 0
 
 
 def rewrite_produce_response_node_endpoints(

@@ -27,6 +27,7 @@ from collections.abc import Callable
 
 from protocol.apis import ApiKey, api_name
 from protocol.errors import ProtocolError
+from protocol.fastpath import node_endpoints_absent
 from protocol.fetch_tail import FetchTailFinder, fit_tail
 from protocol.rewrite import (
     AddressMapper,
@@ -185,6 +186,11 @@ class RewriteStage(StageBase):
         return api_key in REWRITTEN_APIS
 
     def on_response(self, ctx: ConnectionContext, entry: InFlight, payload: bytes) -> ResponseOutcome | None:
-        if entry.api_key not in REWRITTEN_APIS:
+        api_key = entry.api_key
+        if api_key not in REWRITTEN_APIS:
             return None
+        if ((api_key == ApiKey.PRODUCE or api_key == ApiKey.FETCH)
+                and len(payload) == entry.upstream_response_bytes
+                and node_endpoints_absent(payload, api_key, entry.api_version)):
+            return None  # a whole response with no leader endpoints, nearly every one: nothing to map
         return self._rewriter.outcome(entry, payload)

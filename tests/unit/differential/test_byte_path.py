@@ -29,6 +29,7 @@ from tests.unit.protocol.kio_support import (
     kio_versions,
     response_payload,
 )
+from tests.unit.protocol.test_rewrite import body_with_endpoints
 
 I32 = struct.Struct(">i")
 SETTINGS = settings(max_examples=100, deadline=None)
@@ -257,6 +258,7 @@ throttles = st.integers(min_value=-(2**31), max_value=2**32)
 
 def _same_patch(payload: bytes, api_key: int, api_version: int, new: int) -> None:
     fast = compiled()
+    api_key = int(api_key)  # as the data plane passes it: the compiled twin hands an ApiKey to the reference
     for name in ("throttle_time_offset", "plan_throttle_patch", "patch_throttle_time"):
         args = (payload, api_key, api_version) + (() if name == "throttle_time_offset" else (new,))
         assert outcome(getattr(fast, name), *args) == outcome(getattr(PURE, name), *args), name
@@ -440,3 +442,81 @@ def test_a_stale_build_is_not_used(monkeypatch: pytest.MonkeyPatch) -> None:
     stale = choose("protocol._speedups", fastpath._TWINS)
     assert (stale.compiled_module, stale.implementation) == (None, "pure")
     assert "is not built, or is older than protocol/_speedups.pyx" in stale.describe()
+
+
+# --- KIP-951: does a Produce v10+ / Fetch v16+ response carry leader endpoints? -------------------
+
+def _same_absence(payload: bytes, api_key: int, api_version: int) -> bool:
+    from protocol import rewrite
+
+    api_key = int(api_key)  # as the stage passes it: the compiled twin hands an ApiKey to the reference
+    expected = outcome(rewrite.node_endpoints_absent, payload, api_key, api_version)
+    assert outcome(compiled().node_endpoints_absent, payload, api_key, api_version) == expected
+    assert expected[0] == "ok"  # never raises: the rewrite reports what is wrong
+    return bool(expected[1])
+
+
+@pytest.mark.both_twins
+@pytest.mark.parametrize(("api_key", "api_version"), [
+    *[(ApiKey.PRODUCE, v) for v in kio_versions(ApiKey.PRODUCE)],
+    *[(ApiKey.FETCH, v) for v in kio_versions(ApiKey.FETCH)]])
+@KIO_EXAMPLES
+@given(data=st.data())
+def test_node_endpoints_absent_kio_builds(api_key: int, api_version: int, data: st.DataObject) -> None:
+    schema = load_response_schema(api_key, api_version)
+    has_tag = "node_endpoints" in schema.__dataclass_fields__
+    body = body_with_endpoints(api_key, api_version, data) if has_tag else data.draw(kio_entities(schema))
+    payload = response_payload(body)
+    absent = _same_absence(payload, api_key, api_version)
+    if has_tag:
+        assert absent is (not body.node_endpoints)
+    cut = data.draw(st.integers(min_value=0, max_value=len(payload)))
+    _same_absence(payload[:cut], api_key, api_version)
+    _same_absence(payload + b"\x00", api_key, api_version)
+
+
+@st.composite
+def fetch_shapes(draw: st.DrawFn, version: int) -> bytes:
+    """A Fetch response of `version` built by hand, up to its top-level tag section, in the shapes
+    the compiled walk reads or refuses: aborted transactions, partition tags, long record sets
+    (a three-byte length), a partition count of two bytes."""
+    topics = draw(st.lists(st.lists(st.tuples(
+        st.integers(0, 3), st.booleans(), st.sampled_from([0, 10, 200, 20_000])), max_size=3), max_size=3))
+    many = draw(st.integers(0, 2))  # extra idle partitions in the first topic, up to 140 (a two-byte count)
+    body = I32.pack(0) + struct.pack(">hi", 0, 7) + encode_uvarint(len(topics) + 1)
+    for t, partitions in enumerate(topics):
+        body += bytes(16) if version >= 13 else b"\x02t"
+        rows = partitions + ([(0, False, 0)] * (70 * many) if t == 0 else [])
+        body += encode_uvarint(len(rows) + 1)
+        for aborted, tagged, size in rows:
+            body += struct.pack(">ihqqq", 0, 0, 10, 10, 0)
+            body += encode_uvarint(aborted + 1) + (struct.pack(">qq", 1, 2) + b"\x00") * aborted
+            body += I32.pack(-1) + encode_uvarint(size + 1) + b"r" * size
+            body += b"\x01\x01\x02\x00\x07" if tagged else b"\x00"  # one tag (1: 2 bytes) or none
+        body += b"\x00"
+    return I32.pack(3) + b"\x00" + body
+
+
+@pytest.mark.both_twins
+@pytest.mark.parametrize("version", range(12, 19))
+@SETTINGS
+@given(data=st.data())
+def test_node_endpoints_absent_hand_built_fetches(version: int, data: st.DataObject) -> None:
+    head = data.draw(fetch_shapes(version))
+    payload = head + b"\x00"  # no top-level tags
+    assert _same_absence(payload, ApiKey.FETCH, version) is (version >= 16)
+    assert _same_absence(head + b"\x01\x00\x01\x01", ApiKey.FETCH, version) is False  # tag 0, 1 byte
+    assert _same_absence(head + b"\x01\x05\x01Z", ApiKey.FETCH, version) is False      # tag 5, 1 byte
+    cut = data.draw(st.integers(min_value=0, max_value=len(payload)))
+    _same_absence(payload[:cut], ApiKey.FETCH, version)
+    i = data.draw(st.integers(min_value=0, max_value=len(payload) - 1))
+    changed = payload[:i] + bytes([data.draw(st.integers(0, 255))]) + payload[i + 1:]
+    _same_absence(changed, ApiKey.FETCH, version)
+
+
+@pytest.mark.both_twins
+@SETTINGS
+@given(payload=st.binary(max_size=64), api_key=st.sampled_from([ApiKey.PRODUCE, ApiKey.FETCH, 3, -1, 500]),
+       api_version=st.integers(-2, 20))
+def test_node_endpoints_absent_arbitrary_bytes(payload: bytes, api_key: int, api_version: int) -> None:
+    _same_absence(payload, api_key, api_version)

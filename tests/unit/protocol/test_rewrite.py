@@ -39,6 +39,7 @@ from protocol import (
     rewrite_metadata_response,
     rewrite_produce_response_node_endpoints,
 )
+from protocol.rewrite import node_endpoints_absent
 from tests.unit.protocol.kio_support import (
     KIO_EXAMPLES,
     changed_offsets,
@@ -453,7 +454,7 @@ def test_client_software_errors() -> None:
 # --- KIP-951 leader endpoints in Produce v10+ / Fetch v16+ ---------------------------------------
 
 
-def _with_endpoints(api_key: int, api_version: int, data: st.DataObject) -> Any:
+def body_with_endpoints(api_key: int, api_version: int, data: st.DataObject) -> Any:
     cls = load_response_schema(api_key, api_version)
     body = data.draw(kio_entities(cls))
     endpoint_cls = typing.get_type_hints(cls)["node_endpoints"].__args__[0]
@@ -472,7 +473,7 @@ def _with_endpoints(api_key: int, api_version: int, data: st.DataObject) -> Any:
 def test_node_endpoints_equal_kio_full_rewrite(
     api_key: int, api_version: int, rewrite: Any, data: st.DataObject
 ) -> None:
-    body = _with_endpoints(api_key, api_version, data)
+    body = body_with_endpoints(api_key, api_version, data)
     payload = response_payload(body)
     new, original = rewrite(payload, api_version, to_proxy)
     assert original == addresses(body.node_endpoints, "node_id")
@@ -481,6 +482,32 @@ def test_node_endpoints_equal_kio_full_rewrite(
     expected = dataclasses.replace(
         body, node_endpoints=tuple(kio_map(e, "node_id", to_proxy) for e in body.node_endpoints))
     assert new == response_payload(expected)
+
+
+@pytest.mark.parametrize(("api_key", "api_version"), [
+    *[(ApiKey.PRODUCE, v) for v in (10, 11, 12, 13)], *[(ApiKey.FETCH, v) for v in (16, 17, 18)]])
+@settings(KIO_EXAMPLES, max_examples=10)
+@given(data=st.data())
+def test_node_endpoints_absent_says_when_the_rewrite_has_nothing_to_map(
+    api_key: int, api_version: int, data: st.DataObject
+) -> None:
+    body = body_with_endpoints(api_key, api_version, data)
+    payload = response_payload(body)
+    assert node_endpoints_absent(payload, api_key, api_version) is (not body.node_endpoints)
+    cut = data.draw(st.integers(0, len(payload) - 1))
+    assert node_endpoints_absent(payload[:cut], api_key, api_version) is False  # the rewrite reports it
+    assert node_endpoints_absent(payload + b"\x00", api_key, api_version) is False
+
+
+def test_node_endpoints_absent_is_false_before_kip_951_and_for_other_apis() -> None:
+    produce = CORR + b"\x00" + b"\x01" + struct.pack(">i", 0) + b"\x00"  # no topics, throttle, no tags
+    assert node_endpoints_absent(produce, ApiKey.PRODUCE, 10) is True
+    assert node_endpoints_absent(produce, ApiKey.PRODUCE, 9) is False   # the stage never asks: no tag 0
+    assert node_endpoints_absent(produce, ApiKey.PRODUCE, 14) is False  # a layout not verified
+    assert node_endpoints_absent(produce, ApiKey.METADATA, 12) is False
+    fetch = CORR + b"\x00" + struct.pack(">ihi", 0, 0, 0) + b"\x01" + b"\x00"
+    assert node_endpoints_absent(fetch, ApiKey.FETCH, 16) is True
+    assert node_endpoints_absent(fetch, ApiKey.FETCH, 15) is False
 
 
 def test_produce_node_endpoints_golden_with_other_tags() -> None:

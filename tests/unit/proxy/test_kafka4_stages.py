@@ -14,6 +14,7 @@ import pytest
 from kio.index import load_response_schema
 from kio.schema.errors import ErrorCode
 from kio.schema.fetch.v16 import response as f16
+from kio.schema.produce.v11 import response as p11
 from kio.schema.share_fetch.v1 import response as sf
 
 from protocol.apis import ApiKey, api_name
@@ -25,7 +26,8 @@ from protocol.versions import API_POLICIES, NO_THROTTLE_FIELD, Treatment
 from proxy.flow.inflight import InFlight
 from proxy.flow.pipeline import ConnectionContext, Forward
 from proxy.pumps.upstreams import BrokerRegistry
-from proxy.stages.addresses import ResponseRewriter
+from proxy.stages import addresses
+from proxy.stages.addresses import ResponseRewriter, RewriteStage
 from proxy.stages.quota import QuotaStage
 from quotas.clock import FakeClock
 from quotas.config import QuotaConfig
@@ -159,6 +161,52 @@ def test_whole_fetch_v16_and_share_fetch_are_rewritten() -> None:
     entry.upstream_response_bytes = len(share)
     body = decode_response_body(rewriter.outcome(entry, share).payload, ApiKey.SHARE_FETCH, 1)
     assert [(e.node_id, e.host, e.port) for e in body.node_endpoints] == [(2, "sluice.local", 19002)]
+
+
+def produce_v11(correlation_id: int, leader_host: str | None) -> bytes:
+    partition = p11.PartitionProduceResponse(
+        index=0, error_code=ErrorCode.none if leader_host is None else ErrorCode.not_leader_or_follower,
+        base_offset=-1, log_append_time=None, log_start_offset=-1, record_errors=(), error_message=None)
+    endpoints = () if leader_host is None else (
+        p11.NodeEndpoint(node_id=2, host=leader_host, port=9092, rack=None),)
+    body = p11.ProduceResponse(
+        responses=(p11.TopicProduceResponse(name="t", partition_responses=(partition,)),),
+        throttle_time=dt.timedelta(0), node_endpoints=endpoints)
+    return encode_response(1, correlation_id, body)
+
+
+@pytest.mark.parametrize("pure", [False, True])
+def test_the_stage_leaves_responses_without_leader_endpoints_alone_and_maps_the_rest(
+        pure: bool, monkeypatch: pytest.MonkeyPatch) -> None:
+    # modern clients' every Produce (v10+) and Fetch (v16+) response passes the stage: nearly all
+    # carry no endpoints and must come back as "nothing to say", on both twins of the check
+    if pure:
+        from protocol import rewrite
+        monkeypatch.setattr(addresses, "node_endpoints_absent", rewrite.node_endpoints_absent)
+    stage = RewriteStage(ResponseRewriter(FakeRegistry()))
+    cases = [(ApiKey.PRODUCE, 11, produce_v11(3, None), produce_v11(4, "b2")),
+             (ApiKey.FETCH, 16, fetch_v16_without_endpoints(5), fetch_v16(6, 100, "b2"))]
+    for api_key, version, plain, moved in cases:
+        for payload in (plain, moved):
+            entry = InFlight(1, int(api_key), version, "c", 50, 0)
+            entry.upstream_response_bytes = len(payload)
+            said = stage.on_response(CTX, entry, payload)
+            if payload is plain:
+                assert said is None
+                continue
+            assert said is not None
+            body = decode_response_body(said.payload, api_key, version)
+            assert [(e.node_id, e.host, e.port) for e in body.node_endpoints] == [(2, "sluice.local", 19002)]
+
+
+def fetch_v16_without_endpoints(correlation_id: int) -> bytes:
+    partition = f16.PartitionData(
+        partition_index=0, error_code=ErrorCode.none, high_watermark=10, last_stable_offset=10,
+        log_start_offset=0, aborted_transactions=None, preferred_read_replica=-1, records=b"r" * 100)
+    body = f16.FetchResponse(
+        throttle_time=dt.timedelta(0), error_code=ErrorCode.none, session_id=5,
+        responses=(f16.FetchableTopicResponse(topic_id=TOPIC, partitions=(partition,)),), node_endpoints=())
+    return encode_response(1, correlation_id, body)
 
 
 # ---------------------------------------------------------------------------------- ApiVersions
