@@ -4,8 +4,10 @@
 included; on a loaded machine its figures swing with the scheduler. This benchmark takes the
 sockets away and keeps everything else of the production path: a `ProxyServer` built from a real
 config (its stages, quota sensors, metrics, and with ``--access-log`` its writer process), one
-`ClientConnection` over an in-memory transport and an in-memory upstream, and small Produce v8
-request/response pairs (one partition, a 200-byte record batch, acks=1; a default client-id quota
+`ClientConnection` over an in-memory transport and an in-memory upstream, and small Produce v8 (or,
+with ``--produce-version 11``, v11: flexible, as a modern client sends it, and a response the rewrite
+stage checks for KIP-951 leader endpoints) request/response pairs (one partition, a 200-byte record
+batch, acks=1; a default client-id quota
 that never binds, so each request is recorded and checked). The same pairs also go through the raw
 forwarder's logic (`bench.common.raw_forwarder`'s data path: bytes in, bytes out) in the same run.
 
@@ -65,6 +67,7 @@ from typing import Any
 from bench.common.cpu import process_cpu_s, wait_quiet
 from bench.common.results import write_json
 from bench.common.setup import free_port
+from protocol._wire import encode_uvarint
 from protocol.apis import ApiKey
 from proxy.config import load_config
 from proxy.pumps.connection import ClientConnection
@@ -124,20 +127,39 @@ class MemoryUpstream:
     def close(self) -> None: ...
 
 
+#: The Produce version of the pairs (``--produce-version``): 8, or 11 as a modern client sends it
+#: (flexible, and a response the rewrite stage checks for KIP-951 leader endpoints).
+PRODUCE_VERSION = 8
+
+
 def produce_request(correlation_id: int) -> bytes:
-    """A size-prefixed Produce v8 request: one topic, one partition, a 200-byte record batch."""
+    """A size-prefixed Produce request: one topic, one partition, a 200-byte record batch, acks=1."""
     records = b"\x00" * 200
-    body = (struct.pack(">hhih", ApiKey.PRODUCE, 8, correlation_id, len(CLIENT_ID)) + CLIENT_ID
-            + struct.pack(">h", -1)                       # transactional_id: null
-            + struct.pack(">hi", 1, 30_000)               # acks=1, timeout_ms
-            + struct.pack(">i", 1) + struct.pack(">h", 5) + b"bench"   # topics[1]: name
-            + struct.pack(">i", 1) + struct.pack(">i", 0)              # partitions[1]: index 0
-            + struct.pack(">i", len(records)) + records)              # records
+    header = struct.pack(">hhih", ApiKey.PRODUCE, PRODUCE_VERSION, correlation_id, len(CLIENT_ID)) + CLIENT_ID
+    if PRODUCE_VERSION >= 9:  # flexible: header tags, compact lengths, tag sections
+        body = (header + b"\x00"                                      # header tags
+                + b"\x00" + struct.pack(">hi", 1, 30_000)              # transactional_id null, acks, timeout
+                + b"\x02" + b"\x06bench"                               # topics[1]: name
+                + b"\x02" + struct.pack(">i", 0)                       # partitions[1]: index 0
+                + encode_uvarint(len(records) + 1) + records + b"\x00"  # records, partition tags
+                + b"\x00" + b"\x00")                                   # topic tags, request tags
+    else:
+        body = (header + struct.pack(">h", -1)                        # transactional_id: null
+                + struct.pack(">hi", 1, 30_000)                       # acks=1, timeout_ms
+                + struct.pack(">i", 1) + struct.pack(">h", 5) + b"bench"   # topics[1]: name
+                + struct.pack(">i", 1) + struct.pack(">i", 0)              # partitions[1]: index 0
+                + struct.pack(">i", len(records)) + records)              # records
     return struct.pack(">i", len(body)) + body
 
 
 def produce_response(correlation_id: int) -> bytes:
-    """A Produce v8 response payload (no size prefix): one partition, no error, throttle 0."""
+    """A Produce response payload (no size prefix): one partition, no error, throttle 0."""
+    if PRODUCE_VERSION >= 9:
+        return (struct.pack(">i", correlation_id) + b"\x00"                 # header tags
+                + b"\x02" + b"\x06bench"                                    # responses[1]: name
+                + b"\x02" + struct.pack(">ihqqq", 0, 0, 42, -1, 0)          # partition 0, base offset
+                + b"\x01" + b"\x00" + b"\x00"                               # record_errors[], message, tags
+                + b"\x00" + struct.pack(">i", 0) + b"\x00")                  # topic tags, throttle, tags
     return (struct.pack(">i", correlation_id)
             + struct.pack(">i", 1) + struct.pack(">h", 5) + b"bench"          # responses[1]: name
             + struct.pack(">i", 1) + struct.pack(">ihqqq", 0, 0, 42, -1, 0)  # partition 0, base offset
@@ -339,7 +361,7 @@ class SocketBench:
 
     def __enter__(self) -> SocketBench:
         broker = self._spawn([self.python, "-m", "bench.bench_hot_path", "--canned-broker",
-                              str(self.broker_port)])
+                              str(self.broker_port), "--produce-version", str(PRODUCE_VERSION)])
         wait_port(self.broker_port, broker)
         return self
 
@@ -446,7 +468,7 @@ def measure_writer_paths(n: int, repeats: int, tmp: Path) -> dict[str, float]:
     pairs = []
     for i in range(n):
         request, response = produce_request(i)[4:], produce_response(i)
-        entry = InFlight(i, ApiKey.PRODUCE, 8, CLIENT_ID.decode(), len(request), 1_000)
+        entry = InFlight(i, ApiKey.PRODUCE, PRODUCE_VERSION, CLIENT_ID.decode(), len(request), 1_000)
         entry.broker_response = response
         entry.upstream_response_bytes = entry.response_bytes = len(response)
         entry.response_received_ms = 1_001
@@ -510,8 +532,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--against", type=Path, metavar="DIR",
                         help="over sockets, also run the Sluice of another checkout (DIR: its compiled "
                              "modules built), log off and on, each just before this tree's")
+    parser.add_argument("--produce-version", type=int, choices=(8, 11), default=8,
+                        help="the pairs' Produce version: 8, or 11 as a modern client sends (flexible; "
+                             "its response passes the check for KIP-951 leader endpoints)")
     parser.add_argument("--canned-broker", type=int, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
+    global PRODUCE_VERSION
+    PRODUCE_VERSION = args.produce_version
     if args.canned_broker:
         serve_canned_broker(args.canned_broker)
         return 0
@@ -530,7 +557,8 @@ def main(argv: list[str] | None = None) -> int:
             print(f"no sockets {mode:8s} {r['python_calls_per_pair']:5.1f} Python calls/pair  "
                   f"loop {r['loop_us_per_pair']:7.2f} us/pair  "
                   f"process {r['process_us_per_pair']:7.2f}{writer}", flush=True)
-    report = {"what": __doc__.split("\n")[0], "load_average": os.getloadavg(), "cpu_count": os.cpu_count(),
+    report = {"what": __doc__.split("\n")[0], "produce_version": PRODUCE_VERSION,
+              "load_average": os.getloadavg(), "cpu_count": os.cpu_count(),
               "python": sys.version.split()[0], "sockets": sockets_rows, "no_sockets": rows,
               "writer_paths_us_per_record": writer_paths}
     print(f"results: {write_json(report, args.out)}")

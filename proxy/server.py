@@ -51,6 +51,7 @@ from proxy.pumps.upstreams import BrokerRegistry, UpstreamTarget, schedule_serve
 from proxy.quota_service import QuotaService
 from proxy.settings import auth_settings, listener_settings
 from proxy.settings import describe as describe_listener
+from proxy.stages import addresses as addresses_stage
 from proxy.stages import quota as quota_stage
 from proxy.stages.addresses import ResponseRewriter, RewriteStage
 from proxy.stages.callbacks import ClusterMetadataFeed, ClusterMetadataStage
@@ -189,8 +190,8 @@ class ProxyServer:
         log.info("Sluice listening on %s:%d (%s) for %s", sock[0], sock[1], describe_listener(config),
                  ",".join(str(a) for a in config.upstream.bootstrap))
         log.info("data plane: %s; quota stats: %s", fastpath.describe(), quota_fastpath.describe())
-        log.info("connection orchestration: %s; quota stage hooks: %s", responses.describe(),
-                 quota_stage.describe())
+        log.info("connection orchestration: %s; quota stage hooks: %s; rewrite stage hook: %s",
+                 responses.describe(), quota_stage.describe(), addresses_stage.describe())
         if self.access_log is not None:
             log.info("access-log walks: %s; access-log capture: %s", log_fastpath.describe(),
                      access_log_module.describe())

@@ -1,5 +1,6 @@
 # cython: language_level=3, boundscheck=False, wraparound=False
-"""The quota stage's two hooks compiled (Cython): `QuotaHooks`.
+"""The quota stage's two hooks compiled (Cython): `QuotaHooks`; and the rewrite stage's response hook
+for the responses it leaves alone (`RewriteHooks`, at the end).
 
 The readable reference is `QuotaStage.on_request` and `QuotaStage.on_response`
 (`proxy/stages/quota.py`). This is the same code for the requests every connection sends most:
@@ -119,3 +120,30 @@ cdef class QuotaHooks:
         if total_ms == 0:
             return None  # nothing to patch, nothing to mute
         return self._throttled(entry, payload, new_ms, total_ms)
+
+
+# ----------------------------------------------------------------------------- the rewrite stage
+
+from protocol.fastpath import node_endpoints_absent as _node_endpoints_absent
+
+
+cdef class RewriteHooks:
+    """`RewriteStage.on_response` (`proxy/stages/addresses.py`, the readable reference), compiled for
+    the responses it sees most: a whole Produce v10+ or Fetch v16+ response with no KIP-951 leader
+    endpoints (every such response of a modern client, but for a leader move) is left alone without
+    entering a Python function. Every other response is the reference's own method, called as it is.
+    tests/unit/differential/test_rewrite_hooks.py holds the two equal."""
+
+    cdef object _stage, _on_response
+
+    def __init__(self, stage, reference):
+        """`reference`: the stage's class, whose `on_response` is the readable hook."""
+        self._stage = stage
+        self._on_response = reference.on_response
+
+    def on_response(self, ctx, entry, payload):
+        cdef long api_key = entry.api_key
+        if ((api_key == _PRODUCE or api_key == _FETCH) and len(payload) == entry.upstream_response_bytes
+                and _node_endpoints_absent(payload, api_key, entry.api_version)):
+            return None
+        return self._on_response(self._stage, ctx, entry, payload)

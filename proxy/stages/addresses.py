@@ -24,7 +24,9 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
+from typing import Final
 
+from contracts.compiled import choose
 from protocol.apis import ApiKey, api_name
 from protocol.errors import ProtocolError
 from protocol.fastpath import node_endpoints_absent
@@ -47,6 +49,11 @@ from proxy.flow.pipeline import ConnectionContext, ResponseOutcome, StageBase
 from proxy.pumps.upstreams import BrokerRegistry
 
 log = logging.getLogger("sluice.rewrite")
+
+_CHOICE: Final = choose("proxy.stages._speedups", ("RewriteHooks",))
+RewriteHooksImpl: Final = None if _CHOICE.active is None else _CHOICE.active.RewriteHooks
+"""The compiled response hook (`proxy/stages/_speedups.pyx`) a stage installs in place of its own, or None."""
+describe: Final = _CHOICE.describe
 
 AddressRewrite = Callable[[bytes, int, AddressMapper], tuple[bytes, list[BrokerAddress]]]
 
@@ -175,6 +182,8 @@ class RewriteStage(StageBase):
 
     def __init__(self, rewriter: ResponseRewriter) -> None:
         self._rewriter = rewriter
+        if RewriteHooksImpl is not None:  # the same hook compiled, for the responses it leaves alone
+            self.on_response = RewriteHooksImpl(self, RewriteStage).on_response  # type: ignore[method-assign]
 
     def handles(self, hook: str, api_key: int, api_version: int) -> bool:
         """Only the responses above; Produce before v10 and Fetch before v16 carry no leader
