@@ -178,15 +178,20 @@ async def test_creation_rate_holds_the_socket_unread_for_the_throttle_then_close
 # ---------------------------------------------------------------- handshake and idle
 
 
+def closes_after(w: World, transport: PeerTransport, ms: int, cause: str) -> None:
+    """The connection is open `ms` - 1 ms from now and closed for `cause` (its first hit) at `ms`."""
+    w.timers.advance(ms - 1)
+    assert not transport.closed
+    w.timers.advance(1)
+    assert transport.closed and w.limits.log.hits == {cause: 1}
+
+
 async def test_no_request_within_the_handshake_deadline_closes() -> None:
     w = world(LimitSettings(handshake_timeout_ms=10_000))
     conn, transport = await w.connect()
     assert conn is not None
     conn.data_received(b"\x00\x00")  # half a size prefix: a slowloris
-    w.timers.advance(9_999)
-    assert not transport.closed
-    w.timers.advance(1)
-    assert transport.closed and w.limits.log.hits == {HANDSHAKE_TIMEOUT: 1}
+    closes_after(w, transport, 10_000, HANDSHAKE_TIMEOUT)
 
 
 async def test_api_versions_ends_the_first_handshake_and_the_idle_timeout_takes_over() -> None:
@@ -197,10 +202,7 @@ async def test_api_versions_ends_the_first_handshake_and_the_idle_timeout_takes_
     assert probe is not None
     probe.data_received(frame(api_versions(1)))
     probe.on_upstream_frame(response(1))         # answered at t=1000: idle from then on
-    w.timers.advance(59_999)                     # far past the handshake deadline (t=11 000)
-    assert not transport.closed
-    w.timers.advance(1)
-    assert transport.closed and w.limits.log.hits == {IDLE_TIMEOUT: 1}
+    closes_after(w, transport, 60_000, IDLE_TIMEOUT)  # far past the handshake deadline (t=11 000)
 
 
 def sasl_handshake(correlation_id: int) -> bytes:
@@ -223,10 +225,7 @@ async def test_a_sasl_exchange_must_succeed_within_the_deadline_of_its_handshake
     stalled.on_upstream_frame(sasl_handshake_response(2))
     stalled.data_received(frame(api_versions(3)))  # ApiVersions inside the exchange does not end it
     stalled.on_upstream_frame(response(3))
-    w.timers.advance(9_999)
-    assert not t1.closed
-    w.timers.advance(1)
-    assert t1.closed and w.limits.log.hits == {HANDSHAKE_TIMEOUT: 1}
+    closes_after(w, t1, 10_000, HANDSHAKE_TIMEOUT)
 
 
 async def test_a_successful_sasl_exchange_ends_the_handshake_each_time() -> None:
