@@ -103,9 +103,13 @@ cdef class QuotaHooks:
             return None
         engine = self._engine
         cdef long api_key = entry.api_key
+        if api_key == _FETCH or api_key == _SHARE_FETCH:
+            return self._on_response(self._stage, ctx, entry, payload)
+        if (not entry.forwarded or not _rated(api_key)) and note.enforced_ms == 0:
+            return None  # the reference's "nothing recorded at the response, nothing to patch"
         quick = engine._quick
-        if (quick is None or api_key == _FETCH or api_key == _SHARE_FETCH or not entry.forwarded
-                or not _rated(api_key) or (api_key == _METADATA and engine.topic_kinds)):
+        if (quick is None or not entry.forwarded or not _rated(api_key)
+                or (api_key == _METADATA and engine.topic_kinds)):
             return self._on_response(self._stage, ctx, entry, payload)
         earlier_ms = note.enforced_ms
         verdict = quick.response_verdict(ctx.broker_id, note.identity,
@@ -125,25 +129,35 @@ cdef class QuotaHooks:
 # ----------------------------------------------------------------------------- the rewrite stage
 
 from protocol.fastpath import node_endpoints_absent as _node_endpoints_absent
+from proxy.flow.pipeline import ResponseOutcome as _ResponseOutcome
 
 
 cdef class RewriteHooks:
     """`RewriteStage.on_response` (`proxy/stages/addresses.py`, the readable reference), compiled for
     the responses it sees most: a whole Produce v10+ or Fetch v16+ response with no KIP-951 leader
-    endpoints (every such response of a modern client, but for a leader move) is left alone without
+    endpoints (every such response of a modern client, but for a leader move) is left alone, and an
+    ApiVersions response already capped once is answered from the rewriter's cache, without
     entering a Python function. Every other response is the reference's own method, called as it is.
     tests/unit/differential/test_rewrite_hooks.py holds the two equal."""
 
-    cdef object _stage, _on_response
+    cdef object _stage, _rewriter, _on_response
 
     def __init__(self, stage, reference):
         """`reference`: the stage's class, whose `on_response` is the readable hook."""
         self._stage = stage
+        self._rewriter = stage._rewriter
         self._on_response = reference.on_response
 
     def on_response(self, ctx, entry, payload):
         cdef long api_key = entry.api_key
-        if ((api_key == _PRODUCE or api_key == _FETCH) and len(payload) == entry.upstream_response_bytes
-                and _node_endpoints_absent(payload, api_key, entry.api_version)):
-            return None
+        if api_key == _PRODUCE or api_key == _FETCH:
+            if (len(payload) == entry.upstream_response_bytes
+                    and _node_endpoints_absent(payload, api_key, entry.api_version)):
+                return None
+        elif api_key == _API_VERSIONS and len(payload) == entry.upstream_response_bytes:
+            # `ResponseRewriter._cap_api_versions` when its cache holds this answer (all of a
+            # cluster's answers but for the correlation id: every one after the first)
+            capped = self._rewriter._api_versions_cache.get((entry.api_version, payload[4:]))
+            if capped is not None:
+                return _ResponseOutcome(payload[:4] + capped)
         return self._on_response(self._stage, ctx, entry, payload)

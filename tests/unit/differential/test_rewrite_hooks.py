@@ -4,7 +4,9 @@ stage's own `RewriteStage.on_response`, the readable reference it stands in for.
 Both get the same responses: Produce v9-v13 and Fetch v15-v18 built by kio with and without
 KIP-951 leader endpoints, whole or as the head of a streamed response, cut short or with a byte
 too many, and responses of other APIs (Metadata, ApiVersions, one the stage does not rewrite).
-Both must say the same: nothing (None), or an outcome with the same bytes, throttle and tail.
+Both must say the same: nothing (None), or an outcome with the same bytes, throttle and tail; for
+ApiVersions, whichever of the two reads an answer first (the other then finds it capped in the
+rewriter's cache).
 """
 
 from __future__ import annotations
@@ -68,8 +70,13 @@ def test_the_compiled_hook_says_what_the_stage_says(api_key: int, api_version: i
     fast = hooks(stage)
     entry = InFlight(7, int(api_key), api_version, "c", 50, 0)
     entry.upstream_response_bytes = size
-    expected = said(RewriteStage.on_response(stage, CTX, entry, payload))
-    assert said(fast(CTX, entry, payload)) == expected
+    if data.draw(st.booleans()):  # the compiled hook first: an ApiVersions answer not yet in the cache
+        got = said(fast(CTX, entry, payload))
+        expected = said(RewriteStage.on_response(stage, CTX, entry, payload))
+    else:                         # the reference first: the compiled hook then answers from the cache
+        expected = said(RewriteStage.on_response(stage, CTX, entry, payload))
+        got = said(fast(CTX, entry, payload))
+    assert got == expected
     if shape == "whole" and hasattr(body, "node_endpoints") and not body.node_endpoints:
         assert expected is None  # the usual response of Produce v10+ or Fetch v16+: left alone by both
 
