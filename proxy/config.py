@@ -298,8 +298,9 @@ class LimitsConfig(BaseModel):
     max_connections_per_ip_overrides: dict[str, int] = Field(
         default_factory=dict, description="{address: count} (Kafka's max.connections.per.ip.overrides; "
                                           "0 refuses the address)")
-    handshake_timeout_ms: int = Field(default=10_000, ge=100, description="the first request other than "
-                                      "ApiVersions/SaslHandshake/SaslAuthenticate must arrive within this")
+    handshake_timeout_ms: int = Field(
+        default=10_000, ge=100, description="a connection's first complete request (ApiVersions counts) must "
+        "arrive within this, and each SASL exchange must succeed within this of its SaslHandshake")
     idle_timeout_ms: int = Field(default=600_000, ge=1_000, description="close a connection with nothing "
                                  "read or written and no request in flight (Kafka's connections.max.idle.ms)")
     max_buffered_bytes_per_connection: int = Field(
