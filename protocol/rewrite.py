@@ -329,15 +329,12 @@ def node_endpoints_absent(payload: bytes, api_key: int, api_version: int) -> boo
 
     The check every such response meets on its way to the client (a modern client's every Produce
     and Fetch), so it has a compiled twin (`protocol.fastpath.node_endpoints_absent`)."""
+    walk = _TAGS_OFFSET.get(api_key)
+    if walk is None or api_version < walk[0]:
+        return False
     try:
-        if api_key == ApiKey.PRODUCE and api_version >= _PRODUCE_NODE_ENDPOINTS_SINCE:
-            _check_version(ApiKey.PRODUCE, api_version)
-            tags = produce_throttle_offset_walk(payload, response_body_offset(payload, 1), api_version) + 4
-        elif api_key == ApiKey.FETCH and api_version >= _FETCH_NODE_ENDPOINTS_SINCE:
-            _check_version(ApiKey.FETCH, api_version)
-            tags = _fetch_top_level_tags_offset(payload, response_body_offset(payload, 1), api_version)
-        else:
-            return False
+        _check_version(api_key, api_version)
+        tags = walk[1](payload, api_version)
     except ProtocolError:
         return False
     return tags + 1 == len(payload) and payload[tags] == 0
@@ -355,9 +352,8 @@ def rewrite_produce_response_node_endpoints(
     _check_version(ApiKey.PRODUCE, api_version)
     if api_version < _PRODUCE_NODE_ENDPOINTS_SINCE:
         return payload, []
-    body = response_body_offset(payload, 1)
-    tags = produce_throttle_offset_walk(payload, body, api_version) + 4
-    return _rewrite_node_endpoints_tag(payload, tags, mapper, "produce node_endpoints")
+    return _rewrite_node_endpoints_tag(payload, _produce_tags_offset(payload, api_version), mapper,
+                                       "produce node_endpoints")
 
 
 def rewrite_fetch_response_node_endpoints(
@@ -372,9 +368,8 @@ def rewrite_fetch_response_node_endpoints(
     _check_version(ApiKey.FETCH, api_version)
     if api_version < _FETCH_NODE_ENDPOINTS_SINCE:
         return payload, []
-    body = response_body_offset(payload, 1)
-    tags = _fetch_top_level_tags_offset(payload, body, api_version)
-    return _rewrite_node_endpoints_tag(payload, tags, mapper, "fetch node_endpoints")
+    return _rewrite_node_endpoints_tag(payload, _fetch_tags_offset(payload, api_version), mapper,
+                                       "fetch node_endpoints")
 
 
 def _fetch_top_level_tags_offset(payload: bytes, body: int, api_version: int) -> int:
@@ -402,6 +397,24 @@ def _fetch_top_level_tags_offset(payload: bytes, body: int, api_version: int) ->
             pos = skip_tagged_fields(payload, pos, "fetch partition tags")
         pos = skip_tagged_fields(payload, pos, "fetch topic tags")
     return pos
+
+
+def _produce_tags_offset(payload: bytes, api_version: int) -> int:
+    """Where a Produce response's top-level tag section starts (after throttle_time_ms)."""
+    return produce_throttle_offset_walk(payload, response_body_offset(payload, 1), api_version) + 4
+
+
+def _fetch_tags_offset(payload: bytes, api_version: int) -> int:
+    """Where a Fetch response's top-level tag section starts (after its last partition)."""
+    return _fetch_top_level_tags_offset(payload, response_body_offset(payload, 1), api_version)
+
+
+#: Per API whose responses may carry leader endpoints: the first version that may, and the walk to
+#: the tag section that holds them.
+_TAGS_OFFSET: Final[dict[int, tuple[int, Callable[[bytes, int], int]]]] = {
+    ApiKey.PRODUCE: (_PRODUCE_NODE_ENDPOINTS_SINCE, _produce_tags_offset),
+    ApiKey.FETCH: (_FETCH_NODE_ENDPOINTS_SINCE, _fetch_tags_offset),
+}
 
 
 def _rewrite_node_endpoints_tag(

@@ -250,8 +250,7 @@ class ConnectionWatchdog:
     def start(self) -> None:
         now_ms = self._clock.now_ms()
         self.last_active_ms = now_ms
-        self._deadline_ms = now_ms + self._handshake_ms
-        self._arm(now_ms, min(self._deadline_ms, now_ms + self._idle_ms))
+        self._open_handshake(now_ms)
 
     def request(self, api_key: int) -> None:
         """A complete request arrived. Any ends the handshake but a SASL request, and ApiVersions
@@ -263,12 +262,9 @@ class ConnectionWatchdog:
 
     def sasl_began(self) -> None:
         """A SaslHandshake: the exchange it opens must succeed within the handshake timeout."""
-        now_ms = self._clock.now_ms()
-        self.handshake_done = False
         self._in_sasl = True
-        self._deadline_ms = now_ms + self._handshake_ms
         self.cancel()
-        self._arm(now_ms, min(self._deadline_ms, self.last_active_ms + self._idle_ms))
+        self._open_handshake(self._clock.now_ms())
 
     def sasl_succeeded(self) -> None:
         """The broker accepted the exchange: the handshake is over."""
@@ -279,6 +275,12 @@ class ConnectionWatchdog:
         if self._handle is not None:
             self._handle.cancel()
             self._handle = None
+
+    def _open_handshake(self, now_ms: int) -> None:
+        """A handshake due `handshake_timeout_ms` from now; the timer set for it or the idle timeout."""
+        self.handshake_done = False
+        self._deadline_ms = now_ms + self._handshake_ms
+        self._arm(now_ms, min(self._deadline_ms, self.last_active_ms + self._idle_ms))
 
     def _arm(self, now_ms: int, at_ms: int) -> None:
         self._handle = self._call_later(max(at_ms - now_ms, 1) / 1000, self._fire)

@@ -72,8 +72,8 @@ class SaslMode:
         self._inspector.on_request(header, payload, entry)
         if header.api_key == ApiKey.SASL_HANDSHAKE:
             self._host.sasl_began()
-        if header.api_key == ApiKey.SASL_HANDSHAKE and header.api_version == 0:
-            self._host.set_frame_handlers(self._hold, None)  # raw tokens may follow: wait for the answer
+            if header.api_version == 0:
+                self._host.set_frame_handlers(self._hold, None)  # raw tokens may follow: wait for the answer
 
     def on_response(self, entry: InFlight, payload: bytes) -> None:
         said = self._inspector.on_response(entry, payload)

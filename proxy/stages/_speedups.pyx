@@ -105,11 +105,12 @@ cdef class QuotaHooks:
         cdef long api_key = entry.api_key
         if api_key == _FETCH or api_key == _SHARE_FETCH:
             return self._on_response(self._stage, ctx, entry, payload)
-        if (not entry.forwarded or not _rated(api_key)) and note.enforced_ms == 0:
-            return None  # the reference's "nothing recorded at the response, nothing to patch"
+        if not entry.forwarded or not _rated(api_key):  # nothing is recorded at the response
+            if note.enforced_ms == 0:
+                return None  # and nothing to patch: the reference's answer
+            return self._on_response(self._stage, ctx, entry, payload)
         quick = engine._quick
-        if (quick is None or not entry.forwarded or not _rated(api_key)
-                or (api_key == _METADATA and engine.topic_kinds)):
+        if quick is None or (api_key == _METADATA and engine.topic_kinds):
             return self._on_response(self._stage, ctx, entry, payload)
         earlier_ms = note.enforced_ms
         verdict = quick.response_verdict(ctx.broker_id, note.identity,
