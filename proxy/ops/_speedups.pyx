@@ -121,11 +121,13 @@ cdef class AccessLogHooks:
 
     cdef object _stage, _writer
     cdef _Columns _columns  # the current batch's (a new batch: read again)
+    cdef Py_ssize_t _send_rows  # the writer's: a batch this full wakes its feeder thread
 
     def __init__(self, stage):
         self._stage = stage
         self._writer = stage._writer
         self._columns = None
+        self._send_rows = self._writer.send_rows
 
     def on_request(self, ctx, entry, header, payload):
         if header.api_key == _PRODUCE and not entry.parts_walked:  # InFlight.produce_parts
@@ -149,6 +151,9 @@ cdef class AccessLogHooks:
                 writer.unreadable += 1
                 if writer.unreadable == 1 or writer.unreadable % 10_000 == 0:
                     log.exception("cannot log a request (%d so far)", writer.unreadable)
+                return
+            if len(batch.ts_ms) == self._send_rows:
+                writer.wake()
 
     cdef _add(self, batch, ctx, entry, long long ts_ms, defer_budget_bytes):
         """`LogBatch.add` for Produce, Fetch and ApiVersions; any other API is the batch's own."""

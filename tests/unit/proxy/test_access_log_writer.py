@@ -19,7 +19,7 @@ from contracts.access_log import FIELD_NAMES, validate_record
 from protocol.apis import ApiKey
 from proxy.flow.inflight import InFlight
 from proxy.flow.pipeline import ConnectionContext, Pipeline, ResponseOutcome, StageBase
-from proxy.ops import access_log_files
+from proxy.ops import access_log, access_log_files
 from proxy.ops.access_log import DEGRADED_HOLD_S, AccessLogStage, AccessLogWriter, WriterBackoff
 from proxy.ops.access_log_batch import LogBatch
 from proxy.ops.access_log_files import serve
@@ -149,6 +149,30 @@ def test_a_killed_writer_is_restarted_its_lost_records_counted_and_the_log_goes_
         assert writer.problems(now_s=time.monotonic() + DEGRADED_HOLD_S + 0.1) == []  # then healthy
     finally:
         writer.close(timeout_s=30)
+
+
+def test_the_feeder_sleeps_until_a_batch_is_full_the_writer_exits_or_the_log_closes(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """With the once-a-second send pushed out to an hour, only the wake-ups move records: the
+    loop's when a batch reaches `send_rows`, the writer process's exit, and `close`."""
+    monkeypatch.setattr(access_log, "SEND_INTERVAL_S", 3600.0)
+    writer = AccessLogWriter(tmp_path / "logs", "unit", log_format="json", queue_size=200,
+                             backoff=WriterBackoff(initial_s=0.5))
+    assert writer.send_rows == 100  # half of queue_size
+    writer.start()
+    try:
+        serve_requests(writer, 100)  # the 100th record wakes the feeder: the batch goes now
+        wait_until(lambda: writer.written == 100, COLD_START_S, "a full batch written")
+        first_pid = writer.writer_pid
+        assert first_pid is not None
+        os.kill(first_pid, signal.SIGKILL)  # the exit wakes the feeder, which restarts the writer
+        wait_until(lambda: writer.restarts == 1, COLD_START_S, "the writer restarted")
+        assert writer.writer_pid not in (None, first_pid)
+        serve_requests(writer, 10)  # a part batch: it waits for the hour, or for close
+        assert writer.waiting == 10
+    finally:
+        writer.close(timeout_s=COLD_START_S)
+    assert writer.written == 110 and writer.queue_depth == 0
 
 
 def test_the_brokers_throttle_is_logged_even_when_sluice_patched_a_larger_one() -> None:
