@@ -600,6 +600,7 @@ def run_benchmark(params: Params, paths: Sequence[str], workloads: Sequence[str]
                     for pid in proxies:  # from quiet to quiet, as in `measured`
                         wait_quiet(pid)
                     cpu0 = {p: process_cpu_s(env.proxy_pids.get(p)) for p in order}
+                    own0 = {p: own_cpu_s(pid) if (pid := env.proxy_pids.get(p)) else 0.0 for p in order}
                     by_path = latency_run({p: env.addresses[p] for p in order}, make, check,
                                           params.latency_samples, params.latency_warmup)
                     for pid in proxies:
@@ -611,6 +612,8 @@ def run_benchmark(params: Params, paths: Sequence[str], workloads: Sequence[str]
                         if env.proxy_pids.get(path) is not None:  # each proxy saw only its own path
                             cpu = process_cpu_s(env.proxy_pids[path]) - cpu0[path]
                             r["proxy_cpu_us_per_request"] = 1e6 * cpu / requests
+                            own = own_cpu_s(env.proxy_pids[path]) - own0[path]
+                            r["proxy_own_cpu_us_per_request"] = 1e6 * own / requests  # without the writer
                         runs.setdefault(name, {}).setdefault(path, []).append(r)
                         log(f"rep {rep + 1} {name.removeprefix('latency_'):<11} {path:>6}: "
                             f"p50 {r['p50_ms']:.3f} ms  p99 {r['p99_ms']:.3f} ms")
@@ -675,6 +678,8 @@ def summarize(params: Params, paths: Sequence[str], runs: dict[str, dict[str, li
             if proxies:
                 entry["proxy_cpu_us_per_request_median"] = {
                     p: round(_median(rs, "proxy_cpu_us_per_request"), 1) for p, rs in proxies.items()}
+                entry["proxy_own_cpu_us_per_request_median"] = {
+                    p: round(_median(rs, "proxy_own_cpu_us_per_request"), 1) for p, rs in proxies.items()}
         entry["runs"] = by_path
         results[workload] = entry
 
@@ -741,6 +746,10 @@ def format_table(report: Mapping[str, Any]) -> str:
                   + "; ".join(w.removeprefix("latency_") + " " + ", ".join(
                       f"{p} {v:.0f}" for p, v in res[w]["proxy_cpu_us_per_request_median"].items())
                       for w in lat_cpu)]
+        if "sluice" in res[lat_cpu[0]].get("proxy_own_cpu_us_per_request_median", {}):
+            lines.append("  of which Sluice's own process (the rest is its access-log writer): " + "; ".join(
+                w.removeprefix("latency_") + f" {res[w]['proxy_own_cpu_us_per_request_median']['sluice']:.0f}"
+                for w in lat_cpu))
     cpu_rows = [w for w in ("produce", "fetch") if w in res and "proxy_cpu_ms_per_mb_median" in res[w]]
     if cpu_rows:
         lines += ["", "proxy CPU (median): ms of CPU per MB moved / % of one core during the run"]
