@@ -613,3 +613,213 @@ cdef class RequestCounters:
         for key, c in self._others.items():
             out[key] = (c[0], c[1], c[2])
         return out
+
+
+# ----------------------------------------------------------------------------- the streamed Fetch tail
+
+from cpython.buffer cimport PyBUF_SIMPLE, PyObject_GetBuffer, PyBuffer_Release
+
+from protocol import fetch_tail as _fetch_tail
+
+# `protocol.fetch_tail`'s stages, in its order
+cdef enum:
+    TF_HEAD
+    TF_HEAD_REST
+    TF_TOPIC
+    TF_PARTITION
+    TF_ABORTED
+    TF_PARTITION_REST
+    TF_PARTITION_TAGS
+    TF_TOPIC_TAGS
+    TF_TAG_FIELD
+    TF_TAIL
+    TF_FAILED
+
+cdef Py_ssize_t _TAIL_WINDOW_BYTES = _fetch_tail._WINDOW_BYTES
+cdef Py_ssize_t _TAIL_MAX_STEP_BYTES = _fetch_tail._MAX_STEP_BYTES
+
+
+cdef inline Py_ssize_t _uvarint(const uint8_t* p, Py_ssize_t n, Py_ssize_t pos,
+                                long long* value) noexcept nogil:
+    """`protocol._wire.read_uvarint`: the position after it, or -1 where that raises (truncated, or
+    longer than 5 bytes)."""
+    cdef long long v = 0
+    cdef int shift = 0
+    cdef int i
+    cdef uint8_t byte
+    for i in range(5):
+        if pos + i >= n:
+            return -1
+        byte = p[pos + i]
+        v |= (<long long>(byte & 0x7F)) << shift
+        if not byte & 0x80:
+            value[0] = v
+            return pos + i + 1
+        shift += 7
+    return -1
+
+
+cdef class FetchTailFinder:
+    """`protocol.fetch_tail.FetchTailFinder`, compiled: the same steps, the same buffering of a step
+    split across chunks and the same answers; a step that cannot be read (truncated or malformed)
+    is "not whole yet", as the reference's DecodeError is."""
+
+    cdef int _stage, _then
+    cdef Py_ssize_t _topic_id_bytes
+    cdef bytearray _buf
+    cdef long long _skip, _topics, _partitions, _left, _fields
+    cdef public bytearray tail
+
+    def __init__(self, api_version):
+        if api_version < 12:
+            raise ValueError(f"Fetch v{api_version} is not flexible: no top-level tag section")
+        self._topic_id_bytes = 16 if api_version >= 13 else 0  # v12 has a topic name instead
+        self._stage = TF_HEAD
+        self._then = TF_HEAD_REST
+        self._buf = bytearray()
+        self._skip = self._topics = self._partitions = self._left = self._fields = 0
+        self.tail = bytearray()
+
+    @property
+    def found(self):
+        return self._stage == TF_TAIL and not self._skip
+
+    def feed(self, chunk):
+        cdef Py_buffer view
+        PyObject_GetBuffer(chunk, &view, PyBUF_SIMPLE)
+        try:
+            return self._feed(chunk, <const uint8_t*>view.buf, view.len)
+        finally:
+            PyBuffer_Release(&view)
+
+    cdef Py_ssize_t _feed(self, chunk, const uint8_t* p, Py_ssize_t n) except -1:
+        cdef Py_ssize_t pos = 0, after, take, consumed, leftover, held
+        cdef long long step
+        while pos < n:
+            if self._skip:  # records and tagged-field data: straight through
+                step = self._skip if self._skip < n - pos else n - pos
+                self._skip -= step
+                pos += step
+                continue
+            if self._stage == TF_TAIL:
+                self.tail += chunk[pos:]
+                return pos
+            if self._stage == TF_FAILED:
+                return n
+            held = PyByteArray_GET_SIZE(self._buf)
+            if not held:  # the usual case: parse whole steps in place
+                after = self._parse(p, n, pos)
+                if after > pos:
+                    pos = after
+                    continue
+            # a step split across chunks: buffer a window (doubling while it does not fit)
+            take = n - pos
+            if take > _TAIL_WINDOW_BYTES and take > held:
+                take = _TAIL_WINDOW_BYTES if _TAIL_WINDOW_BYTES > held else held
+            self._buf += chunk[pos:pos + take]
+            held = PyByteArray_GET_SIZE(self._buf)
+            consumed = self._parse(<const uint8_t*>PyByteArray_AS_STRING(self._buf), held, 0)
+            if consumed == 0:  # still not whole: everything taken stays buffered
+                pos += take
+                if held > _TAIL_MAX_STEP_BYTES:
+                    self._stage = TF_FAILED  # no real step is this large: give up, forward as is
+                continue
+            # the bytes after the last whole step go back to the chunk (records, tail or a part step)
+            leftover = held - consumed
+            del self._buf[:]
+            pos += take - leftover
+        return n
+
+    cdef Py_ssize_t _parse(self, const uint8_t* p, Py_ssize_t n, Py_ssize_t at):
+        """The whole steps from `at`; returns where they end (`at` if none is whole)."""
+        cdef Py_ssize_t after
+        while self._stage != TF_TAIL and self._stage != TF_FAILED and not self._skip:
+            after = self._step(p, n, at)
+            if after < 0:
+                break
+            at = after
+        return at
+
+    cdef Py_ssize_t _step(self, const uint8_t* p, Py_ssize_t n, Py_ssize_t at):
+        """One step (`FetchTailFinder._step`): where it ends, or -1 (nothing changed) if it is not whole."""
+        cdef int stage = self._stage
+        cdef Py_ssize_t pos
+        cdef long long value, size
+        if stage == TF_HEAD:  # correlation_id, then the response header's tag section
+            return -1 if at + 4 > n else self._tags(p, n, at + 4, TF_HEAD_REST)
+        if stage == TF_HEAD_REST:  # throttle_time_ms, error_code, session_id, then the topics
+            pos = -1 if at + 10 > n else _uvarint(p, n, at + 10, &value)
+            if pos < 0:
+                return -1
+            self._topics = value - 1 if value > 0 else 0
+            self._stage = TF_TOPIC if self._topics else TF_TAIL
+            return pos
+        if stage == TF_TOPIC:
+            if self._topic_id_bytes:
+                pos = -1 if at + self._topic_id_bytes > n else at + self._topic_id_bytes
+            else:  # a compact nullable string
+                pos = _uvarint(p, n, at, &size)
+                if pos >= 0 and size > 0:
+                    pos = -1 if size - 1 > n - pos else pos + <Py_ssize_t>(size - 1)
+            if pos >= 0:
+                pos = _uvarint(p, n, pos, &value)
+            if pos < 0:
+                return -1
+            self._partitions = value - 1 if value > 0 else 0
+            self._stage = TF_PARTITION if self._partitions else TF_TOPIC_TAGS
+            return pos
+        if stage == TF_PARTITION:
+            # partition_index, error_code, high_watermark, last_stable_offset, log_start_offset
+            pos = -1 if at + 30 > n else _uvarint(p, n, at + 30, &value)
+            if pos < 0:
+                return -1
+            self._left = value - 1 if value > 0 else 0
+            self._stage = TF_ABORTED if self._left else TF_PARTITION_REST
+            return pos
+        if stage == TF_ABORTED:  # one aborted transaction: producer_id, first_offset, then its tags
+            return -1 if at + 16 > n else self._tags(p, n, at + 16, TF_ABORTED)
+        if stage == TF_PARTITION_REST:  # preferred_read_replica, then the records' compact length
+            pos = -1 if at + 4 > n else _uvarint(p, n, at + 4, &value)
+            if pos < 0:
+                return -1
+            self._skip = value - 1 if value > 1 else 0
+            self._stage = TF_PARTITION_TAGS
+            return pos
+        if stage == TF_PARTITION_TAGS or stage == TF_TOPIC_TAGS:
+            return self._tags(p, n, at, stage)
+        # TF_TAG_FIELD: tag and size; the data passes through like records (never buffered)
+        pos = _uvarint(p, n, at, &value)
+        if pos >= 0:
+            pos = _uvarint(p, n, pos, &size)
+        if pos < 0:
+            return -1
+        self._skip = size
+        self._fields -= 1
+        if not self._fields:
+            self._after_tags(self._then)
+        return pos
+
+    cdef Py_ssize_t _tags(self, const uint8_t* p, Py_ssize_t n, Py_ssize_t at, int then):
+        """A tag section's field count; its fields follow as `TF_TAG_FIELD` steps, then `then`."""
+        cdef long long count
+        cdef Py_ssize_t pos = _uvarint(p, n, at, &count)
+        if pos < 0:
+            return -1
+        if count:
+            self._fields, self._then, self._stage = count, then, TF_TAG_FIELD
+        else:
+            self._after_tags(then)
+        return pos
+
+    cdef void _after_tags(self, int then):
+        if then == TF_ABORTED:
+            self._left -= 1
+            self._stage = TF_ABORTED if self._left else TF_PARTITION_REST
+        elif then == TF_PARTITION_TAGS:
+            self._partitions -= 1
+            self._stage = TF_PARTITION if self._partitions else TF_TOPIC_TAGS
+        elif then == TF_TOPIC_TAGS:
+            self._topics -= 1
+            self._stage = TF_TOPIC if self._topics else TF_TAIL
+        else:
+            self._stage = then

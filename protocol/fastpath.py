@@ -2,11 +2,13 @@
 
 The per-request byte path (framing, the request header, Produce acks, the response's correlation
 id, the throttle_time_ms patch, the Fetch response walk with its record counts, and the check that
-a Produce or Fetch response carries no KIP-951 leader endpoints to rewrite) has two
+a Produce or Fetch response carries no KIP-951 leader endpoints to rewrite, and the finder of a
+streamed Fetch response's top-level tag section) has two
 implementations with one contract:
 
 * the pure-Python reference: `protocol.framing`, `protocol.headers`, `protocol.produce`,
-  `protocol.throttle`, `protocol.records`, `protocol.rewrite`, and the per-request counters of /metrics,
+  `protocol.throttle`, `protocol.records`, `protocol.rewrite`, `protocol.fetch_tail`, and the
+  per-request counters of /metrics,
   `protocol.counters` (what a reader reads first, and the fallback);
 * its compiled twin, `protocol._speedups` (Cython), which handles the common, well-formed case in C
   and hands everything else to the reference, so both answer and raise alike (tests/unit/differential).
@@ -22,14 +24,15 @@ from collections.abc import Callable
 from typing import Final, cast
 
 from contracts.compiled import PURE_PYTHON_ENV, choose
-from protocol import counters, framing, headers, produce, records, rewrite, throttle
+from protocol import counters, fetch_tail, framing, headers, produce, records, rewrite, throttle
 from protocol.headers import RequestHeader
 
 __all__ = ["PURE_PYTHON_ENV"]  # re-exported: the switch's name, for the config's list of known variables
 
 _TWINS: Final = ("FrameSplitter", "read_request_header", "read_response_correlation_id", "read_produce_acks",
                   "throttle_time_offset", "plan_throttle_patch", "patch_throttle_time",
-                  "fetch_response_partitions", "count_records", "RequestCounters", "node_endpoints_absent")
+                  "fetch_response_partitions", "count_records", "RequestCounters", "node_endpoints_absent",
+                  "FetchTailFinder")
 
 
 _CHOICE: Final = choose("protocol._speedups", _TWINS)
@@ -73,3 +76,7 @@ node_endpoints_absent: Final = cast(
 # the per-request counters of /metrics (`protocol.counters`): C integers, no Python frame per request
 RequestCounters: Final = cast(type[counters.RequestCounters],
                               counters.RequestCounters if _impl is None else _impl.RequestCounters)
+
+# a streamed Fetch v12+ response's walk to its top-level tag section, chunk by chunk
+FetchTailFinder: Final = cast(type[fetch_tail.FetchTailFinder],
+                              fetch_tail.FetchTailFinder if _impl is None else _impl.FetchTailFinder)

@@ -76,11 +76,11 @@ class FetchStream:
         if replaced:
             self._host.response_done()
         elif tail is None:
-            self._host.write_client_lines((size_prefix(size), sent_head, part[len(head):]))
+            self._host.write_client_lines((size_prefix(size), sent_head, memoryview(part)[len(head):]))
         else:
             self._host.write_client(size_prefix(size))
             self._send(sent_head)
-            self._send(part[len(head):])
+            self._send(memoryview(part)[len(head):])
         if not left:
             self._end()
 

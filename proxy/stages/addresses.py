@@ -29,8 +29,8 @@ from typing import Final
 from contracts.compiled import choose
 from protocol.apis import ApiKey, api_name
 from protocol.errors import ProtocolError
-from protocol.fastpath import node_endpoints_absent
-from protocol.fetch_tail import FetchTailFinder, fit_tail
+from protocol.fastpath import FetchTailFinder, node_endpoints_absent
+from protocol.fetch_tail import fit_tail
 from protocol.rewrite import (
     AddressMapper,
     BrokerAddress,
