@@ -397,6 +397,7 @@ QUOTA_BYTES_PER_S = 10**12
 QUOTA_ENTRIES: list[dict[str, Any]] = [{"client_id": "<default>", "producer_byte_rate": QUOTA_BYTES_PER_S,
                                         "consumer_byte_rate": QUOTA_BYTES_PER_S}]
 QUOTAS: dict[str, Any] = {"enabled": True}
+SLUICE_FROM: dict[str, Path | None] = {"dir": None}  # `--sluice-from`: another checkout's Sluice
 
 
 def access_log_counters(port: int) -> dict[str, float]:
@@ -461,7 +462,10 @@ def start_environment(workdir: Path, paths: Sequence[str], profile_sluice: Path 
         if "sluice" in paths:
             config, port = sluice_config(workdir)
             if profile_sluice is None:
-                sluice = SluiceProcess(cluster.bootstrap, workdir / "sluice", config=config).start()
+                launcher = (("-m", "proxy") if SLUICE_FROM["dir"] is None
+                            else (str(REPO / "bench" / "common" / "run_from.py"), str(SLUICE_FROM["dir"])))
+                sluice = SluiceProcess(cluster.bootstrap, workdir / "sluice", config=config,
+                                       launcher=launcher).start()
                 env.stop.append(sluice.stop)
                 # stop hooks run last-first: these read /metrics before the stop
                 if ACCESS_LOG["enabled"] and port is not None:
@@ -705,6 +709,7 @@ def summarize(params: Params, paths: Sequence[str], runs: dict[str, dict[str, li
         "benchmark": "proxy",
         "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
         "sluice_commit": git_describe(),
+        "sluice_from": None if SLUICE_FROM["dir"] is None else str(SLUICE_FROM["dir"]),
         "machine": machine(),
         "params": asdict(params),
         "paths": list(paths),
@@ -827,6 +832,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--profile-sluice", type=Path, metavar="FILE.prof",
                         help="run Sluice under cProfile and dump its stats here (numbers are then "
                              "not representative; the default --out becomes proxy-profiled.json)")
+    parser.add_argument("--sluice-from", type=Path, metavar="DIR",
+                        help="run the Sluice of DIR, a built checkout of another commit (made as "
+                             "bench_hot_path's docstring shows), to compare two commits run by run")
     args = parser.parse_args(argv)
 
     params = Params.smoke() if args.smoke else Params.quick() if args.quick else Params.full()
@@ -843,6 +851,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"[{time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
 
     ACCESS_LOG["enabled"] = args.access_log
+    SLUICE_FROM["dir"] = args.sluice_from.resolve() if args.sluice_from else None
     QUOTAS["enabled"] = args.quotas
     if args.quotas:
         QUOTAS["entries"] = QUOTA_ENTRIES

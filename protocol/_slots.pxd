@@ -1,5 +1,5 @@
 # cython: language_level=3
-"""Filling a `__slots__` class's instance from C without running its `__init__` (Cython, inline).
+"""Filling and reading a `__slots__` class's instance from C (Cython, inline).
 
 The per-request objects (`protocol.headers.RequestHeader`, `proxy.flow.inflight.InFlight`) are
 slotted dataclasses: their generated `__init__` is a Python function, entered for every request.
@@ -8,6 +8,10 @@ empty), then each slot stored at the offset its member descriptor records, which
 descriptor's own `__set__` does (a T_OBJECT_EX member: the new value referenced, the old one
 released). `slot_offset` reads a field's offset once, at import, and refuses anything that is not
 such a member. The differential tests compare the objects made here with the constructor's.
+
+`get` reads a slot the same way, as the descriptor's `__get__` does, without the attribute lookup
+(the type's dictionary and method cache, the descriptor call) that a read of `obj.name` costs from
+C. A caller must know `obj`'s exact type: the offsets are that class's.
 """
 
 from cpython.object cimport PyObject
@@ -45,6 +49,14 @@ cdef inline void put(object obj, Py_ssize_t offset, object value):
     Py_INCREF(value)
     slot[0] = <PyObject *>value
     Py_XDECREF(old)
+
+
+cdef inline object get(object obj, Py_ssize_t offset):
+    """`obj`'s slot at `offset` (the member descriptor's `__get__`): AttributeError while it is empty."""
+    cdef PyObject *value = (<PyObject **>((<char *><PyObject *>obj) + offset))[0]
+    if value is NULL:
+        raise AttributeError(f"a slot of {type(obj).__name__} is empty")
+    return <object>value
 
 
 cdef inline int offsets_of(object cls, tuple names, Py_ssize_t *out, Py_ssize_t capacity) except -1:

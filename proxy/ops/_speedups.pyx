@@ -32,6 +32,33 @@ from proxy.ops.access_log_batch import NULL_INT, RESPONSE_WALK_MAX_BYTES
 from cpython cimport array
 from cpython.object cimport Py_SIZE
 
+from protocol._slots cimport get, slot_offset
+
+from proxy.flow.inflight import InFlight as _InFlight
+from proxy.flow.pipeline import ConnectionContext as _Context
+
+# The fields a record reads, at their slots' offsets (`protocol/_slots.pxd`): read as the member
+# descriptors read them, without an attribute lookup each. Only for entries and contexts of exactly
+# these classes; anything else is the reference's (`AccessLogHooks.on_complete`).
+cdef Py_ssize_t E_API_KEY = slot_offset(_InFlight, "api_key")
+cdef Py_ssize_t E_API_VERSION = slot_offset(_InFlight, "api_version")
+cdef Py_ssize_t E_CORRELATION_ID = slot_offset(_InFlight, "correlation_id")
+cdef Py_ssize_t E_CLIENT_ID = slot_offset(_InFlight, "client_id")
+cdef Py_ssize_t E_REQUEST_BYTES = slot_offset(_InFlight, "request_bytes")
+cdef Py_ssize_t E_RECEIVED_MS = slot_offset(_InFlight, "received_ms")
+cdef Py_ssize_t E_FORWARDED = slot_offset(_InFlight, "forwarded")
+cdef Py_ssize_t E_UPSTREAM_RESPONSE_BYTES = slot_offset(_InFlight, "upstream_response_bytes")
+cdef Py_ssize_t E_RESPONSE_BYTES = slot_offset(_InFlight, "response_bytes")
+cdef Py_ssize_t E_RESPONSE_RECEIVED_MS = slot_offset(_InFlight, "response_received_ms")
+cdef Py_ssize_t E_BROKER_RESPONSE = slot_offset(_InFlight, "broker_response")
+cdef Py_ssize_t E_QUOTA = slot_offset(_InFlight, "quota")
+cdef Py_ssize_t E_PARTS = slot_offset(_InFlight, "parts")
+cdef Py_ssize_t C_CLIENT_ADDRESS = slot_offset(_Context, "client_address")
+cdef Py_ssize_t C_PRINCIPAL = slot_offset(_Context, "principal")
+cdef Py_ssize_t C_SOFTWARE_NAME = slot_offset(_Context, "client_software_name")
+cdef Py_ssize_t C_SOFTWARE_VERSION = slot_offset(_Context, "client_software_version")
+cdef Py_ssize_t C_BROKER_ID = slot_offset(_Context, "broker_id")
+
 from proxy.ops.access_log_batch import PART_COLUMNS, ROW_COLUMNS
 
 cdef long _PRODUCE = ApiKey.PRODUCE
@@ -99,6 +126,13 @@ cdef class _Columns:
     cdef array.array response_bytes, latency_ms, throttle_ms, broker_throttle_ms, quota
     cdef array.array would_throttle_ms, errors, topics_end, topics_valid
     cdef array.array part_topic, part_index, part_records, part_bytes
+    # the batch's dictionaries of distinct values (made with the batch, never replaced) ...
+    cdef dict conns, client_ids, error_sets
+    cdef object by_decision, topics
+    # ... and the last connection and client-id a row was given, compared by identity: a value
+    # identical to the last one has the last one's index (the dictionary would return it)
+    cdef object last_address, last_principal, last_software_name, last_software_version, last_broker
+    cdef object last_conn, last_client_id, last_client
 
     def __init__(self, batch):
         for name, code in _CODES.items():  # a column of another type is a bug: say so
@@ -114,20 +148,59 @@ cdef class _Columns:
         self.topics_end, self.topics_valid = batch.topics_end, batch.topics_valid
         self.part_topic, self.part_index = batch.part_topic, batch.part_index
         self.part_records, self.part_bytes = batch.part_records, batch.part_bytes
+        self.conns, self.client_ids, self.error_sets = batch._conns, batch._client_ids, batch._error_sets
+        self.by_decision, self.topics = batch._by_decision, batch._topics
+        self.last_conn = self.last_client = None
+
+    cdef object conn_of(self, ctx):
+        """The row's `conn` (`LogBatch._append`'s dictionary of connection keys)."""
+        address, principal = get(ctx, C_CLIENT_ADDRESS), get(ctx, C_PRINCIPAL)
+        name, version, broker = get(ctx, C_SOFTWARE_NAME), get(ctx, C_SOFTWARE_VERSION), get(ctx, C_BROKER_ID)
+        if (self.last_conn is not None and address is self.last_address and principal is self.last_principal
+                and name is self.last_software_name and version is self.last_software_version
+                and broker is self.last_broker):
+            return self.last_conn
+        key = (address, principal, name, version, broker)
+        conns = self.conns
+        conn = conns.get(key)
+        if conn is None:
+            conn = conns[key] = len(conns)
+        self.last_address, self.last_principal, self.last_software_name = address, principal, name
+        self.last_software_version, self.last_broker, self.last_conn = version, broker, conn
+        return conn
+
+    cdef object client_of(self, client_id):
+        """The row's `client_id` index."""
+        if self.last_client is not None and client_id is self.last_client_id:
+            return self.last_client
+        client_ids = self.client_ids
+        client = client_ids.get(client_id)
+        if client is None:
+            client = client_ids[client_id] = len(client_ids)
+        self.last_client_id, self.last_client = client_id, client
+        return client
 
 
 cdef class AccessLogHooks:
     """`AccessLogStage.on_request` and `AccessLogStage.on_complete` of one stage, compiled."""
 
-    cdef object _stage, _writer
+    cdef object _stage, _writer, _reference_on_complete
+    cdef object _acquire, _release   # the writer's lock's (the feeder takes the batch under it)
+    cdef Py_ssize_t _queue_size      # the writer's
+    cdef object _defer_budget_bytes  # the writer's max_pending_payload_bytes
     cdef _Columns _columns  # the current batch's (a new batch: read again)
     cdef Py_ssize_t _send_rows  # the writer's: a batch this full wakes its feeder thread
 
-    def __init__(self, stage):
+    def __init__(self, stage, reference_on_complete):
+        """`reference_on_complete`: the stage class's own hook, for an entry or context of another class."""
         self._stage = stage
         self._writer = stage._writer
         self._columns = None
         self._send_rows = self._writer.send_rows
+        self._reference_on_complete = reference_on_complete
+        self._acquire, self._release = self._writer._lock.acquire, self._writer._lock.release
+        self._queue_size = self._writer.queue_size
+        self._defer_budget_bytes = self._writer.max_pending_payload_bytes
 
     def on_request(self, ctx, entry, header, payload):
         if header.api_key == _PRODUCE and not entry.parts_walked:  # InFlight.produce_parts
@@ -137,16 +210,24 @@ cdef class AccessLogHooks:
 
     def on_complete(self, ctx, entry, sent_ms):
         """`AccessLogWriter.add(ctx, entry, entry.received_ms + epoch offset)`."""
+        if type(entry) is not _InFlight or type(ctx) is not _Context:  # the slots read below are theirs
+            self._reference_on_complete(self._stage, ctx, entry, sent_ms)
+            return
         writer = self._writer
-        cdef long long ts_ms = entry.received_ms + self._stage._epoch_offset_ms
-        with writer._lock:
+        cdef long long ts_ms = <long long>get(entry, E_RECEIVED_MS) + <long long>self._stage._epoch_offset_ms
+        cdef _Columns c
+        cdef Py_ssize_t rows
+        self._acquire()
+        try:
             batch = writer._batch
-            if len(batch.ts_ms) >= writer.queue_size:
+            c = self._columns
+            rows = Py_SIZE(c.ts_ms) if c is not None and c.batch is batch else len(batch.ts_ms)
+            if rows >= self._queue_size:
                 writer.dropped += 1
                 writer._last_drop_s = _monotonic()
                 return
             try:
-                self._add(batch, ctx, entry, ts_ms, writer.max_pending_payload_bytes)
+                self._add(batch, ctx, entry, ts_ms, self._defer_budget_bytes)
             except Exception:  # a bug must cost one record, never the connection
                 writer.unreadable += 1
                 if writer.unreadable == 1 or writer.unreadable % 10_000 == 0:
@@ -154,24 +235,26 @@ cdef class AccessLogHooks:
                 return
             if len(batch.ts_ms) == self._send_rows:
                 writer.wake()
+        finally:
+            self._release()
 
     cdef _add(self, batch, ctx, entry, long long ts_ms, defer_budget_bytes):
         """`LogBatch.add` for Produce, Fetch and ApiVersions; any other API is the batch's own."""
-        cdef long api_key = entry.api_key
+        cdef long api_key = get(entry, E_API_KEY)
         if api_key != _PRODUCE and api_key != _FETCH and api_key != _API_VERSIONS:
             batch.add(ctx, entry, ts_ms, defer_budget_bytes)
             return
-        cdef long version = entry.api_version
-        response = entry.broker_response
+        cdef long version = get(entry, E_API_VERSION)
+        response = get(entry, E_BROKER_RESPONSE)
         cdef Py_ssize_t size = 0 if response is None else len(response)
-        cdef bint whole = (response is not None and size == entry.upstream_response_bytes
+        cdef bint whole = (response is not None and size == <Py_ssize_t>get(entry, E_UPSTREAM_RESPONSE_BYTES)
                            and size <= _WALK_MAX)
         parts = None
         codes = ()
         cdef long long throttle = _NULL_INT
         cdef bint read
         if api_key == _PRODUCE:
-            parts = entry.parts
+            parts = get(entry, E_PARTS)
             if whole:
                 read = False
                 if parts is not None:
@@ -205,18 +288,12 @@ cdef class AccessLogHooks:
 
     cdef _append(self, batch, ctx, entry, long long ts_ms, parts, codes, long long throttle):
         """`LogBatch._append` and `_columns_append` (no deferred response: none of these APIs has one)."""
-        conn_key = (ctx.client_address, ctx.principal, ctx.client_software_name, ctx.client_software_version,
-                    ctx.broker_id)
-        cdef dict conns = batch._conns
-        conn = conns.get(conn_key)
-        if conn is None:
-            conn = conns[conn_key] = len(conns)
-        cdef dict client_ids = batch._client_ids
-        client_id = entry.client_id
-        client = client_ids.get(client_id)
-        if client is None:
-            client = client_ids[client_id] = len(client_ids)
-        note = entry.quota
+        cdef _Columns c = self._columns
+        if c is None or c.batch is not batch:
+            c = self._columns = _Columns(batch)
+        conn = c.conn_of(ctx)
+        client = c.client_of(get(entry, E_CLIENT_ID))
+        note = get(entry, E_QUOTA)
         quota = -1
         cdef long long would = _NULL_INT
         enforced = 0
@@ -228,7 +305,7 @@ cdef class AccessLogHooks:
                         matched is None or d.would_throttle_ms > matched.would_throttle_ms):
                     matched = d
             if matched is not None:
-                by_decision = batch._by_decision
+                by_decision = c.by_decision
                 known = by_decision.get(id(matched))
                 if known is not None and known[0] is matched:
                     quota = known[1]
@@ -237,26 +314,23 @@ cdef class AccessLogHooks:
                     by_decision[id(matched)] = (matched, quota)
                 if matched.shadow:
                     would = matched.would_throttle_ms
-        cdef dict error_sets = batch._error_sets
+        cdef dict error_sets = c.error_sets
         errors = error_sets.get(codes)
         if errors is None:
             errors = error_sets[codes] = len(error_sets)
-        received = entry.response_received_ms
-        cdef _Columns c = self._columns
-        if c is None or c.batch is not batch:
-            c = self._columns = _Columns(batch)
+        received = get(entry, E_RESPONSE_RECEIVED_MS)
         cdef Py_ssize_t row = Py_SIZE(c.ts_ms)
         cdef Py_ssize_t n_parts = Py_SIZE(c.part_index)
         try:  # `_columns_append`
             _store(c.ts_ms, <long long>ts_ms)
             _store(c.conn, <int>conn)
             _store(c.client_id, <int>client)
-            _store(c.api_key, <short>entry.api_key)
-            _store(c.api_version, <short>entry.api_version)
-            _store(c.correlation_id, <int>entry.correlation_id)
-            _store(c.request_bytes, <long long>entry.request_bytes)
-            _store(c.response_bytes, <long long>(entry.response_bytes if received else _NULL_INT))
-            _store(c.latency_ms, <double>float(received - entry.received_ms) if entry.forwarded and received
+            _store(c.api_key, <short>get(entry, E_API_KEY))
+            _store(c.api_version, <short>get(entry, E_API_VERSION))
+            _store(c.correlation_id, <int>get(entry, E_CORRELATION_ID))
+            _store(c.request_bytes, <long long>get(entry, E_REQUEST_BYTES))
+            _store(c.response_bytes, <long long>(get(entry, E_RESPONSE_BYTES) if received else _NULL_INT))
+            _store(c.latency_ms, <double>float(received - get(entry, E_RECEIVED_MS)) if get(entry, E_FORWARDED) and received
                     else _NAN)
             _store(c.throttle_ms, <int>enforced)
             _store(c.broker_throttle_ms, <long long>throttle)
@@ -264,7 +338,7 @@ cdef class AccessLogHooks:
             _store(c.would_throttle_ms, <long long>would)
             _store(c.errors, <int>errors)
             if parts is not None:
-                topics = batch._topics
+                topics = c.topics
                 for topic, topic_id, index, n_records, n_bytes in parts:
                     key = topic if topic is not None else (topic_id or b"")
                     t = topics.get(key)

@@ -377,7 +377,7 @@ class AccessLogStage(StageBase):
         self._epoch_offset_ms = int(time.time() * 1000) - clock.now_ms()
         compiled = _CHOICE.active
         if compiled is not None:  # the same hooks compiled (`proxy/ops/_speedups.pyx`)
-            hooks = compiled.AccessLogHooks(self)
+            hooks = compiled.AccessLogHooks(self, AccessLogStage.on_complete)
             self.on_request = hooks.on_request  # type: ignore[method-assign]
             self.on_complete = hooks.on_complete  # type: ignore[method-assign]
 

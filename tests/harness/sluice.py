@@ -25,8 +25,11 @@ WORKER_STARTED = re.compile(r"worker (\d+) started \(pid (\d+)\)")
 class SluiceProcess:
     def __init__(self, upstream: str, workdir: Path, config: Mapping[str, Any] | None = None,
                  args: Sequence[str] = (), env: Mapping[str, str] | None = None,
-                 workers: int | None = None) -> None:
+                 workers: int | None = None, launcher: Sequence[str] = ("-m", "proxy")) -> None:
+        """`launcher`: what follows the interpreter, before the `proxy` command (a benchmark's
+        `bench/common/run_from.py DIR` runs another checkout's code)."""
         self.upstream = upstream
+        self.launcher = list(launcher)
         self.workdir = workdir
         self.config = dict(config or {})
         self.args = list(args) + (["--workers", str(workers)] if workers is not None else [])
@@ -52,7 +55,7 @@ class SluiceProcess:
         cfg: dict[str, Any] = {"listen": "127.0.0.1:0", "upstream": {"bootstrap": self.upstream},
                                "log_level": "INFO"} | self.config
         self.write_config(cfg)
-        cmd = [sys.executable, "-m", "proxy", "proxy", "--config", str(self.config_path), *self.args]
+        cmd = [sys.executable, *self.launcher, "proxy", "--config", str(self.config_path), *self.args]
         self.process = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                         text=True, preexec_fn=_die_with_parent,
                                         env={**os.environ, **self.env})

@@ -64,7 +64,7 @@ def stage_pair(tmp_path: Path, queue_size: int) -> list[tuple[AccessLogStage, Ac
         stage = AccessLogStage(writer, FakeClock(1000))
         stage._epoch_offset_ms = 1_767_225_600_000
         if hooks == "compiled":
-            fast = compiled().AccessLogHooks(stage)
+            fast = compiled().AccessLogHooks(stage, AccessLogStage.on_complete)
             stage.on_request = fast.on_request  # type: ignore[method-assign]
             stage.on_complete = fast.on_complete  # type: ignore[method-assign]
         else:
@@ -166,3 +166,36 @@ def test_a_stage_runs_the_compiled_capture_when_it_is_built(tmp_path: Path) -> N
         assert stage.on_complete.__func__ is AccessLogStage.on_complete  # type: ignore[attr-defined]
     else:
         assert type(stage.on_complete.__self__) is compiled().AccessLogHooks  # type: ignore[attr-defined]
+
+
+class LooseEntry:
+    """An in-flight entry that is not an `InFlight` (the fields alike, no slots): the compiled
+    capture reads `InFlight`'s slots by their offsets, so it must hand such an entry to the
+    reference, never read it as one."""
+
+    def __init__(self, entry: InFlight) -> None:
+        for name in InFlight.__slots__:
+            setattr(self, name, getattr(entry, name))
+
+
+@pytest.mark.both_twins
+@pytest.mark.parametrize("loose", ["entry", "context"])
+def test_an_entry_or_context_of_another_class_is_the_references(tmp_path: Path, loose: str) -> None:
+    ctx: Any = CTX
+    if loose == "context":
+        ctx = type("LooseContext", (), {name: getattr(CTX, name) for name in ConnectionContext.__slots__})()
+    seen = []
+    for stage, writer in stage_pair(tmp_path, 100):
+        pipeline = Pipeline([stage])
+        for n in range(3):
+            payload = produce_v3_request()
+            entry = InFlight(n, ApiKey.PRODUCE, 3, "app", len(payload), 1_000 + n)
+            pipeline.on_request(ctx, entry, read_request_header(payload), payload)
+            entry.quota = QuotaNote(ClientIdentity("alice", "app"), decisions("matched", ApiKey.PRODUCE), 5)
+            response = produce_response(n, 3, 0, 0)
+            entry.response_received_ms, entry.upstream_response_bytes = 1_010 + n, len(response)
+            entry.response_bytes, entry.broker_response = len(response), response
+            pipeline.on_complete(ctx, LooseEntry(entry) if loose == "entry" else entry, 1_010 + n)
+        seen.append((batches(writer, Cutter(writer, 1000)), writer.dropped, writer.unreadable))
+    assert seen[0] == seen[1]
+    assert seen[0][1:] == (0, 0) and len(seen[0][0]) == 1  # three records, none dropped or unreadable
