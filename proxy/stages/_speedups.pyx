@@ -22,9 +22,29 @@ the compiled class; SLUICE_PURE_PYTHON=1 (or no build) runs the reference.
 tests/unit/differential/test_quota_hooks.py holds the two equal.
 """
 
+from protocol._slots cimport get, put, slot_offset
+
 from protocol.apis import ApiKey
-from proxy.flow.inflight import QuotaNote
-from proxy.flow.pipeline import Forward
+from protocol.headers import RequestHeader
+from proxy.flow.inflight import InFlight, QuotaNote
+from proxy.flow.pipeline import ConnectionContext, Forward
+
+# The fields the hooks read and write, at their slots' offsets (`protocol/_slots.pxd`), for entries,
+# contexts, headers and notes of exactly these classes; anything else goes to the reference.
+cdef Py_ssize_t H_API_KEY = slot_offset(RequestHeader, "api_key")
+cdef Py_ssize_t H_CLIENT_ID = slot_offset(RequestHeader, "client_id")
+cdef Py_ssize_t C_PRINCIPAL = slot_offset(ConnectionContext, "principal")
+cdef Py_ssize_t C_BROKER_ID = slot_offset(ConnectionContext, "broker_id")
+cdef Py_ssize_t E_API_KEY = slot_offset(InFlight, "api_key")
+cdef Py_ssize_t E_FORWARDED = slot_offset(InFlight, "forwarded")
+cdef Py_ssize_t E_EXPECTS_RESPONSE = slot_offset(InFlight, "expects_response")
+cdef Py_ssize_t E_RECEIVED_MS = slot_offset(InFlight, "received_ms")
+cdef Py_ssize_t E_RESPONSE_RECEIVED_MS = slot_offset(InFlight, "response_received_ms")
+cdef Py_ssize_t E_DELAY_FROM_RESPONSE_MS = slot_offset(InFlight, "delay_from_response_ms")
+cdef Py_ssize_t E_QUOTA = slot_offset(InFlight, "quota")
+cdef Py_ssize_t N_IDENTITY = slot_offset(QuotaNote, "identity")
+cdef Py_ssize_t N_DECISIONS = slot_offset(QuotaNote, "decisions")
+cdef Py_ssize_t N_ENFORCED_MS = slot_offset(QuotaNote, "enforced_ms")
 
 # the API keys these hooks tell apart, as C longs
 cdef long _PRODUCE, _FETCH, _SHARE_FETCH, _METADATA, _API_VERSIONS, _SASL_HANDSHAKE, _SASL_AUTHENTICATE
@@ -67,61 +87,68 @@ cdef class QuotaHooks:
         engine = self._engine
         if not engine.active_kinds:
             return None  # no quota configured: nothing to record, nothing to remember
-        cdef long api_key = header.api_key
+        if type(header) is not RequestHeader or type(entry) is not InFlight or type(ctx) is not ConnectionContext:
+            return self._on_request(self._stage, ctx, entry, header, payload)  # the slots below are theirs
+        cdef long api_key = get(header, H_API_KEY)
         quick = engine._quick
         if (quick is None or api_key == _FETCH or api_key == _SHARE_FETCH
                 or (api_key == _PRODUCE and engine.needs_produce_usage)):
             return self._on_request(self._stage, ctx, entry, header, payload)
-        names = (ctx.principal, header.client_id)
+        broker_id = get(ctx, C_BROKER_ID)
+        names = (get(ctx, C_PRINCIPAL), get(header, H_CLIENT_ID))
         identities = self._identities
         identity = identities.get(names)
         if identity is None:
             identity = identities.make(names)
         if api_key == _PRODUCE:
-            verdict = quick.produce_verdict(ctx.broker_id, identity, len(payload))
+            verdict = quick.produce_verdict(broker_id, identity, len(payload))
         else:
-            verdict = quick.request_verdict(ctx.broker_id, identity, _rated(api_key))
+            verdict = quick.request_verdict(broker_id, identity, _rated(api_key))
         decisions = verdict.decisions
         if decisions:
             self._observe(ctx, decisions)
         enforced = verdict.throttle_ms
-        if api_key == _PRODUCE and entry.expects_response:
+        if api_key == _PRODUCE and get(entry, E_EXPECTS_RESPONSE):
             # KIP-219: a produce's delay runs from its response (the reference says why)
-            entry.delay_from_response_ms = enforced
+            put(entry, E_DELAY_FROM_RESPONSE_MS, enforced)
         note = _new_note(QuotaNote)  # QuotaNote(identity, list(decisions), enforced)
-        note.identity = identity
-        note.decisions = list(decisions)
-        note.enforced_ms = enforced
-        entry.quota = note
+        put(note, N_IDENTITY, identity)
+        put(note, N_DECISIONS, list(decisions))
+        put(note, N_ENFORCED_MS, enforced)
+        put(entry, E_QUOTA, note)
         if enforced == 0:
             return None
         return Forward(None, enforced)
 
     def on_response(self, ctx, entry, payload):
-        note = entry.quota
+        if type(entry) is not InFlight or type(ctx) is not ConnectionContext:
+            return self._on_response(self._stage, ctx, entry, payload)  # the slots below are theirs
+        note = get(entry, E_QUOTA)
         if note is None:
             return None
+        if type(note) is not QuotaNote:
+            return self._on_response(self._stage, ctx, entry, payload)
         engine = self._engine
-        cdef long api_key = entry.api_key
+        cdef long api_key = get(entry, E_API_KEY)
         if api_key == _FETCH or api_key == _SHARE_FETCH:
             return self._on_response(self._stage, ctx, entry, payload)
-        if not entry.forwarded or not _rated(api_key):  # nothing is recorded at the response
-            if note.enforced_ms == 0:
+        if not get(entry, E_FORWARDED) or not _rated(api_key):  # nothing is recorded at the response
+            if get(note, N_ENFORCED_MS) == 0:
                 return None  # and nothing to patch: the reference's answer
             return self._on_response(self._stage, ctx, entry, payload)
         quick = engine._quick
         if quick is None or (api_key == _METADATA and engine.topic_kinds):
             return self._on_response(self._stage, ctx, entry, payload)
-        earlier_ms = note.enforced_ms
-        verdict = quick.response_verdict(ctx.broker_id, note.identity,
-                                         entry.response_received_ms - entry.received_ms)
+        earlier_ms = get(note, N_ENFORCED_MS)
+        verdict = quick.response_verdict(get(ctx, C_BROKER_ID), get(note, N_IDENTITY),
+                                         get(entry, E_RESPONSE_RECEIVED_MS) - get(entry, E_RECEIVED_MS))
         decisions = verdict.decisions
         if decisions:
             self._observe(ctx, decisions)
-            note.decisions.extend(decisions)
+            get(note, N_DECISIONS).extend(decisions)
         new_ms = verdict.throttle_ms
         total_ms = new_ms if new_ms > earlier_ms else earlier_ms
-        note.enforced_ms = total_ms
+        put(note, N_ENFORCED_MS, total_ms)
         if total_ms == 0:
             return None  # nothing to patch, nothing to mute
         return self._throttled(entry, payload, new_ms, total_ms)

@@ -235,3 +235,37 @@ def test_a_stage_runs_the_compiled_hooks_when_they_are_built_and_the_reference_o
     assert outcome is None and entry.quota is not None and entry.quota.enforced_ms == 0
     # only the test's own clock (the proxy's is compiled too: `quotas._speedups.SystemClock`)
     assert [name for name in entered if "profile" not in name] == ["FakeClock.now_ms"]
+
+
+class Loose:
+    """An object with another's fields as plain attributes (no slots): the compiled hooks read and
+    write `InFlight`, `RequestHeader`, `ConnectionContext` and `QuotaNote` at their slots' offsets,
+    so any other class must go to the reference, never be read as one of them."""
+
+    def __init__(self, like: Any) -> None:
+        for name in type(like).__slots__:
+            object.__setattr__(self, name, getattr(like, name))
+
+
+@pytest.mark.both_twins
+@pytest.mark.parametrize("loose", ["entry", "header", "context"])
+def test_an_object_of_another_class_is_the_references(loose: str) -> None:
+    seen = []
+    for stage, clock, observer in stages([{"client_id": "a", "producer_byte_rate": 100.0}], quick=True):
+        ctx: Any = Loose(CTXS[1]) if loose == "context" else CTXS[1]
+        got = []
+        for n in range(3):  # 5 000 B at 100 B/s: throttled, and more each time
+            header, payload = request(ApiKey.PRODUCE, 8, "a", n, 5000, 1)
+            entry: Any = InFlight(n, ApiKey.PRODUCE, 8, "a", len(payload), clock.now_ms())
+            if loose == "entry":
+                entry = Loose(entry)
+            outcome = stage.on_request(ctx, entry, Loose(header) if loose == "header" else header, payload)
+            clock.advance(5)
+            entry.response_received_ms = clock.now_ms()
+            response = response_payload(ApiKey.PRODUCE, n, 0)
+            entry.upstream_response_bytes = len(response)
+            answer = stage.on_response(ctx, entry, response)
+            got.append((seen_outcome(outcome), seen_outcome(answer), seen_entry(entry)))
+        seen.append((got, observer.seen))
+    assert seen[0] == seen[1]
+    assert seen[0][0][-1][0][2] > 0  # the last request was throttled: the hooks did their work
