@@ -58,7 +58,8 @@ kinds_strategy = st.lists(st.integers(0, 2), max_size=4)
 @pytest.mark.parametrize("version", FLEXIBLE_FETCH)
 @KIO_EXAMPLES
 @given(data=st.data(), cuts=cuts_strategy, kinds=kinds_strategy)
-def test_kio_builds_in_any_chunking(version: int, data: st.DataObject, cuts: list[int], kinds: list[int]) -> None:
+def test_kio_builds_in_any_chunking(version: int, data: st.DataObject, cuts: list[int],
+                                    kinds: list[int]) -> None:
     schema = load_response_schema(ApiKey.FETCH, version)
     has_tag = "node_endpoints" in schema.__dataclass_fields__
     body = body_with_endpoints(ApiKey.FETCH, version, data) if has_tag else data.draw(kio_entities(schema))
