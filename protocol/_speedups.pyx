@@ -659,6 +659,17 @@ cdef inline Py_ssize_t _uvarint(const uint8_t* p, Py_ssize_t n, Py_ssize_t pos,
     return -1
 
 
+cdef inline Py_ssize_t _count_after(const uint8_t* p, Py_ssize_t n, Py_ssize_t at, Py_ssize_t fixed,
+                                    long long* count) noexcept nogil:
+    """`skip(at, fixed)` then a compact array's `read_array_len` (null or empty: 0): the position
+    after it, or -1 where those raise."""
+    cdef long long value
+    cdef Py_ssize_t pos = -1 if at + fixed > n else _uvarint(p, n, at + fixed, &value)
+    if pos >= 0:
+        count[0] = value - 1 if value > 0 else 0
+    return pos
+
+
 cdef class FetchTailFinder:
     """`protocol.fetch_tail.FetchTailFinder`, compiled: the same steps, the same buffering of a step
     split across chunks and the same answers; a step that cannot be read (truncated or malformed)
@@ -748,33 +759,32 @@ cdef class FetchTailFinder:
         if stage == TF_HEAD:  # correlation_id, then the response header's tag section
             return -1 if at + 4 > n else self._tags(p, n, at + 4, TF_HEAD_REST)
         if stage == TF_HEAD_REST:  # throttle_time_ms, error_code, session_id, then the topics
-            pos = -1 if at + 10 > n else _uvarint(p, n, at + 10, &value)
+            pos = _count_after(p, n, at, 10, &value)
             if pos < 0:
                 return -1
-            self._topics = value - 1 if value > 0 else 0
-            self._stage = TF_TOPIC if self._topics else TF_TAIL
+            self._topics = value
+            self._stage = TF_TOPIC if value else TF_TAIL
             return pos
         if stage == TF_TOPIC:
             if self._topic_id_bytes:
-                pos = -1 if at + self._topic_id_bytes > n else at + self._topic_id_bytes
-            else:  # a compact nullable string
+                pos = at
+                size = self._topic_id_bytes + 1
+            else:  # a compact nullable string: its length + 1, then its bytes
                 pos = _uvarint(p, n, at, &size)
-                if pos >= 0 and size > 0:
-                    pos = -1 if size - 1 > n - pos else pos + <Py_ssize_t>(size - 1)
             if pos >= 0:
-                pos = _uvarint(p, n, pos, &value)
+                pos = _count_after(p, n, pos, <Py_ssize_t>(size - 1) if size > 0 else 0, &value)
             if pos < 0:
                 return -1
-            self._partitions = value - 1 if value > 0 else 0
-            self._stage = TF_PARTITION if self._partitions else TF_TOPIC_TAGS
+            self._partitions = value
+            self._stage = TF_PARTITION if value else TF_TOPIC_TAGS
             return pos
         if stage == TF_PARTITION:
             # partition_index, error_code, high_watermark, last_stable_offset, log_start_offset
-            pos = -1 if at + 30 > n else _uvarint(p, n, at + 30, &value)
+            pos = _count_after(p, n, at, 30, &value)
             if pos < 0:
                 return -1
-            self._left = value - 1 if value > 0 else 0
-            self._stage = TF_ABORTED if self._left else TF_PARTITION_REST
+            self._left = value
+            self._stage = TF_ABORTED if value else TF_PARTITION_REST
             return pos
         if stage == TF_ABORTED:  # one aborted transaction: producer_id, first_offset, then its tags
             return -1 if at + 16 > n else self._tags(p, n, at + 16, TF_ABORTED)
