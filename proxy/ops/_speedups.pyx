@@ -215,14 +215,10 @@ cdef class AccessLogHooks:
             return
         writer = self._writer
         cdef long long ts_ms = <long long>get(entry, E_RECEIVED_MS) + <long long>self._stage._epoch_offset_ms
-        cdef _Columns c
-        cdef Py_ssize_t rows
         self._acquire()
         try:
             batch = writer._batch
-            c = self._columns
-            rows = Py_SIZE(c.ts_ms) if c is not None and c.batch is batch else len(batch.ts_ms)
-            if rows >= self._queue_size:
+            if len(batch.ts_ms) >= self._queue_size:
                 writer.dropped += 1
                 writer._last_drop_s = _monotonic()
                 return

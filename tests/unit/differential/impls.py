@@ -39,3 +39,13 @@ def outcome(call: Any, *args: Any) -> tuple[str, Any]:
         return "ok", call(*args)
     except Exception as exc:
         return "raised", (type(exc), str(exc))
+
+
+class Loose:
+    """An object with another's fields as plain attributes (no slots). The compiled hooks read and
+    write `InFlight`, `RequestHeader`, `ConnectionContext` and `QuotaNote` at their slots'
+    offsets, so an object of any other class must go to the reference, never be read as one."""
+
+    def __init__(self, like: Any) -> None:
+        for name in type(like).__slots__:
+            object.__setattr__(self, name, getattr(like, name))

@@ -31,7 +31,7 @@ from proxy.ops import access_log
 from proxy.ops.access_log import AccessLogStage, AccessLogWriter
 from quotas.clock import FakeClock
 from quotas.entity import ClientIdentity
-from tests.unit.differential.impls import built
+from tests.unit.differential.impls import Loose, built
 from tests.unit.protocol.test_records import produce_v3_request
 from tests.unit.proxy.access_log_traffic import api_versions_v3_response, decisions, drive, request_frame
 
@@ -168,22 +168,10 @@ def test_a_stage_runs_the_compiled_capture_when_it_is_built(tmp_path: Path) -> N
         assert type(stage.on_complete.__self__) is compiled().AccessLogHooks  # type: ignore[attr-defined]
 
 
-class LooseEntry:
-    """An in-flight entry that is not an `InFlight` (the fields alike, no slots): the compiled
-    capture reads `InFlight`'s slots by their offsets, so it must hand such an entry to the
-    reference, never read it as one."""
-
-    def __init__(self, entry: InFlight) -> None:
-        for name in InFlight.__slots__:
-            setattr(self, name, getattr(entry, name))
-
-
 @pytest.mark.both_twins
 @pytest.mark.parametrize("loose", ["entry", "context"])
 def test_an_entry_or_context_of_another_class_is_the_references(tmp_path: Path, loose: str) -> None:
-    ctx: Any = CTX
-    if loose == "context":
-        ctx = type("LooseContext", (), {name: getattr(CTX, name) for name in ConnectionContext.__slots__})()
+    ctx: Any = Loose(CTX) if loose == "context" else CTX
     seen = []
     for stage, writer in stage_pair(tmp_path, 100):
         pipeline = Pipeline([stage])
@@ -195,7 +183,7 @@ def test_an_entry_or_context_of_another_class_is_the_references(tmp_path: Path, 
             response = produce_response(n, 3, 0, 0)
             entry.response_received_ms, entry.upstream_response_bytes = 1_010 + n, len(response)
             entry.response_bytes, entry.broker_response = len(response), response
-            pipeline.on_complete(ctx, LooseEntry(entry) if loose == "entry" else entry, 1_010 + n)
+            pipeline.on_complete(ctx, Loose(entry) if loose == "entry" else entry, 1_010 + n)
         seen.append((batches(writer, Cutter(writer, 1000)), writer.dropped, writer.unreadable))
     assert seen[0] == seen[1]
     assert seen[0][1:] == (0, 0) and len(seen[0][0]) == 1  # three records, none dropped or unreadable

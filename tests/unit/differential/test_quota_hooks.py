@@ -34,7 +34,7 @@ from quotas.clock import FakeClock
 from quotas.config import QuotaConfig
 from quotas.engine import QuotaEngine
 from quotas.manager import ThrottleDecision
-from tests.unit.differential.impls import built
+from tests.unit.differential.impls import Loose, built
 from tests.unit.differential.test_quick_charge import seen_sensors
 from tests.unit.differential.test_quota_stats import exact
 
@@ -235,16 +235,6 @@ def test_a_stage_runs_the_compiled_hooks_when_they_are_built_and_the_reference_o
     assert outcome is None and entry.quota is not None and entry.quota.enforced_ms == 0
     # only the test's own clock (the proxy's is compiled too: `quotas._speedups.SystemClock`)
     assert [name for name in entered if "profile" not in name] == ["FakeClock.now_ms"]
-
-
-class Loose:
-    """An object with another's fields as plain attributes (no slots): the compiled hooks read and
-    write `InFlight`, `RequestHeader`, `ConnectionContext` and `QuotaNote` at their slots' offsets,
-    so any other class must go to the reference, never be read as one of them."""
-
-    def __init__(self, like: Any) -> None:
-        for name in type(like).__slots__:
-            object.__setattr__(self, name, getattr(like, name))
 
 
 @pytest.mark.both_twins
