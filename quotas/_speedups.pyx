@@ -213,6 +213,8 @@ cdef class SystemClock:
 
 # --- the engine's common case: record and decide in one call (QuotaEngine.produce / request) -----
 
+_INF = float("inf")  # `QuotaManager.max_value_in_quota_window`'s no cap
+
 DEF SWEEP_INTERVAL_MS = 30000  # quotas.manager.SENSOR_SWEEP_INTERVAL_MS (checked in QuickCharge.__init__)
 DEF MAX_ENTRIES = 10000
 
@@ -241,6 +243,10 @@ cdef class _Entry:
     cdef object verdict        # RequestVerdict of the slots' decisions, throttle 0 ...
     cdef object verdict_first  # ... made of these two
     cdef object verdict_second
+    cdef object verdict_cap    # ... and for a fetch, with this fetch_cap_bytes and read_whole_response
+    cdef object verdict_whole
+    cdef object response       # a fetch's ResponseVerdict, not throttled, of this decision
+    cdef object response_decision
 
 
 cdef double _owed(object manager, object sensor, double owed, long long now_ms) except? -1.0:
@@ -255,9 +261,11 @@ cdef double _owed(object manager, object sensor, double owed, long long now_ms) 
 
 
 cdef class QuickCharge:
-    """`QuotaEngine.produce` (without per-topic usage) and `QuotaEngine.request` in one compiled
-    call for the common case: the caller's budgets are in one manager (no ``cluster_entries`` or
-    ``broker_bps``), already bound, with no callback that polls or observes, and nothing throttles.
+    """`QuotaEngine.produce` (without per-topic usage), `QuotaEngine.request`, and a Fetch's
+    `QuotaEngine.fetch_request` (no topics to cap by) and `QuotaEngine.fetch_response` (not read
+    whole) in one compiled call each for the common case: the caller's budgets are in one manager
+    (no ``cluster_entries`` or ``broker_bps``), already bound, with no callback that polls or
+    observes, and nothing throttles.
 
     Per budget, in the engine's order and with one clock read each (as `record_and_check`): the
     windowed rate (and the token bucket) records in C, and what a windowed sensor owes the fleet
@@ -280,9 +288,15 @@ cdef class QuickCharge:
     cdef dict _request_entries
     cdef object _request_percentage
     cdef object _not_limited_response
+    cdef object _response_type
+    cdef object _fetch
+    cdef object _consumer_record_rate
+    cdef dict _fetch_entries
+    cdef object _no_fetch_response  # ResponseVerdict((), 0): a fetch response with no byte budget
 
     def __init__(self, engine, decision_type, verdict_type, empty_verdict, request_rate, produce,
-                 cluster_scope, sweep_interval_ms, request_percentage, not_limited_response):
+                 cluster_scope, sweep_interval_ms, request_percentage, not_limited_response,
+                 response_type, fetch, consumer_record_rate):
         if sweep_interval_ms != SWEEP_INTERVAL_MS:
             raise ValueError(f"QuickCharge assumes a sweep every {SWEEP_INTERVAL_MS} ms, not {sweep_interval_ms}")
         self._engine = engine
@@ -296,6 +310,11 @@ cdef class QuickCharge:
         self._request_entries = {}
         self._request_percentage = request_percentage
         self._not_limited_response = not_limited_response
+        self._response_type = response_type
+        self._fetch = fetch
+        self._consumer_record_rate = consumer_record_rate
+        self._fetch_entries = {}
+        self._no_fetch_response = response_type((), 0)
 
     def produce(self, broker_id, identity, size_bytes):
         """`QuotaEngine.produce(broker_id, identity, size_bytes, None)`, or None (nothing done)."""
@@ -335,8 +354,117 @@ cdef class QuickCharge:
             return self._not_limited_response
         return engine.response(broker_id, identity, elapsed_ms)
 
-    cdef object _charge(self, dict entries, object broker_id, object identity, bint count_request,
-                        object bytes_kind, double value):
+    def fetch_request(self, broker_id, identity):
+        """`QuotaEngine.fetch_request(broker_id, identity)` (not a ShareFetch, no topics to cap by),
+        or None (nothing done): ``request_rate`` recorded as `request` records it, and max_bytes
+        capped at the client's ``consumer_byte_rate`` for one quota window
+        (`QuotaManager.max_value_in_quota_window`, windowed rate: computed here; a bucket's is the
+        manager's own). Not the common case: a ``consumer_record_rate`` (its cap needs the
+        engine's bytes per record)."""
+        engine = self._engine
+        if self._consumer_record_rate in engine.active_kinds:
+            return None
+        cdef _Entry entry = self._valid_entry(self._fetch_entries, broker_id, identity, self._fetch)
+        if entry is None:
+            return None
+        manager = entry.manager
+        cdef _Slot rate = entry.first if entry.first is not None and entry.first.kind is self._request_rate else None
+        cdef _Slot fetch = entry.second if rate is not None else entry.first
+        decision = None if rate is None else self._one(manager, entry, rate, identity, 1.0)
+        cap = None
+        if fetch is not None:
+            cap = self._cap(manager, entry, fetch, identity)
+        whole = engine.needs_fetch_usage
+        if decision is None or decision is rate.decision:
+            if (entry.verdict is None or entry.verdict_first is not decision or entry.verdict_cap != cap
+                    or entry.verdict_whole is not whole):
+                entry.verdict = self._verdict_type(() if decision is None else (decision,), 0, cap, whole)
+                entry.verdict_first = decision
+                entry.verdict_cap = cap
+                entry.verdict_whole = whole
+            return entry.verdict
+        return self._verdict_type((decision,), 0 if decision.shadow else decision.would_throttle_ms, cap, whole)
+
+    def fetch_request_verdict(self, broker_id, identity):
+        """`QuotaEngine.fetch_request(broker_id, identity)`."""
+        verdict = self.fetch_request(broker_id, identity)
+        if verdict is not None:
+            return verdict
+        return self._engine._fetch_request_charged(broker_id, identity, share=False, topics=())
+
+    def fetch_response(self, broker_id, identity, size_bytes, request_throttle_ms):
+        """`QuotaEngine.fetch_response(broker_id, identity, size_bytes, None, request_throttle_ms)`
+        (a response not read whole), or None (nothing done): the bytes admitted on the client's
+        ``consumer_byte_rate`` as `QuotaManager.admit_fetch` admits them on a windowed rate
+        (recorded, then decided), a bucket's by the manager's own `admit_fetch_at` at the same clock
+        reading; throttled by its bytes or by the request, the response is to be emptied and
+        its bytes are taken back (`QuotaManager.unrecord`), as the engine does."""
+        cdef _Entry entry = self._valid_entry(self._fetch_entries, broker_id, identity, self._fetch)
+        if entry is None:
+            return None
+        manager = entry.manager
+        cdef _Slot fetch = entry.second if entry.second is not None else entry.first
+        if fetch is not None and fetch.kind is not self._fetch:
+            fetch = None
+        if fetch is None:  # no byte budget: nothing recorded; the request's throttle still empties it
+            if request_throttle_ms == 0:
+                return self._no_fetch_response
+            return self._response_type((), 0, True, 0)
+        now = manager._clock.now_ms()
+        cdef long long now_ms = now
+        cdef bint recorded = True
+        cdef bint debt = False
+        sensor = fetch.sensor
+        if (now_ms - <long long>manager._last_sweep_ms >= SWEEP_INTERVAL_MS
+                or entry.epoch != <long long>manager._bindings_epoch or sensor.bucket is not None):
+            admission = manager.admit_fetch_at(identity, size_bytes, now)
+            decision = admission.decision
+            recorded = admission.recorded
+            debt = admission.throttle_is_debt
+        else:
+            decision = self._one_at(manager, fetch, identity, <double>size_bytes, now, now_ms)
+        cdef long long throttle = 0 if decision.shadow else decision.would_throttle_ms
+        cdef long long new_ms = 0 if debt else throttle
+        cdef long long debt_ms = throttle if debt else 0
+        if new_ms == 0 and request_throttle_ms == 0:
+            if decision is fetch.decision and debt_ms == 0:
+                if entry.response is None or entry.response_decision is not decision:
+                    entry.response = self._response_type((decision,), 0)
+                    entry.response_decision = decision
+                return entry.response
+            return self._response_type((decision,), new_ms, False, debt_ms)
+        if recorded:  # Kafka empties it: what it carried was not delivered
+            manager.unrecord(self._fetch, identity, size_bytes)
+        return self._response_type((decision,), new_ms, True, debt_ms)
+
+    def fetch_response_verdict(self, broker_id, identity, size_bytes, request_throttle_ms):
+        """`QuotaEngine.fetch_response(broker_id, identity, size_bytes, None, request_throttle_ms)`."""
+        verdict = self.fetch_response(broker_id, identity, size_bytes, request_throttle_ms)
+        if verdict is not None:
+            return verdict
+        return self._engine._fetch_response_charged(broker_id, identity, size_bytes, None, request_throttle_ms)
+
+    cdef object _cap(self, object manager, _Entry entry, _Slot fetch, object identity):
+        """`int(manager.max_value_in_quota_window(FETCH, identity))`, or None for no cap (`math.inf`)."""
+        if entry.epoch != <long long>manager._bindings_epoch:  # the request's record swept: look up again
+            cap = manager.max_value_in_quota_window(self._fetch, identity)
+        else:
+            sensor = fetch.sensor
+            bound = sensor.bound
+            if bound is None:
+                return None
+            if sensor.bucket is not None or type(bound) is not float:
+                cap = manager.max_value_in_quota_window(self._fetch, identity)
+            else:  # bound x (samples - 1) x window_s, as the manager multiplies it
+                cap = (<double>bound * <double>(<long long>manager._rate_config.samples - 1)
+                       * (<double>(<long long>manager._window_ms) / 1000.0))
+        if cap == _INF:
+            return None
+        return int(cap)
+
+    cdef _Entry _valid_entry(self, dict entries, object broker_id, object identity, object bytes_kind):
+        """The caller's cached lookups in the one manager of its request (`_charge`'s), read afresh
+        when stale; None when the request is not the common case."""
         engine = self._engine
         if engine.cluster_wide is not None or engine._broker_bps is not None:
             return None
@@ -347,9 +475,15 @@ cdef class QuickCharge:
         cdef _Entry entry = entries.get(id(identity))
         if (entry is None or entry.identity is not identity or entry.manager is not manager
                 or entry.kinds is not kinds or entry.epoch != <long long>manager._bindings_epoch):
-            entry = self._entry(entries, manager, kinds, identity, count_request, bytes_kind)
-            if entry is None:
-                return None
+            entry = self._entry(entries, manager, kinds, identity, True, bytes_kind)
+        return entry
+
+    cdef object _charge(self, dict entries, object broker_id, object identity, bint count_request,
+                        object bytes_kind, double value):
+        cdef _Entry entry = self._valid_entry(entries, broker_id, identity, bytes_kind)
+        if entry is None:
+            return None
+        manager = entry.manager
         if entry.first is None:
             return self._empty
         cdef _Slot a = entry.first
@@ -411,11 +545,18 @@ cdef class QuickCharge:
         """`manager.record_and_check(slot.kind, identity, value)`."""
         now = manager._clock.now_ms()
         cdef long long now_ms = now
+        if (now_ms - <long long>manager._last_sweep_ms >= SWEEP_INTERVAL_MS
+                or entry.epoch != <long long>manager._bindings_epoch):
+            return self._slow(manager, slot.kind, identity, value, now)  # a sweep, or one just ran
+        return self._one_at(manager, slot, identity, value, now, now_ms)
+
+    cdef object _one_at(self, object manager, _Slot slot, object identity, double value, object now,
+                        long long now_ms):
+        """`_one` once it is known that no sweep is due and the slot's sensor is still bound: the
+        manager's `_record_on` and `_decide` at the clock reading `now` (`now_ms` in C)."""
         kind = slot.kind
         sensor = slot.sensor
         last_sweep = manager._last_sweep_ms
-        if now_ms - <long long>last_sweep >= SWEEP_INTERVAL_MS or entry.epoch != <long long>manager._bindings_epoch:
-            return self._slow(manager, kind, identity, value, now)  # a sweep, or one just ran
         bucket = sensor.bucket
         bound = sensor.bound
         owed = sensor.owed

@@ -183,7 +183,8 @@ class QuotaEngine:
         self._quick: QuickCharge | None = None if QuickChargeImpl is None else QuickChargeImpl(
             self, ThrottleDecision, RequestVerdict, NOT_LIMITED_REQUEST, QuotaKind.REQUEST_RATE,
             QuotaKind.PRODUCE, self.plugins.scope == "cluster", SENSOR_SWEEP_INTERVAL_MS,
-            QuotaKind.REQUEST_PERCENTAGE, NOT_LIMITED_RESPONSE)
+            QuotaKind.REQUEST_PERCENTAGE, NOT_LIMITED_RESPONSE, ResponseVerdict, QuotaKind.FETCH,
+            QuotaKind.CONSUMER_RECORD_RATE)
 
     # ------------------------------------------------------------------ verbs
 
@@ -214,6 +215,15 @@ class QuotaEngine:
         than a topic budget can ever admit. A ``consumer_record_rate`` (the client's or a fetched
         topic's) caps a Fetch's bytes at one sample window of records times the last bytes per
         record, and a ShareFetch's max_records at one sample window of records."""
+        if not share and not topics and self._quick is not None:
+            verdict = self._quick.fetch_request(broker_id, identity)
+            if verdict is not None:
+                return verdict
+        return self._fetch_request_charged(broker_id, identity, share=share, topics=topics)
+
+    def _fetch_request_charged(self, broker_id: int | None, identity: ClientIdentity, *,
+                               share: bool, topics: Collection[str]) -> RequestVerdict:
+        """`fetch_request` without the compiled common case (which found this request not common)."""
         decisions: list[ThrottleDecision] = []
         cap = math.inf
         records_cap = math.inf
@@ -307,6 +317,15 @@ class QuotaEngine:
         empty and what it carried is un-recorded (the client fetches the same offsets again after
         the delay). Token bucket: a fetch is delivered while the credits are not negative, and its
         debt throttles what follows (`ResponseVerdict.debt_ms`)."""
+        if usage is None and self._quick is not None:
+            verdict = self._quick.fetch_response(broker_id, identity, size_bytes, request_throttle_ms)
+            if verdict is not None:
+                return verdict
+        return self._fetch_response_charged(broker_id, identity, size_bytes, usage, request_throttle_ms)
+
+    def _fetch_response_charged(self, broker_id: int | None, identity: ClientIdentity, size_bytes: int,
+                                usage: TopicTally | None, request_throttle_ms: int) -> ResponseVerdict:
+        """`fetch_response` without the compiled common case (which found this response not common)."""
         decisions: list[ThrottleDecision] = []
         new_ms = 0
         debt_ms = 0

@@ -12,11 +12,13 @@ The clock every request reads (`quotas.clock.SystemClock`, ``time.monotonic_ns()
 has a compiled twin too, `SystemClockImpl`, on Linux (where both read CLOCK_MONOTONIC).
 
 The engine's common case has a compiled form too, `QuickChargeImpl` (`quotas._speedups.QuickCharge`):
-`QuotaEngine.produce` (without per-topic usage) and `QuotaEngine.request` recorded and decided in
-one call while nothing throttles, handing every budget that is not the common case to the
-manager's own Python; and the engine's `produce` (without usage), `request` and `response` verbs
-whole (`produce_verdict`, `request_verdict`, `response_verdict`: that, or the engine's Python
-verb), for the quota stage's compiled hooks (`proxy.stages._speedups`). Its readable reference is
+`QuotaEngine.produce` (without per-topic usage), `QuotaEngine.request`, and a Fetch's
+`QuotaEngine.fetch_request` (its ``request_rate`` and its max_bytes cap, with no topics to cap by)
+and `QuotaEngine.fetch_response` (its bytes admitted, not read whole) recorded and decided in one
+call while nothing throttles, handing every budget that is not the common case to the manager's
+own Python; and those verbs and `response` whole (`produce_verdict`, `request_verdict`,
+`response_verdict`, `fetch_request_verdict`, `fetch_response_verdict`: that, or the engine's
+Python verb), for the quota stage's compiled hooks (`proxy.stages._speedups`). Its readable reference is
 the engine's Python verbs themselves (which run when it is None); tests/unit/differential/
 test_quick_charge.py and test_quota_hooks.py hold the two equal.
 
@@ -77,6 +79,16 @@ class QuickCharge(Protocol):
 
     def response_verdict(self, broker_id: int | None, identity: ClientIdentity,
                          elapsed_ms: int) -> ResponseVerdict: ...
+
+    def fetch_request(self, broker_id: int | None, identity: ClientIdentity) -> RequestVerdict | None: ...
+
+    def fetch_response(self, broker_id: int | None, identity: ClientIdentity, size_bytes: int,
+                       request_throttle_ms: int) -> ResponseVerdict | None: ...
+
+    def fetch_request_verdict(self, broker_id: int | None, identity: ClientIdentity) -> RequestVerdict: ...
+
+    def fetch_response_verdict(self, broker_id: int | None, identity: ClientIdentity, size_bytes: int,
+                               request_throttle_ms: int) -> ResponseVerdict: ...
 
 
 QuickChargeImpl: Final = None if _impl is None else _impl.QuickCharge

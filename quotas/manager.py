@@ -288,8 +288,12 @@ class QuotaManager:
         has passed (`RecentSum`). Without it, responses of about a second's quota (one 1 MiB
         batch at 1 MiB/s) are each admitted at zero credits, arrive every ``S / Q`` < 1 s, and a
         second holding two of them holds twice the quota."""
+        return self.admit_fetch_at(identity, response_bytes, self._clock.now_ms())
+
+    def admit_fetch_at(self, identity: ClientIdentity, response_bytes: float, now: int) -> FetchAdmission:
+        """`admit_fetch` at a clock reading already taken (`now`, ms): the compiled common case
+        (`quotas._speedups.QuickCharge`) hands a fetch it does not decide itself here."""
         kind = QuotaKind.FETCH
-        now = self._clock.now_ms()
         if now - self._last_sweep_ms >= SENSOR_SWEEP_INTERVAL_MS:
             self._sweep(now)
         if not self._enabled[kind]:

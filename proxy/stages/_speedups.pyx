@@ -4,16 +4,20 @@ for the responses it leaves alone (`RewriteHooks`, at the end).
 
 The readable reference is `QuotaStage.on_request` and `QuotaStage.on_response`
 (`proxy/stages/quota.py`). This is the same code for the requests every connection sends most:
-a Produce whose topics need no reading (no records/s and no topic quota configured) and every
-request that is not a Fetch or ShareFetch, and their responses. The caller's identity is looked up,
+a Produce whose topics need no reading (no records/s and no topic quota configured), a Fetch
+whose topics need no reading (no topic quota caps it) and whose response is not read whole (no
+records/s or topic quota charges it), and every request that is not a ShareFetch, and their responses. The caller's identity is looked up,
 the engine's verb is called through its compiled twin (`quotas._speedups.QuickCharge`'s
-`produce_verdict`, `request_verdict` and `response_verdict`, which run the engine's own Python
-verb whenever the request is not its common case), violations are told to the observer, and the
+`produce_verdict`, `request_verdict`, `response_verdict`, `fetch_request_verdict` and
+`fetch_response_verdict`, which run the engine's own Python verb whenever the request is not its
+common case), a Fetch's max_bytes capped (`cap_fetch`, called only for a cap below the largest
+int32: a higher one lowers nothing), violations are told to the observer, and the
 in-flight entry's quota note and delay are written as the reference writes them. It enters no
 Python function of its own per request: the reference enters the hook, the engine's verb and the
 note's constructor on the request side, and the hook, the verb and `_observe` on the response side.
 
-Everything else (a Fetch or ShareFetch, a Produce read per topic, a Metadata response whose topic
+A Fetch response that is emptied or throttled is then the reference's own `_fetch_outcome`.
+Everything else (a ShareFetch, a Produce or Fetch read per topic, a Metadata response whose topic
 ids a topic quota needs, a response to a request Sluice answered itself, an engine without the
 compiled twin) is the reference's own method, called as it is.
 
@@ -28,6 +32,7 @@ from protocol.apis import ApiKey
 from protocol.headers import RequestHeader
 from proxy.flow.inflight import InFlight, QuotaNote
 from proxy.flow.pipeline import ConnectionContext, Forward
+from proxy.stages.quota_wire import INT32_MAX, cap_fetch
 
 # The fields the hooks read and write, at their slots' offsets (`protocol/_slots.pxd`), for entries,
 # contexts, headers and notes of exactly these classes; anything else goes to the reference.
@@ -42,6 +47,8 @@ cdef Py_ssize_t E_RECEIVED_MS = slot_offset(InFlight, "received_ms")
 cdef Py_ssize_t E_RESPONSE_RECEIVED_MS = slot_offset(InFlight, "response_received_ms")
 cdef Py_ssize_t E_DELAY_FROM_RESPONSE_MS = slot_offset(InFlight, "delay_from_response_ms")
 cdef Py_ssize_t E_QUOTA = slot_offset(InFlight, "quota")
+cdef Py_ssize_t E_UPSTREAM_RESPONSE_BYTES = slot_offset(InFlight, "upstream_response_bytes")
+cdef Py_ssize_t E_WHOLE_RESPONSE = slot_offset(InFlight, "whole_response")
 cdef Py_ssize_t N_IDENTITY = slot_offset(QuotaNote, "identity")
 cdef Py_ssize_t N_DECISIONS = slot_offset(QuotaNote, "decisions")
 cdef Py_ssize_t N_ENFORCED_MS = slot_offset(QuotaNote, "enforced_ms")
@@ -64,6 +71,7 @@ cdef class QuotaHooks:
     """`QuotaStage.on_request` and `QuotaStage.on_response` of one stage, compiled."""
 
     cdef object _stage, _engine, _identities, _observer, _on_request, _on_response, _throttled
+    cdef object _fetch_outcome
 
     def __init__(self, stage, reference):
         """`reference`: the stage's class, whose methods are the readable hooks."""
@@ -74,6 +82,7 @@ cdef class QuotaHooks:
         self._on_request = reference.on_request
         self._on_response = reference.on_response
         self._throttled = reference._throttled
+        self._fetch_outcome = reference._fetch_outcome
 
     cdef inline void _observe(self, ctx, decisions):
         observer = self._observer
@@ -91,8 +100,9 @@ cdef class QuotaHooks:
             return self._on_request(self._stage, ctx, entry, header, payload)  # the slots below are theirs
         cdef long api_key = get(header, H_API_KEY)
         quick = engine._quick
-        if (quick is None or api_key == _FETCH or api_key == _SHARE_FETCH
-                or (api_key == _PRODUCE and engine.needs_produce_usage)):
+        if (quick is None or api_key == _SHARE_FETCH
+                or (api_key == _PRODUCE and engine.needs_produce_usage)
+                or (api_key == _FETCH and engine.needs_fetch_request_topics)):
             return self._on_request(self._stage, ctx, entry, header, payload)
         broker_id = get(ctx, C_BROKER_ID)
         names = (get(ctx, C_PRINCIPAL), get(header, H_CLIENT_ID))
@@ -100,8 +110,15 @@ cdef class QuotaHooks:
         identity = identities.get(names)
         if identity is None:
             identity = identities.make(names)
+        forward = None
         if api_key == _PRODUCE:
             verdict = quick.produce_verdict(broker_id, identity, len(payload))
+        elif api_key == _FETCH:
+            verdict = quick.fetch_request_verdict(broker_id, identity)
+            cap = verdict.fetch_cap_bytes
+            if cap is not None and cap < INT32_MAX:  # a cap at or above it lowers nothing (`cap_fetch`)
+                forward = cap_fetch(header, payload, verdict)
+            put(entry, E_WHOLE_RESPONSE, verdict.read_whole_response)
         else:
             verdict = quick.request_verdict(broker_id, identity, _rated(api_key))
         decisions = verdict.decisions
@@ -116,9 +133,9 @@ cdef class QuotaHooks:
         put(note, N_DECISIONS, list(decisions))
         put(note, N_ENFORCED_MS, enforced)
         put(entry, E_QUOTA, note)
-        if enforced == 0:
+        if forward is None and enforced == 0:
             return None
-        return Forward(None, enforced)
+        return Forward(forward, enforced)
 
     def on_response(self, ctx, entry, payload):
         if type(entry) is not InFlight or type(ctx) is not ConnectionContext:
@@ -130,7 +147,21 @@ cdef class QuotaHooks:
             return self._on_response(self._stage, ctx, entry, payload)
         engine = self._engine
         cdef long api_key = get(entry, E_API_KEY)
-        if api_key == _FETCH or api_key == _SHARE_FETCH:
+        if api_key == _FETCH:
+            quick = engine._quick
+            if quick is None or engine.needs_fetch_usage:
+                return self._on_response(self._stage, ctx, entry, payload)
+            earlier_ms = get(note, N_ENFORCED_MS)
+            verdict = quick.fetch_response_verdict(get(ctx, C_BROKER_ID), get(note, N_IDENTITY),
+                                                   get(entry, E_UPSTREAM_RESPONSE_BYTES), earlier_ms)
+            decisions = verdict.decisions
+            if decisions:
+                self._observe(ctx, decisions)
+                get(note, N_DECISIONS).extend(decisions)
+            if earlier_ms == 0 and verdict.throttle_ms == 0 and verdict.debt_ms == 0 and not verdict.empty:
+                return None  # delivered, nothing to patch or mute: `_fetch_outcome`'s answer
+            return self._fetch_outcome(entry, payload, note, verdict)
+        if api_key == _SHARE_FETCH:
             return self._on_response(self._stage, ctx, entry, payload)
         if not get(entry, E_FORWARDED) or not _rated(api_key):  # nothing is recorded at the response
             if get(note, N_ENFORCED_MS) == 0:

@@ -173,35 +173,47 @@ class QuotaStage(StageBase):
             verdict = engine.fetch_response(ctx.broker_id, note.identity, size, usage, earlier_ms)
             self._observe(ctx, verdict.decisions)
             note.decisions.extend(verdict.decisions)
-            if verdict.empty:
-                told_ms = max(verdict.throttle_ms, earlier_ms)
-                emptied = empty_fetch(entry, payload, told_ms)
-                if emptied is not None:
-                    note.enforced_ms = told_ms  # the access log's throttle_time_ms for this Fetch
-                    return ResponseOutcome(emptied, verdict.throttle_ms, replaced=True)
-            new_ms = verdict.delivered_throttle_ms  # delivered: a bucket's debt throttles what follows
+            return self._fetch_outcome(entry, payload, note, verdict)
+        if entry.api_key == ApiKey.SHARE_FETCH:  # never streamed: the payload is whole
+            share_usage = (share_fetch_usage(payload, entry.api_version, self.topic_names, ctx.send_own)
+                           if engine.needs_fetch_usage else None)
+            verdict = engine.share_fetch_response(ctx.broker_id, note.identity,
+                                                  entry.upstream_response_bytes, share_usage)
+        elif entry.forwarded and entry.api_key not in _NOT_REQUEST_RATED:
+            if entry.api_key == ApiKey.METADATA and engine.topic_kinds:
+                # the topic ids of Produce v13 and Fetch v13+
+                self.topic_names.learn(payload, entry.api_version)
+            verdict = engine.response(ctx.broker_id, note.identity,
+                                      entry.response_received_ms - entry.received_ms)
         else:
-            if entry.api_key == ApiKey.SHARE_FETCH:  # never streamed: the payload is whole
-                share_usage = (share_fetch_usage(payload, entry.api_version, self.topic_names, ctx.send_own)
-                               if engine.needs_fetch_usage else None)
-                verdict = engine.share_fetch_response(ctx.broker_id, note.identity,
-                                                      entry.upstream_response_bytes, share_usage)
-            elif entry.forwarded and entry.api_key not in _NOT_REQUEST_RATED:
-                if entry.api_key == ApiKey.METADATA and engine.topic_kinds:
-                    # the topic ids of Produce v13 and Fetch v13+
-                    self.topic_names.learn(payload, entry.api_version)
-                verdict = engine.response(ctx.broker_id, note.identity,
-                                          entry.response_received_ms - entry.received_ms)
-            else:
-                return None if earlier_ms == 0 else self._throttled(entry, payload, 0, earlier_ms)
-            self._observe(ctx, verdict.decisions)
-            note.decisions.extend(verdict.decisions)
-            new_ms = verdict.throttle_ms
+            return None if earlier_ms == 0 else self._throttled(entry, payload, 0, earlier_ms)
+        self._observe(ctx, verdict.decisions)
+        note.decisions.extend(verdict.decisions)
+        new_ms = verdict.throttle_ms
         total_ms = max(new_ms, earlier_ms)
         note.enforced_ms = total_ms
         if total_ms == 0:
             return None  # nothing to patch, nothing to mute
         return self._throttled(entry, payload, new_ms, total_ms)
+
+    @classmethod
+    def _fetch_outcome(cls, entry: InFlight, payload: bytes, note: QuotaNote,
+                       verdict: ResponseVerdict) -> ResponseOutcome | None:
+        """A Fetch response under its verdict (`note.enforced_ms` is still the request's throttle):
+        answered empty as the broker answers a throttled fetch, or delivered with the throttle."""
+        earlier_ms = note.enforced_ms
+        if verdict.empty:
+            told_ms = max(verdict.throttle_ms, earlier_ms)
+            emptied = empty_fetch(entry, payload, told_ms)
+            if emptied is not None:
+                note.enforced_ms = told_ms  # the access log's throttle_time_ms for this Fetch
+                return ResponseOutcome(emptied, verdict.throttle_ms, replaced=True)
+        new_ms = verdict.delivered_throttle_ms  # delivered: a bucket's debt throttles what follows
+        total_ms = max(new_ms, earlier_ms)
+        note.enforced_ms = total_ms
+        if total_ms == 0:
+            return None
+        return cls._throttled(entry, payload, new_ms, total_ms)
 
     @staticmethod
     def _throttled(entry: InFlight, payload: bytes, new_ms: int, total_ms: int) -> ResponseOutcome:

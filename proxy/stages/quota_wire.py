@@ -10,6 +10,7 @@ import struct
 
 from kio.schema.errors import ErrorCode
 
+from protocol._wire import INT32_MAX
 from protocol.apis import ApiKey, api_name, response_header_version
 from protocol.errors import ProtocolError
 from protocol.fastpath import patch_throttle_time
@@ -25,6 +26,9 @@ log = logging.getLogger("sluice.quotas")
 def cap_fetch(header: RequestHeader, payload: bytes, verdict: RequestVerdict) -> bytes | None:
     """KAFKA-9677: the request's max_bytes capped at the verdict's `fetch_cap_bytes` (and a
     ShareFetch's max_records at its `fetch_cap_records`); None if it asks for no more."""
+    cap_bytes = verdict.fetch_cap_bytes
+    if header.api_key == ApiKey.FETCH and (cap_bytes is None or cap_bytes >= INT32_MAX):
+        return None  # min_bytes and max_bytes are int32s: a cap this high lowers neither (read nothing)
     capped = payload
     try:
         if header.api_key == ApiKey.SHARE_FETCH:  # as the broker caps a share fetch

@@ -2,7 +2,8 @@
 verbs, the readable reference it stands in for.
 
 Hypothesis feeds the same random sequence of events to two engines on two fake clocks: Produce
-requests (single, and steady streams) and other rated requests of a few clients through two brokers,
+requests and Fetch requests with their responses (single, and steady streams) and other rated
+requests of a few clients through two brokers,
 clock steps (short ones, sweeps at 30 s, idle expiry past 1 h), quota changes, a storage factor and
 fleet shares, under the windowed rate and the token bucket, with shadow entries, bounds from tiny
 (every request throttles) to huge (none does). Each verdict must be the reference's: throttle, and
@@ -25,7 +26,13 @@ from hypothesis import strategies as st
 from quotas import fastpath
 from quotas.clock import FakeClock
 from quotas.config import QuotaConfig
-from quotas.engine import NOT_LIMITED_REQUEST, NOT_LIMITED_RESPONSE, QuotaEngine, RequestVerdict
+from quotas.engine import (
+    NOT_LIMITED_REQUEST,
+    NOT_LIMITED_RESPONSE,
+    QuotaEngine,
+    RequestVerdict,
+    ResponseVerdict,
+)
 from quotas.entity import ClientIdentity, QuotaKind
 from quotas.manager import SENSOR_SWEEP_INTERVAL_MS, QuotaManager, ThrottleDecision
 from tests.unit.differential.impls import built
@@ -41,14 +48,21 @@ def compiled() -> Any:
 
 
 def config(model: str, bounds: dict[str, tuple[float, float | None]], shadow: frozenset[str]) -> QuotaConfig:
+    """Each client's bound as its producer_byte_rate and its consumer_byte_rate (the consumer's
+    a quarter of it: the two budgets bind apart), its request_rate if given; `model` is the rate
+    model, with ``+records`` a consumer_record_rate for each too (not the fetch's common case)."""
+    rate_model, _, extra = model.partition("+")
     entries: list[dict[str, Any]] = []
     for client, (byte_rate, request_rate) in bounds.items():
         entry: dict[str, Any] = {"client_id": client, "producer_byte_rate": byte_rate,
+                                 "consumer_byte_rate": float(max(1, int(byte_rate) // 4)),
                                  "shadow": client in shadow}
         if request_rate is not None:
             entry["request_rate"] = request_rate
+        if extra == "records":
+            entry["consumer_record_rate"] = 1_000.0
         entries.append(entry)
-    return QuotaConfig.from_dict({"rate_model": model, "entries": entries})
+    return QuotaConfig.from_dict({"rate_model": rate_model, "entries": entries})
 
 
 def engines(model: str, bounds: dict[str, tuple[float, float | None]],
@@ -56,12 +70,19 @@ def engines(model: str, bounds: dict[str, tuple[float, float | None]],
     """(the engine with the compiled common case, the engine on its Python verbs, their clocks)."""
     clocks = FakeClock(1_000_000), FakeClock(1_000_000)
     quick, reference = (QuotaEngine(config(model, bounds, shadow), clock) for clock in clocks)
-    quick._quick = compiled().QuickCharge(quick, ThrottleDecision, RequestVerdict, NOT_LIMITED_REQUEST,
-                                          QuotaKind.REQUEST_RATE, QuotaKind.PRODUCE, False,
-                                          SENSOR_SWEEP_INTERVAL_MS, QuotaKind.REQUEST_PERCENTAGE,
-                                          NOT_LIMITED_RESPONSE)
+    quick._quick = quick_charge(quick)
     reference._quick = None
     return quick, reference, clocks[0], clocks[1]
+
+
+def quick_charge(engine: QuotaEngine) -> Any:
+    """The compiled common case for `engine` (whatever SLUICE_PURE_PYTHON says), as the engine makes it."""
+    return compiled().QuickCharge(engine, ThrottleDecision, RequestVerdict, NOT_LIMITED_REQUEST,
+                                  QuotaKind.REQUEST_RATE, QuotaKind.PRODUCE,
+                                  engine.plugins.scope == "cluster", SENSOR_SWEEP_INTERVAL_MS,
+                                  QuotaKind.REQUEST_PERCENTAGE, NOT_LIMITED_RESPONSE, ResponseVerdict,
+                                  QuotaKind.FETCH,
+                                  QuotaKind.CONSUMER_RECORD_RATE)
 
 
 def seen_verdict(verdict: RequestVerdict) -> tuple[Any, ...]:
@@ -69,6 +90,13 @@ def seen_verdict(verdict: RequestVerdict) -> tuple[Any, ...]:
                        exact(d.observed) if d.would_throttle_ms > 0 else "not throttled")
                       for d in verdict.decisions)
     return verdict.throttle_ms, verdict.fetch_cap_bytes, verdict.read_whole_response, decisions
+
+
+def seen_response(verdict: ResponseVerdict) -> tuple[Any, ...]:
+    decisions = tuple((d.kind, d.key, d.would_throttle_ms, exact(d.bound), d.shadow, d.entity,
+                       exact(d.observed) if d.would_throttle_ms > 0 else "not throttled")
+                      for d in verdict.decisions)
+    return verdict.throttle_ms, verdict.empty, verdict.debt_ms, decisions
 
 
 def seen_sensors(engine: QuotaEngine, *, rates_at: int | None = None) -> list[Any]:
@@ -94,6 +122,10 @@ ops_st = st.lists(st.one_of(
     st.tuples(st.just("produces"), st.sampled_from(CLIENTS), st.sampled_from([None, 1]),
               st.tuples(st.integers(2, 30), st.integers(0, 5_000), st.integers(0, 50))),  # n, bytes, ms apart
     st.tuples(st.just("request"), st.sampled_from(CLIENTS), st.sampled_from([None, 1]), st.just(0)),
+    st.tuples(st.just("fetch"), st.sampled_from(CLIENTS), st.sampled_from([None, 1]),
+              st.integers(0, 200_000)),
+    st.tuples(st.just("fetches"), st.sampled_from(CLIENTS), st.sampled_from([None, 1]),
+              st.tuples(st.integers(2, 30), st.integers(0, 50_000), st.integers(0, 500))),  # n, B, ms apart
     st.tuples(st.just("advance"), st.just(""), st.just(None),
               st.one_of(st.integers(0, 300), st.integers(300, 40_000), st.just(3_700_000))),
     st.tuples(st.just("bounds"), st.just(""), st.just(None), bounds_st),
@@ -114,12 +146,22 @@ def apply(engine: QuotaEngine, clock: FakeClock, model: str, shadow: frozenset[s
                   "shared decisions" if any(math.isnan(d.observed) for d in verdict.decisions) else
                   "not throttled, by the engine's Python")
         return seen_verdict(verdict)
-    if op == "produces":  # a producer's steady stream: n requests, ms apart
+    if op == "fetch":  # a Fetch request, then its response of `arg` bytes
+        assert who is not None
+        asked = engine.fetch_request(broker, who)
+        answered = engine.fetch_response(broker, who, arg, None, asked.throttle_ms)
+        if engine._quick is not None:
+            event("fetch emptied" if answered.empty else "fetch throttled" if answered.throttle_ms else
+                  "fetch shared decisions" if any(math.isnan(d.observed) for d in answered.decisions) else
+                  "fetch not throttled, by the engine's Python")
+        return seen_verdict(asked), seen_response(answered)
+    if op in ("produces", "fetches"):  # a producer's or a consumer's steady stream: n requests, ms apart
         assert who is not None
         n, size, step_ms = arg
         out = []
         for _ in range(n):
-            out.append(apply(engine, clock, model, shadow, "produce", client, broker, size))
+            one = "produce" if op == "produces" else "fetch"
+            out.append(apply(engine, clock, model, shadow, one, client, broker, size))
             clock.advance(step_ms)
         return out
     if op == "advance":
@@ -128,17 +170,18 @@ def apply(engine: QuotaEngine, clock: FakeClock, model: str, shadow: frozenset[s
         engine.update_config(config(model, arg, shadow))
     elif op == "scale":
         engine.set_limit_scale(QuotaKind.PRODUCE, arg)
-    else:  # a fleet share for the client's produce budget on one broker, others busy
+        engine.set_limit_scale(QuotaKind.FETCH, arg)
+    else:  # a fleet share for the client's produce and fetch budgets on one broker, others busy
         assert who is not None
         manager: QuotaManager = engine.for_broker(broker)
-        key = manager.check(QuotaKind.PRODUCE, who).key
-        manager.set_shares({key: arg}, 1.0, busy=frozenset({key}))
+        keys = [manager.check(kind, who).key for kind in (QuotaKind.PRODUCE, QuotaKind.FETCH)]
+        manager.set_shares(dict.fromkeys(keys, arg), 1.0, busy=frozenset(keys))
     return None
 
 
 @pytest.mark.both_twins
 @settings(max_examples=200, deadline=None)
-@given(model=st.sampled_from(["windowed", "token_bucket"]), bounds=bounds_st,
+@given(model=st.sampled_from(["windowed", "token_bucket", "windowed+records"]), bounds=bounds_st,
        shadow=st.frozensets(st.sampled_from(CLIENTS)), ops=ops_st)
 def test_the_compiled_common_case_decides_as_the_engine(
         model: str, bounds: dict[str, tuple[float, float | None]], shadow: frozenset[str],

@@ -3,15 +3,16 @@ Python hooks, the readable reference they stand in for.
 
 Hypothesis feeds the same random sequence of events to two stages, each with its own engine on its
 own fake clock: requests of a few clients (Produce, with and without a response; ApiVersions and
-SASL, which are not rated; Metadata and FindCoordinator, which are; a Fetch, which the compiled
-hooks hand to the reference), the broker's responses to them after a random round trip, clock
-steps and quota changes, under configurations that turn on every branch the hooks take: the
-client's produce bytes, request_rate and request_percentage, records/s and a topic budget (a
-Produce then must be read per topic), shadow entries, and bounds from tiny (every request
-throttles) to huge (none does). Per event both must give the same outcome (its kind, forwarded or
-patched bytes, throttle), write the same quota note (identity, decisions, enforced throttle) and
-delay on the in-flight entry, and tell the observer the same violations; after the sequence every
-sensor of every budget must be the same.
+SASL, which are not rated; Metadata and FindCoordinator, which are; a Fetch, whose max_bytes may
+be capped and whose response may be emptied), the broker's responses to them after a random round
+trip (a Fetch's as a streamed one's head: its size is the whole response's), clock steps and quota
+changes, under configurations that turn on every branch the hooks take: the client's produce and
+fetch bytes, request_rate and request_percentage, records/s and topic budgets (a Produce then must
+be read per topic; a Fetch's topics are read and its response read whole), shadow entries, and
+bounds from tiny (every request throttles) to huge (none does). Per event both must give the same
+outcome (its kind, forwarded or patched bytes, throttle), write the same quota note (identity,
+decisions, enforced throttle), delay and whole-response flag on the in-flight entry, and tell the
+observer the same violations; after the sequence every sensor of every budget must be the same.
 """
 
 from __future__ import annotations
@@ -30,12 +31,13 @@ from proxy.flow.inflight import InFlight
 from proxy.flow.pipeline import ConnectionContext
 from proxy.stages import quota as quota_stage
 from proxy.stages.quota import DecisionObserver, QuotaStage
+from quotas import fastpath as quota_fastpath
 from quotas.clock import FakeClock
 from quotas.config import QuotaConfig
 from quotas.engine import QuotaEngine
 from quotas.manager import ThrottleDecision
 from tests.unit.differential.impls import Loose, built
-from tests.unit.differential.test_quick_charge import seen_sensors
+from tests.unit.differential.test_quick_charge import quick_charge, seen_sensors
 from tests.unit.differential.test_quota_stats import exact
 
 CLIENTS = ("a", "b", "c")
@@ -93,10 +95,15 @@ def stages(entries: list[dict[str, Any]], quick: bool) -> list[tuple[QuotaStage,
 def request(api: int, version: int, client: str | None, correlation_id: int, size: int,
             acks: int) -> tuple[RequestHeader, bytes]:
     """A request of `size` bytes whose header is real (client id, correlation id) and whose body is
-    filler: the hooks read no body of these (a Produce's acks are the connection's concern)."""
+    filler: the hooks read no body of these (a Produce's acks are the connection's concern) but a
+    Fetch's min_bytes and max_bytes (100 x `size`), which a cap lowers."""
     cid = b"" if client is None else client.encode()
     head = struct.pack(">hhih", api, version, correlation_id, -1 if client is None else len(cid)) + cid
-    body = struct.pack(">hi", acks, 1000) if api == ApiKey.PRODUCE else b""
+    body = b""
+    if api == ApiKey.PRODUCE:
+        body = struct.pack(">hi", acks, 1000)
+    elif api == ApiKey.FETCH:  # v4: replica_id, max_wait_ms, min_bytes, max_bytes
+        body = struct.pack(">iiii", -1, 500, 1, 100 * size)
     payload = head + body + b"\x00" * max(0, size - len(head) - len(body))
     return RequestHeader(api, version, correlation_id, client, 1, len(head)), payload
 
@@ -106,6 +113,8 @@ def response_payload(api: int, correlation_id: int, broker_throttle_ms: int) -> 
         return struct.pack(">iii", correlation_id, 0, broker_throttle_ms)
     if api == ApiKey.FIND_COORDINATOR:  # v1: correlation_id, throttle_time_ms, error_code, ...
         return struct.pack(">iih", correlation_id, broker_throttle_ms, 0) + b"\x00" * 16
+    if api == ApiKey.FETCH:  # v4's head: correlation_id, throttle_time_ms, responses[] = empty
+        return struct.pack(">iii", correlation_id, broker_throttle_ms, 0)
     return struct.pack(">i", correlation_id) + b"\x00" * 24  # a body the patch may not read: kept
 
 
@@ -128,9 +137,11 @@ entry_st = st.fixed_dictionaries(
     {"client_id": st.sampled_from([*CLIENTS, "<default>"])},
     optional={"producer_byte_rate": bound_st, "request_rate": st.floats(0.5, 500.0),
               "request_percentage": st.floats(0.5, 200.0), "consumer_byte_rate": bound_st,
-              "producer_record_rate": bound_st, "shadow": st.booleans()}
+              "producer_record_rate": bound_st, "consumer_record_rate": bound_st, "shadow": st.booleans()}
 ).filter(lambda e: len(e.keys() - {"client_id", "shadow"}) > 0)  # an entry limits something
-topic_st = st.fixed_dictionaries({"topic": st.just("t"), "producer_byte_rate": bound_st})
+topic_st = st.fixed_dictionaries({"topic": st.just("t")}, optional={"producer_byte_rate": bound_st,
+                                                                   "consumer_byte_rate": bound_st}
+                                  ).filter(lambda e: len(e) > 1)
 entries_st = st.lists(entry_st, max_size=4, unique_by=lambda e: e["client_id"]).flatmap(
     lambda found: st.one_of(st.just(found), st.just([*found, {"topic": "t", "producer_byte_rate": 10.0**12}]),
                             topic_st.map(lambda t: [*found, t])))
@@ -138,7 +149,8 @@ api_st = st.sampled_from([0, 0, 0, *range(1, len(APIS))])  # Produce the most, a
 request_st = st.tuples(st.just("request"), st.sampled_from([*CLIENTS, None]), api_st, st.integers(0, 1),
                        st.tuples(st.integers(20, 20_000), st.sampled_from([1, 1, 0, -1])))
 respond_st = st.tuples(st.just("respond"), st.just(None), st.just(0), st.integers(0, 1),
-                       st.tuples(st.integers(0, 400), st.sampled_from([0, 0, 50])))
+                       st.tuples(st.integers(0, 400), st.sampled_from([0, 0, 50]),
+                                 st.integers(12, 400_000)))  # a Fetch response's size
 ops_st = st.lists(st.one_of(
     request_st, request_st, respond_st, respond_st,
     st.tuples(st.just("advance"), st.just(None), st.just(0), st.just(0),
@@ -165,12 +177,12 @@ def run(stage: QuotaStage, clock: FakeClock, pending: list[list[InFlight]], op: 
     if op == "respond":
         if not pending[connection]:
             return None
-        elapsed_ms, broker_throttle_ms = arg
+        elapsed_ms, broker_throttle_ms, fetched_bytes = arg
         entry = pending[connection].pop(0)
         clock.advance(elapsed_ms)
         entry.response_received_ms = clock.now_ms()
         payload = response_payload(entry.api_key, entry.correlation_id, broker_throttle_ms)
-        entry.upstream_response_bytes = len(payload)
+        entry.upstream_response_bytes = fetched_bytes if entry.api_key == ApiKey.FETCH else len(payload)
         answer = stage.on_response(ctx, entry, payload)
         return seen_outcome(answer), seen_entry(entry)
     if op == "advance":
@@ -182,7 +194,11 @@ def run(stage: QuotaStage, clock: FakeClock, pending: list[list[InFlight]], op: 
 
 # a client throttled on its produce bytes (5 000 B at 100 B/s: 40 000 ms and more), then the responses
 # to its throttled requests: each carries the throttle its request was given
-THROTTLED_THEN_ANSWERED = ([("request", "a", 0, 0, (5000, 1))] * 4 + [("respond", None, 0, 0, (5, 0))] * 4)
+THROTTLED_THEN_ANSWERED = [("request", "a", 0, 0, (5000, 1))] * 4 + [("respond", None, 0, 0, (5, 0, 12))] * 4
+# a consumer at 1 000 B/s: its max_bytes capped at 1 000 x 10 x 1 s = 10 000 (asked: 100 x 200); its
+# fetches of 4 000 B delivered until the window holds more than 10 s of quota, then emptied
+FETCHES = [op for _ in range(5)
+           for op in (("request", "a", 5, 0, (200, 1)), ("respond", None, 0, 0, (100, 0, 4000)))]
 
 
 @pytest.mark.both_twins
@@ -190,7 +206,8 @@ THROTTLED_THEN_ANSWERED = ([("request", "a", 0, 0, (5000, 1))] * 4 + [("respond"
 @given(entries=entries_st, quick=st.booleans(), ops=ops_st)
 @example(entries=[{"client_id": "a", "producer_byte_rate": 100.0}], quick=True, ops=THROTTLED_THEN_ANSWERED)
 @example(entries=[{"client_id": "<default>", "request_rate": 1.0, "request_percentage": 1.0}], quick=True,
-         ops=[("request", "b", 4, 1, (100, 1))] * 12 + [("respond", None, 0, 1, (300, 0))] * 12)
+         ops=[("request", "b", 4, 1, (100, 1))] * 12 + [("respond", None, 0, 1, (300, 0, 12))] * 12)
+@example(entries=[{"client_id": "a", "consumer_byte_rate": 1000.0}], quick=True, ops=FETCHES)
 def test_the_compiled_hooks_do_what_the_stages_python_does(
         entries: list[dict[str, Any]], quick: bool, ops: list[tuple[str, Any, int, int, Any]]) -> None:
     (fast, fast_clock, fast_seen), (readable, readable_clock, readable_seen) = stages(entries, quick)
@@ -235,6 +252,46 @@ def test_a_stage_runs_the_compiled_hooks_when_they_are_built_and_the_reference_o
     assert outcome is None and entry.quota is not None and entry.quota.enforced_ms == 0
     # only the test's own clock (the proxy's is compiled too: `quotas._speedups.SystemClock`)
     assert [name for name in entered if "profile" not in name] == ["FakeClock.now_ms"]
+
+
+@pytest.mark.both_twins
+def test_a_common_fetch_enters_no_python_of_the_stage_or_the_engine() -> None:
+    """A Fetch far from its client's consumer_byte_rate (its cap above any max_bytes: nothing to
+    rewrite) and its response, on the compiled hooks: no Python function of the stage, the engine
+    or the manager runs, only the test's clock (where the quota stats are the compiled ones: the
+    common case records into them); and the verdicts are the ones a stage on the engine's Python
+    verbs gives."""
+    entries = [{"client_id": "<default>", "consumer_byte_rate": 1e12, "request_rate": 1e9}]
+    (fast, fast_clock, _), (readable, readable_clock, _) = stages(entries, quick=True)
+    fast._engine._quick = quick_charge(fast._engine)  # compiled, even where the engines run pure
+    readable._engine._quick = None
+    entered: list[str] = []
+
+    def profile(frame: Any, event: str, _arg: Any) -> None:
+        if event == "call":
+            entered.append(frame.f_code.co_qualname)
+
+    for n in range(4):  # the first binds the sensors (the engine's Python); then the common case
+        seen = []
+        for stage, clock, profiled in ((fast, fast_clock, n == 3), (readable, readable_clock, False)):
+            header, payload = request(ApiKey.FETCH, 4, "a", n, 200, 1)
+            entry = InFlight(n, ApiKey.FETCH, 4, "a", len(payload), clock.now_ms())
+            response = response_payload(ApiKey.FETCH, n, 0)
+            sys.setprofile(profile if profiled else None)
+            try:
+                outcome = stage.on_request(CTXS[0], entry, header, payload)
+                entry.upstream_response_bytes = 1_000_000
+                answer = stage.on_response(CTXS[0], entry, response)
+            finally:
+                sys.setprofile(None)
+            seen.append((seen_outcome(outcome), seen_outcome(answer), seen_entry(entry)))
+            clock.advance(10)
+        assert seen[0] == seen[1]
+        assert seen[0][:2] == (None, None) and seen[0][2][0][2] == 0  # forwarded as it is, not throttled
+    if quota_fastpath.IMPLEMENTATION == "compiled":
+        assert entered and {name for name in entered if "profile" not in name} == {"FakeClock.now_ms"}
+    else:  # the sensors' rates are the pure ones, which the compiled case never records into
+        assert "QuotaManager.admit_fetch_at" in entered
 
 
 @pytest.mark.both_twins
