@@ -328,13 +328,58 @@ cdef Py_ssize_t _produce_flexible_offset(const uint8_t* p, Py_ssize_t n, Py_ssiz
     return pos
 
 
+DEF UNSUPPORTED_VERSION = 35  # an ApiVersions answer with this error may be in the v0 layout
+
+
+cdef Py_ssize_t _api_versions_offset(const uint8_t* p, Py_ssize_t n, int api_version) noexcept nogil:
+    """The ApiVersions walk (`throttle._api_versions_offset`; its header is v0 at every version) for
+    the common case: no error (an UNSUPPORTED_VERSION answer may be the v0 fallback, which the pure
+    code tells apart) and, from v3, entries with empty tag sections; -1: no field (v0); -2 for
+    anything else (then the pure walk decides, or raises)."""
+    if n < 6 or _i16(p + 4) == UNSUPPORTED_VERSION:
+        return -2
+    if api_version == 0:
+        return -1
+    cdef Py_ssize_t pos
+    cdef long long count
+    cdef Py_ssize_t i
+    if api_version >= 3:  # error_code, then a compact array of (api_key, min, max, tags)
+        pos = _uvarint(p, n, 6, &count)
+        if pos < 0:
+            return -2
+        count = count - 1 if count > 0 else 0
+        if count * 7 > n - pos:
+            return -2
+        for i in range(count):
+            pos += 6
+            if pos >= n or p[pos] != 0:  # a tagged field: the pure code
+                return -2
+            pos += 1
+    else:  # error_code, then an int32 count of 6-byte entries
+        if n < 10:
+            return -2
+        count = _i32(p + 6)
+        if count < -1:
+            return -2
+        pos = 10
+        if count > 0:
+            if count * 6 > n - pos:
+                return -2
+            pos += 6 * count
+    if pos + 4 > n:
+        return -2
+    return pos
+
+
 cdef Py_ssize_t _offset(const uint8_t* p, Py_ssize_t n, int api_key, int api_version) noexcept nogil:
     """throttle_time_ms's offset; -1: no field in this version; -2: ask the pure code."""
-    if api_key < 0 or api_key >= N_KEYS or api_key == API_VERSIONS:
+    if api_key < 0 or api_key >= N_KEYS:
         return -2
     cdef int max_version = _max_response_version[api_key]
     if max_version < 0 or api_version < 0 or api_version > max_version or n < 4:
         return -2
+    if api_key == API_VERSIONS:
+        return _api_versions_offset(p, n, api_version)
     cdef Py_ssize_t body = 4
     cdef bint flexible = _flexible(api_key, api_version)
     if flexible:
