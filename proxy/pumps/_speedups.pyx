@@ -540,3 +540,114 @@ cdef class UpstreamReader:
                         handler(payload)
         except ProtocolError as exc:
             client.close(f"malformed frame from the broker: {exc}")
+
+
+# ----------------------------------------------------------------------------- a streamed Fetch response
+
+from protocol.apis import ApiKey as _ApiKey
+from protocol.framing import size_prefix as _size_prefix
+
+cdef long _FETCH = _ApiKey.FETCH
+cdef object _EMPTY = b""
+_int_from_bytes = int.from_bytes
+
+
+cdef class FetchStream:
+    """`proxy.pumps.fetch_stream.FetchStream`, compiled: same constructor, attribute `left`, methods
+    and effects (the host's methods called in the same order with the same arguments). Per chunk
+    of a streaming response it enters no Python function of its own (the reference enters `feed`
+    and `_send`); a tail's `feed` and the host's methods run as they are. The host's methods are
+    read at the first stream (a connection makes its stream before its output and response order)."""
+
+    cdef object _host, _entry, _tail
+    cdef bint _forward
+    cdef public Py_ssize_t left
+    cdef object _first_in_flight, _run_stages, _write, _write_lines, _done
+
+    def __init__(self, host):
+        self._host = host
+        self._entry = None
+        self._forward = True
+        self._tail = None
+        self.left = 0
+        self._write = None
+
+    cdef _bind(self):
+        host = self._host
+        self._first_in_flight = host.first_in_flight
+        self._run_stages = host.run_response_stages
+        self._write = host.write_client
+        self._write_lines = host.write_client_lines
+        self._done = host.response_done
+
+    def streamable(self, size, head):
+        """The in-flight Fetch a response of `size` starting with `head` belongs to, if it streams."""
+        if size < _STREAM_MIN_BYTES:
+            return None
+        if self._write is None:
+            self._bind()
+        entry = self._first_in_flight()
+        if (entry is None or entry.api_key != _FETCH or not entry.forwarded
+                or entry.response is not None or entry.whole_response or len(head) < 4
+                or _int_from_bytes(head[:4], "big", signed=True) != entry.correlation_id):
+            return None
+        return entry
+
+    def start(self, entry, size, splitter):
+        """Take what the splitter holds of the response, send or drop it; `left` is what is to come."""
+        if self._write is None:
+            self._bind()
+        part, left = splitter.take_partial()
+        head = part[:_STREAM_HEAD_BYTES]
+        outcome = self._run_stages(entry, head, size)  # `_decide`
+        replaced = outcome.replaced
+        sent_head = outcome.payload
+        if replaced:
+            entry.response = sent_head
+            entry.response_bytes = len(sent_head)
+        else:
+            entry.response_bytes = size
+        tail = outcome.tail
+        self._entry, self._forward, self._tail, self.left = entry, not replaced, tail, left
+        if replaced:
+            self._done()
+        elif tail is None:
+            self._write_lines((_size_prefix(size), sent_head, memoryview(part)[len(head):]))
+        else:
+            self._write(_size_prefix(size))
+            self._send(sent_head)
+            self._send(memoryview(part)[len(head):])
+        if not left:
+            self._end()
+
+    def feed(self, data):
+        """Bytes straight off the broker's socket while `left`; returns what follows the response."""
+        cdef Py_ssize_t size = len(data)
+        cdef Py_ssize_t n = self.left if self.left < size else size
+        if self._forward:
+            self._send(data if n == size else memoryview(data)[:n])
+        self.left -= n
+        if self.left:
+            return _EMPTY
+        self._end()
+        return data[n:] if n < size else _EMPTY
+
+    cdef _send(self, chunk):
+        tail = self._tail
+        if tail is not None:
+            ready = tail.feed(chunk)
+            if ready != len(chunk):
+                chunk = chunk[:ready]
+        if chunk:
+            self._write(chunk)
+
+    cdef _end(self):
+        entry, tail, forward = self._entry, self._tail, self._forward
+        self._entry, self._tail, self._forward = None, None, True
+        if entry is None or not forward:
+            return
+        if tail is not None:
+            self._write(tail.finish())
+        entry.streamed = True
+        entry.response = _EMPTY
+        self._done()

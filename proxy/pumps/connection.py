@@ -82,7 +82,8 @@ class ClientConnection(asyncio.Protocol):
         self._inflight = InFlightRequests()
         self.throttle = ThrottleTimer(services.clock, services.call_later, self._read_on)
         self._mute = self.throttle.mute  # read on every frame: one attribute, no property chain
-        self.fetch_stream: FetchStream = FetchStream(self)
+        self.fetch_stream: FetchStream = (FetchStream if COMPILED_REQUESTS is None
+                                          else COMPILED_REQUESTS.FetchStream)(self)
         self._transport: asyncio.Transport | None = None
         self._link = UpstreamLink()
         self._upstream_write = self.send_upstream = self._link.write  # the upstream's own, once it is up

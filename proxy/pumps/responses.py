@@ -119,7 +119,7 @@ class ResponseOrder:
             self._read_on()  # a response left: a mute may have ended, frames wait, or a drain may end
 
 
-_CHOICE: Final = choose("proxy.pumps._speedups", ("ResponseOrder", "RequestReader"))
+_CHOICE: Final = choose("proxy.pumps._speedups", ("ResponseOrder", "RequestReader", "FetchStream"))
 COMPILED_MODULE: Final = _CHOICE.compiled_module
 """proxy.pumps._speedups if it was built (whatever SLUICE_PURE_PYTHON says: the tests use both), else None."""
 IMPLEMENTATION: Final = _CHOICE.implementation
@@ -129,4 +129,5 @@ describe: Final = _CHOICE.describe
 ResponseOrderImpl: Final = cast(type[ResponseOrder],
                                 ResponseOrder if _CHOICE.active is None else _CHOICE.active.ResponseOrder)
 COMPILED_REQUESTS: Final = _CHOICE.active
-"""The same module for `ClientConnection`'s request side (`RequestReader`), or None: the reference runs."""
+"""The same module for `ClientConnection`'s request side (`RequestReader`) and its `FetchStream`, or
+None: the references run."""

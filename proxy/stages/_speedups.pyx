@@ -196,23 +196,31 @@ cdef class RewriteHooks:
     the responses it sees most: a whole Produce v10+ or Fetch v16+ response with no KIP-951 leader
     endpoints (every such response of a modern client, but for a leader move) is left alone, and an
     ApiVersions response already capped once is answered from the rewriter's cache, without
-    entering a Python function. Every other response is the reference's own method, called as it is.
+    entering a Python function; the head of a streamed Fetch gets its tail rewrite from the
+    rewriter's `streamed_fetch` without the stage's and the rewriter's own hooks. Every other response is the reference's own method, called as it is.
     tests/unit/differential/test_rewrite_hooks.py holds the two equal."""
 
     cdef object _stage, _rewriter, _on_response
+    cdef bint _plain_rewriter  # a `ResponseRewriter`: its `outcome` for a streamed head is read here
 
     def __init__(self, stage, reference):
         """`reference`: the stage's class, whose `on_response` is the readable hook."""
         self._stage = stage
         self._rewriter = stage._rewriter
         self._on_response = reference.on_response
+        from proxy.stages.addresses import ResponseRewriter  # here: that module chooses this one at import
+        self._plain_rewriter = type(self._rewriter) is ResponseRewriter
 
     def on_response(self, ctx, entry, payload):
         cdef long api_key = entry.api_key
         if api_key == _PRODUCE or api_key == _FETCH:
-            if (len(payload) == entry.upstream_response_bytes
-                    and _node_endpoints_absent(payload, api_key, entry.api_version)):
+            size = entry.upstream_response_bytes
+            if len(payload) == size and _node_endpoints_absent(payload, api_key, entry.api_version):
                 return None
+            if api_key == _FETCH and len(payload) < size and self._plain_rewriter:
+                # the head of a streamed Fetch (`ResponseRewriter.outcome`): as it is, and the tail
+                # rewrite of a version with leader endpoints
+                return _ResponseOutcome(payload, tail=self._rewriter.streamed_fetch(entry.api_version))
         elif api_key == _API_VERSIONS and len(payload) == entry.upstream_response_bytes:
             # `ResponseRewriter._cap_api_versions` when its cache holds this answer (all of a
             # cluster's answers but for the correlation id: every one after the first)

@@ -158,15 +158,14 @@ class StreamedFetchTail:
     out as it arrives; the tag section is held, then rewritten to its own length, so the size
     prefix already sent stays right (`protocol.fetch_tail` says how)."""
 
-    __slots__ = ("_finder", "_rewriter")
+    __slots__ = ("_finder", "_rewriter", "feed")
 
     def __init__(self, rewriter: ResponseRewriter, api_version: int) -> None:
         self._rewriter = rewriter
         self._finder = FetchTailFinder(api_version)
-
-    def feed(self, chunk: bytes | memoryview) -> int:
-        """How many leading bytes of `chunk` may go to the client now (the rest is held)."""
-        return self._finder.feed(chunk)
+        # how many leading bytes of a chunk may go to the client now (the rest is held): the
+        # finder's own `feed`, bound once, so that a chunk costs no call of this object's own
+        self.feed: Callable[[bytes | memoryview], int] = self._finder.feed
 
     def finish(self) -> bytes:
         """The held bytes, rewritten: to be sent after the last chunk."""

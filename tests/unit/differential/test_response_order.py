@@ -355,6 +355,7 @@ async def connection_run(compiled: bool, budget: dict[str, float], max_in_flight
     assert (getattr(conn.data_received, "__self__", None).__class__ is module.RequestReader) == compiled
     assert (getattr(upstream.data_received, "__self__", None).__class__ is module.UpstreamReader) == compiled
     assert (type(conn._out) is module.ClientOutput) == compiled
+    assert (type(conn.fetch_stream) is module.FetchStream) == compiled
     answered = resolved = 0
     held = b""  # the second half of a frame sent in two reads
     mute = conn.throttle.mute
