@@ -27,6 +27,15 @@ reference writes on an in-flight entry is written here, in the same order.
 tests/unit/differential/test_response_order.py holds each twin equal to its reference, and a real
 connection on both equal to one on neither.
 
+**FetchStream** (at the end) is the twin of `proxy.pumps.fetch_stream.FetchStream`: a large Fetch
+response streamed to the client as it arrives.
+
+The fields these objects read and write per request on an in-flight entry (`InFlight`), a request
+header (`RequestHeader`), the read gate and its mute (`ReadGate`, `ChannelMute`), the watchdog
+(`ConnectionWatchdog`) and the client buffer (`ClientBuffer`) are read at their slots' offsets
+(`protocol/_slots.pxd`), as their member descriptors read them, for objects of exactly those
+classes; an object of another class is read by name.
+
 `proxy.pumps.responses` picks the implementation (`ResponseOrderImpl`, `COMPILED_REQUESTS`);
 SLUICE_PURE_PYTHON=1 (or no build) runs the references.
 """
@@ -37,6 +46,62 @@ from protocol.fastpath import read_response_correlation_id
 from protocol.sasl import SASL_API_KEYS
 from proxy.flow.inflight import CorrelationMismatch
 from proxy.flow.pipeline import Pipeline, ResponseOutcome, combine_response
+
+from protocol._slots cimport get, put, slot_offset
+
+from protocol.headers import RequestHeader as _Header
+from proxy.flow.inflight import InFlight as _InFlight
+from proxy.pumps.limits import ClientBuffer as _Buffer
+from proxy.pumps.limits import ConnectionWatchdog as _Watchdog
+from proxy.pumps.muting import ChannelMute as _Mute
+from proxy.pumps.read_gate import ReadGate as _Gate
+
+# The fields read and written per request, at their slots' offsets (`protocol/_slots.pxd`): for an
+# object of exactly these classes; an object of any other class (a look-alike in a test) by name.
+cdef Py_ssize_t E_API_KEY = slot_offset(_InFlight, "api_key")
+cdef Py_ssize_t E_API_VERSION = slot_offset(_InFlight, "api_version")
+cdef Py_ssize_t E_CORRELATION_ID = slot_offset(_InFlight, "correlation_id")
+cdef Py_ssize_t E_FORWARDED = slot_offset(_InFlight, "forwarded")
+cdef Py_ssize_t E_RESPONSE = slot_offset(_InFlight, "response")
+cdef Py_ssize_t E_RESPONSE_BYTES = slot_offset(_InFlight, "response_bytes")
+cdef Py_ssize_t E_OWN = slot_offset(_InFlight, "own")
+cdef Py_ssize_t E_STREAMED = slot_offset(_InFlight, "streamed")
+cdef Py_ssize_t E_MUTES_CHANNEL = slot_offset(_InFlight, "mutes_channel")
+cdef Py_ssize_t E_DELAY_FROM_RESPONSE_MS = slot_offset(_InFlight, "delay_from_response_ms")
+cdef Py_ssize_t E_RESPONSE_RECEIVED_MS = slot_offset(_InFlight, "response_received_ms")
+cdef Py_ssize_t E_UPSTREAM_RESPONSE_BYTES = slot_offset(_InFlight, "upstream_response_bytes")
+cdef Py_ssize_t E_BROKER_RESPONSE = slot_offset(_InFlight, "broker_response")
+cdef Py_ssize_t H_API_KEY = slot_offset(_Header, "api_key")
+cdef Py_ssize_t H_API_VERSION = slot_offset(_Header, "api_version")
+cdef Py_ssize_t H_CORRELATION_ID = slot_offset(_Header, "correlation_id")
+cdef Py_ssize_t H_CLIENT_ID = slot_offset(_Header, "client_id")
+cdef Py_ssize_t G_UPSTREAM_UP = slot_offset(_Gate, "upstream_up")
+cdef Py_ssize_t G_IN_FLIGHT = slot_offset(_Gate, "_in_flight")
+cdef Py_ssize_t G_MAX_IN_FLIGHT = slot_offset(_Gate, "_max_in_flight")
+cdef Py_ssize_t G_BACKPRESSURE = slot_offset(_Gate, "backpressure")
+cdef Py_ssize_t G_CLOSED = slot_offset(_Gate, "closed")
+cdef Py_ssize_t G_PAUSED = slot_offset(_Gate, "paused")
+cdef Py_ssize_t G_DRAINING = slot_offset(_Gate, "draining")
+cdef Py_ssize_t M_STATE = slot_offset(_Mute, "state")
+cdef Py_ssize_t W_LAST_ACTIVE_MS = slot_offset(_Watchdog, "last_active_ms")
+cdef Py_ssize_t W_HANDSHAKE_DONE = slot_offset(_Watchdog, "handshake_done")
+cdef Py_ssize_t B_HELD_BYTES = slot_offset(_Buffer, "held_bytes")
+
+
+cdef inline object _eget(object entry, Py_ssize_t offset, str name):
+    """`entry.<name>` of an in-flight entry."""
+    if type(entry) is _InFlight:
+        return get(entry, offset)
+    return getattr(entry, name)
+
+
+cdef inline int _eput(object entry, Py_ssize_t offset, str name, object value) except -1:
+    """`entry.<name> = value` of an in-flight entry."""
+    if type(entry) is _InFlight:
+        put(entry, offset, value)
+    else:
+        setattr(entry, name, value)
+    return 0
 
 
 cdef class _LastRoute:
@@ -86,13 +151,13 @@ cdef class ResponseOrder:
 
     cdef object _route(self, entry):
         """The pipeline's route for the entry's API key and version (`Pipeline.on_response`'s lookup)."""
-        return self._routes.of(entry.api_key, entry.api_version)
+        return self._routes.of(_eget(entry, E_API_KEY, "api_key"), _eget(entry, E_API_VERSION, "api_version"))
 
     cdef object _match(self, long long correlation_id):
         """`InFlightRequests.match_upstream`: the oldest forwarded, unanswered slot, or raises."""
         for entry in self._slots:
-            if entry.forwarded and entry.response is None:
-                if entry.correlation_id != correlation_id:
+            if _eget(entry, E_FORWARDED, "forwarded") and _eget(entry, E_RESPONSE, "response") is None:
+                if _eget(entry, E_CORRELATION_ID, "correlation_id") != correlation_id:
                     raise CorrelationMismatch(
                         f"broker answered correlation id {correlation_id}, "
                         f"expected {entry.correlation_id}")
@@ -110,19 +175,19 @@ cdef class ResponseOrder:
         except (ProtocolError, CorrelationMismatch) as exc:
             self._close(f"bad response from {self._upstream_name}: {exc}")
             return
-        own = entry.own
+        own = _eget(entry, E_OWN, "own")
         if own is not None:  # Sluice's own request: its answer goes to Sluice, not to the client
             if not own.done():
                 own.set_result(payload)
-            entry.response = b""
+            _eput(entry, E_RESPONSE, "response", b"")
             self.flush()
             return
         if self.sasl is not None and entry.api_key in SASL_API_KEYS:
             self.sasl.on_response(entry, payload)
         outcome = self._stages(entry, payload, len(payload))
         out = payload if outcome is None else outcome.payload
-        entry.response = out
-        entry.response_bytes = len(out)
+        _eput(entry, E_RESPONSE, "response", out)
+        _eput(entry, E_RESPONSE_BYTES, "response_bytes", len(out))
         self.flush()
 
     def run_stages(self, entry, payload, size):
@@ -134,11 +199,11 @@ cdef class ResponseOrder:
         """`run_stages`, returning None where the reference returns `ResponseOutcome(payload)`: no
         stage said anything (the payload is then the broker's, unchanged)."""
         now_ms = self._now_ms()
-        entry.response_received_ms = now_ms
-        entry.upstream_response_bytes = size
+        _eput(entry, E_RESPONSE_RECEIVED_MS, "response_received_ms", now_ms)
+        _eput(entry, E_UPSTREAM_RESPONSE_BYTES, "upstream_response_bytes", size)
         cdef object outcome = None
         if self._plain_pipeline:  # Pipeline.on_response, inline
-            entry.broker_response = payload
+            _eput(entry, E_BROKER_RESPONSE, "broker_response", payload)
             for on_response in self._route(entry).on_response:
                 said = on_response(self._ctx, entry, payload)
                 if said is None:
@@ -149,9 +214,10 @@ cdef class ResponseOrder:
             outcome = self._pipeline.on_response(self._ctx, entry, payload)
         if outcome is not None and outcome.throttle_time_ms > 0:
             self._start_throttle(now_ms, outcome.throttle_time_ms)
-            entry.mutes_channel = True
-        if entry.delay_from_response_ms > 0 and entry.mutes_channel:
-            self._throttle.extend(now_ms, entry.delay_from_response_ms)
+            _eput(entry, E_MUTES_CHANNEL, "mutes_channel", True)
+        delay_ms = _eget(entry, E_DELAY_FROM_RESPONSE_MS, "delay_from_response_ms")
+        if delay_ms > 0 and _eget(entry, E_MUTES_CHANNEL, "mutes_channel"):
+            self._throttle.extend(now_ms, delay_ms)
         return outcome
 
     def answer_later(self, entry, pending):
@@ -174,17 +240,17 @@ cdef class ResponseOrder:
         cdef bint plain = self._plain_pipeline
         cdef bint sent_any = False
         slots = self._slots
-        while slots and slots[0].response is not None:
+        while slots and _eget(slots[0], E_RESPONSE, "response") is not None:
             entry = slots.popleft()
-            response = entry.response
-            if entry.own is not None:  # never the client's: nothing is sent, nothing completes
-                entry.response = None
+            response = _eget(entry, E_RESPONSE, "response")
+            if _eget(entry, E_OWN, "own") is not None:  # never the client's: nothing is sent, nothing completes
+                _eput(entry, E_RESPONSE, "response", None)
                 sent_any = True  # a slot is free all the same: the gate may let frames on
                 continue
-            if not entry.streamed:
+            if not _eget(entry, E_STREAMED, "streamed"):
                 send(response)
-            entry.response = None
-            if entry.mutes_channel:
+            _eput(entry, E_RESPONSE, "response", None)
+            if _eget(entry, E_MUTES_CHANNEL, "mutes_channel"):
                 self._throttle.response_sent()
             sent_ms = self._now_ms()
             if plain:  # Pipeline.on_complete, inline
@@ -193,8 +259,14 @@ cdef class ResponseOrder:
             else:
                 self._pipeline.on_complete(ctx, entry, sent_ms)
             sent_any = True
+        if not sent_any:
+            return
         gate = self._gate
-        if sent_any and (gate.paused or gate.draining or self._splitter.buffered_bytes):
+        if type(gate) is _Gate:
+            waiting = get(gate, G_PAUSED) or get(gate, G_DRAINING)
+        else:
+            waiting = gate.paused or gate.draining
+        if waiting or self._splitter.buffered_bytes:
             self._read_on()  # a response left: a mute may have ended, frames wait, or a drain may end
 
 
@@ -275,8 +347,10 @@ cdef class RequestReader:
     reference's methods do; the connection installs its three bound methods in place of its own
     (`ClientConnection.__init__`) and calls `attach` once its parts exist."""
 
-    cdef object _conn, _now_ms, _splitter, _gate, _pipeline, _slots, _watchdog, _ctx
+    cdef object _conn, _now_ms, _splitter, _gate, _pipeline, _slots, _watchdog, _ctx, _mute
     cdef bint _plain_pipeline
+    cdef bint _slotted_gate      # a `ReadGate` whose mute is a `ChannelMute`: read at their slots
+    cdef bint _slotted_watchdog  # a `ConnectionWatchdog`: likewise
     cdef _LastRoute _routes
     cdef object _request_handler  # this object's bound on_request: the connection's _client_frame when no
                                   # SASL exchange or streamed Fetch has swapped it
@@ -297,14 +371,24 @@ cdef class RequestReader:
         self._slots = conn._inflight.queue
         self._watchdog = conn._watchdog
         self._ctx = conn.ctx
+        self._mute = self._gate._mute
+        self._slotted_gate = type(self._gate) is _Gate and type(self._mute) is _Mute
+        self._slotted_watchdog = type(self._watchdog) is _Watchdog
 
     cdef bint _frames_allowed(self, gate):
         """`ReadGate.frames_allowed`."""
+        if self._slotted_gate:
+            return (get(self._mute, M_STATE) is _NOT_MUTED and get(gate, G_UPSTREAM_UP)
+                    and len(get(gate, G_IN_FLIGHT)) < get(gate, G_MAX_IN_FLIGHT)
+                    and not (get(gate, G_BACKPRESSURE) or get(gate, G_CLOSED)))
         return (gate._mute.state is _NOT_MUTED and gate.upstream_up
                 and len(gate._in_flight) < gate._max_in_flight and not (gate.backpressure or gate.closed))
 
     def data_received(self, data):
-        self._watchdog.last_active_ms = self._now_ms()
+        if self._slotted_watchdog:
+            put(self._watchdog, W_LAST_ACTIVE_MS, self._now_ms())
+        else:
+            self._watchdog.last_active_ms = self._now_ms()
         try:
             self._splitter.feed(data)
         except ProtocolError as exc:
@@ -337,9 +421,9 @@ cdef class RequestReader:
                     handler(payload)
         finally:
             conn._processing = False
-        if gate.paused or not self._frames_allowed(gate):
+        if (get(gate, G_PAUSED) if self._slotted_gate else gate.paused) or not self._frames_allowed(gate):
             gate.update()
-        if gate.draining:
+        if get(gate, G_DRAINING) if self._slotted_gate else gate.draining:
             conn.close_if_drained()
 
     def on_request(self, payload):
@@ -353,8 +437,14 @@ cdef class RequestReader:
             conn.close(f"malformed request header: {exc}")
             return
         now_ms = self._now_ms()
-        cdef long api_key = header.api_key
-        cdef long api_version = header.api_version
+        if type(header) is _Header:
+            api_key_obj, api_version_obj = get(header, H_API_KEY), get(header, H_API_VERSION)
+            correlation_id, client_id = get(header, H_CORRELATION_ID), get(header, H_CLIENT_ID)
+        else:
+            api_key_obj, api_version_obj = header.api_key, header.api_version
+            correlation_id, client_id = header.correlation_id, header.client_id
+        cdef long api_key = api_key_obj
+        cdef long api_version = api_version_obj
         cdef bint expects_response = True
         if api_key == _PRODUCE:  # acks=0: no response will come
             try:
@@ -362,11 +452,11 @@ cdef class RequestReader:
             except ProtocolError as exc:
                 _log.warning("connection %d: cannot read Produce acks (%s); expecting a response",
                              self._ctx.connection_id, exc)
-        entry = new_entry(header.correlation_id, header.api_key, header.api_version, header.client_id,
-                          len(payload), now_ms, expects_response)
+        entry = new_entry(correlation_id, api_key_obj, api_version_obj, client_id, len(payload), now_ms,
+                          expects_response)
         watchdog = self._watchdog
-        if not watchdog.handshake_done:
-            watchdog.request(header.api_key)
+        if not (get(watchdog, W_HANDSHAKE_DONE) if self._slotted_watchdog else watchdog.handshake_done):
+            watchdog.request(api_key_obj)
         cdef object outcome
         if self._plain_pipeline:  # Pipeline.on_request, inline
             outcome = None
@@ -389,14 +479,14 @@ cdef class RequestReader:
         elif kind is AnswerHere:
             entry.answer(outcome.response, now_ms)
         elif kind is AnswerLater:
-            entry.forwarded = False
+            put(entry, E_FORWARDED, False)  # (an `InFlight`: made above)
             conn.responses.answer_later(entry, outcome.pending)
         elif kind is Close:
             conn.close(outcome.reason)
             return
         if expects_response:
             self._slots.append(entry)  # InFlightRequests.add
-        if header.api_key in SASL_API_KEYS:  # SaslHandshake, SaslAuthenticate
+        if api_key_obj in SASL_API_KEYS:  # SaslHandshake, SaslAuthenticate
             conn._past_auth = False
             responses = conn.responses
             sasl = responses.sasl  # one SaslMode per connection, kept where responses reach it
@@ -410,12 +500,12 @@ cdef class RequestReader:
         if throttle_ms > 0:
             conn.start_throttle(now_ms, throttle_ms)
             if expects_response:
-                entry.mutes_channel = True
+                put(entry, E_MUTES_CHANNEL, True)
             else:
                 conn.throttle.response_sent()  # acks=0: no response will come
         if not expects_response:
             self._pipeline.on_complete(self._ctx, entry, now_ms)
-        if entry.response is not None:
+        if get(entry, E_RESPONSE) is not None:
             conn._flush()
 
 
@@ -430,12 +520,14 @@ cdef class ClientOutput:
     """`proxy.pumps.client_output.ClientOutput`, compiled: same constructor, methods and effects."""
 
     cdef object _buffer, _watchdog, _now_ms, _transport
+    cdef bint _slotted  # a `ClientBuffer` and a `ConnectionWatchdog`: read and written at their slots
 
     def __init__(self, buffer, watchdog, now_ms):
         self._buffer = buffer
         self._watchdog = watchdog
         self._now_ms = now_ms
         self._transport = None
+        self._slotted = type(buffer) is _Buffer and type(watchdog) is _Watchdog
 
     def attach(self, transport):
         self._transport = transport
@@ -460,86 +552,15 @@ cdef class ClientOutput:
             self._wrote(transport)
 
     cdef _wrote(self, transport):
-        self._watchdog.last_active_ms = self._now_ms()
         buffer = self._buffer
+        if self._slotted:
+            put(self._watchdog, W_LAST_ACTIVE_MS, self._now_ms())
+            if transport.get_write_buffer_size() != get(buffer, B_HELD_BYTES):
+                buffer.measure()
+            return
+        self._watchdog.last_active_ms = self._now_ms()
         if transport.get_write_buffer_size() != buffer.held_bytes:
             buffer.measure()
-
-
-# ----------------------------------------------------------------------------- the broker side
-
-from proxy.pumps.fetch_stream import STREAM_HEAD_BYTES as _STREAM_HEAD_BYTES_OBJ
-from proxy.pumps.fetch_stream import STREAM_MIN_BYTES as _STREAM_MIN_BYTES_OBJ
-
-cdef Py_ssize_t _STREAM_HEAD_BYTES = _STREAM_HEAD_BYTES_OBJ
-cdef Py_ssize_t _STREAM_MIN_BYTES = _STREAM_MIN_BYTES_OBJ
-
-
-cdef class UpstreamReader:
-    """`UpstreamConnection.write` and `UpstreamConnection.data_received` of one upstream connection,
-    compiled (the reference is those methods in `proxy/pumps/upstream.py`, with the first test of
-    `FetchStream.streamable` and, for a client connection whose broker frames go to a compiled
-    `ResponseOrder`, `ClientConnection.on_upstream_frame` inline). The connection installs the two
-    bound methods in place of its own and calls `attach` with its transport."""
-
-    cdef object _client, _stream, _splitter, _transport
-    cdef ResponseOrder _responses   # the client's, when compiled: its frames are handed over in C ...
-    cdef object _responses_frame    # ... while its broker-frame handler is this one (no SASL exchange)
-
-    def __init__(self, conn, client):
-        self._client = client
-        self._stream = conn._stream
-        self._splitter = conn._splitter
-        self._transport = None
-        responses = getattr(client, "responses", None)
-        if isinstance(responses, ResponseOrder) and hasattr(client, "_responses_frame"):
-            self._responses = responses
-            self._responses_frame = client._responses_frame
-        else:
-            self._responses = None
-
-    def attach(self, transport):
-        self._transport = transport
-
-    def write(self, payload):
-        self._transport.writelines((_pack_size(len(payload)), payload))
-
-    def data_received(self, data):
-        stream = self._stream
-        if stream.left:
-            data = stream.feed(data)
-            if not data:
-                return
-        splitter = self._splitter
-        client = self._client
-        cdef Py_ssize_t size
-        try:
-            splitter.feed(data)
-            while True:
-                pending = splitter.pending_frame(_STREAM_HEAD_BYTES)
-                if pending is None:
-                    return
-                size = pending[0]
-                if size >= _STREAM_MIN_BYTES and not client.closed:  # FetchStream.streamable's first test
-                    entry = stream.streamable(size, pending[1])
-                    if entry is not None:
-                        stream.start(entry, size, splitter)
-                        if stream.left:
-                            return  # the splitter is empty; the rest comes straight off the socket
-                        continue
-                payload = splitter.next_frame()
-                if payload is None:
-                    return
-                if self._responses is None:
-                    client.on_upstream_frame(payload)
-                elif not client.closed:  # ClientConnection.on_upstream_frame, inline
-                    handler = client._broker_frame
-                    if handler is self._responses_frame:
-                        self._responses.broker_frame(payload)
-                    else:
-                        handler(payload)
-        except ProtocolError as exc:
-            client.close(f"malformed frame from the broker: {exc}")
 
 
 # ----------------------------------------------------------------------------- a streamed Fetch response
@@ -580,7 +601,7 @@ cdef class FetchStream:
         self._write_lines = host.write_client_lines
         self._done = host.response_done
 
-    def streamable(self, size, head):
+    cpdef streamable(self, size, head):
         """The in-flight Fetch a response of `size` starting with `head` belongs to, if it streams."""
         if size < _STREAM_MIN_BYTES:
             return None
@@ -593,7 +614,7 @@ cdef class FetchStream:
             return None
         return entry
 
-    def start(self, entry, size, splitter):
+    cpdef start(self, entry, size, splitter):
         """Take what the splitter holds of the response, send or drop it; `left` is what is to come."""
         if self._write is None:
             self._bind()
@@ -620,7 +641,7 @@ cdef class FetchStream:
         if not left:
             self._end()
 
-    def feed(self, data):
+    cpdef feed(self, data):
         """Bytes straight off the broker's socket while `left`; returns what follows the response."""
         cdef Py_ssize_t size = len(data)
         cdef Py_ssize_t n = self.left if self.left < size else size
@@ -651,3 +672,96 @@ cdef class FetchStream:
         entry.streamed = True
         entry.response = _EMPTY
         self._done()
+
+
+# ----------------------------------------------------------------------------- the broker side
+
+from proxy.pumps.fetch_stream import STREAM_HEAD_BYTES as _STREAM_HEAD_BYTES_OBJ
+from proxy.pumps.fetch_stream import STREAM_MIN_BYTES as _STREAM_MIN_BYTES_OBJ
+
+cdef Py_ssize_t _STREAM_HEAD_BYTES = _STREAM_HEAD_BYTES_OBJ
+cdef Py_ssize_t _STREAM_MIN_BYTES = _STREAM_MIN_BYTES_OBJ
+
+
+cdef class UpstreamReader:
+    """`UpstreamConnection.write` and `UpstreamConnection.data_received` of one upstream connection,
+    compiled (the reference is those methods in `proxy/pumps/upstream.py`, with the first test of
+    `FetchStream.streamable` and, for a client connection whose broker frames go to a compiled
+    `ResponseOrder`, `ClientConnection.on_upstream_frame` inline). The connection installs the two
+    bound methods in place of its own and calls `attach` with its transport."""
+
+    cdef object _client, _stream, _splitter, _transport
+    cdef FetchStream _compiled_stream  # the client's stream when it is the compiled one (else None)
+    cdef ResponseOrder _responses   # the client's, when compiled: its frames are handed over in C ...
+    cdef object _responses_frame    # ... while its broker-frame handler is this one (no SASL exchange)
+
+    def __init__(self, conn, client):
+        self._client = client
+        self._stream = conn._stream
+        self._compiled_stream = self._stream if type(self._stream) is FetchStream else None
+        self._splitter = conn._splitter
+        self._transport = None
+        responses = getattr(client, "responses", None)
+        if isinstance(responses, ResponseOrder) and hasattr(client, "_responses_frame"):
+            self._responses = responses
+            self._responses_frame = client._responses_frame
+        else:
+            self._responses = None
+
+    def attach(self, transport):
+        self._transport = transport
+
+    def write(self, payload):
+        self._transport.writelines((_pack_size(len(payload)), payload))
+
+    def data_received(self, data):
+        stream = self._stream
+        cdef FetchStream compiled_stream = self._compiled_stream
+        if compiled_stream is not None:
+            if compiled_stream.left:
+                data = compiled_stream.feed(data)
+                if not data:
+                    return
+        elif stream.left:
+            data = stream.feed(data)
+            if not data:
+                return
+        splitter = self._splitter
+        client = self._client
+        cdef Py_ssize_t size
+        try:
+            splitter.feed(data)
+            while True:
+                pending = splitter.pending_frame(_STREAM_HEAD_BYTES)
+                if pending is None:
+                    return
+                size = pending[0]
+                if size >= _STREAM_MIN_BYTES and not client.closed:  # FetchStream.streamable's first test
+                    if compiled_stream is not None:
+                        entry = compiled_stream.streamable(size, pending[1])
+                        if entry is not None:
+                            compiled_stream.start(entry, size, splitter)
+                            if compiled_stream.left:
+                                return  # the splitter is empty; the rest comes straight off the socket
+                            continue
+                    else:
+                        entry = stream.streamable(size, pending[1])
+                        if entry is not None:
+                            stream.start(entry, size, splitter)
+                            if stream.left:
+                                return
+                            continue
+                payload = splitter.next_frame()
+                if payload is None:
+                    return
+                if self._responses is None:
+                    client.on_upstream_frame(payload)
+                elif not client.closed:  # ClientConnection.on_upstream_frame, inline
+                    handler = client._broker_frame
+                    if handler is self._responses_frame:
+                        self._responses.broker_frame(payload)
+                    else:
+                        handler(payload)
+        except ProtocolError as exc:
+            client.close(f"malformed frame from the broker: {exc}")
+
