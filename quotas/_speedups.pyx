@@ -249,6 +249,15 @@ cdef class _Entry:
     cdef object response_decision
 
 
+cdef inline _Slot _slot_of(_Entry entry, object kind):
+    """The entry's slot of `kind`, or None."""
+    if entry.first is not None and entry.first.kind is kind:
+        return entry.first
+    if entry.second is not None and entry.second.kind is kind:
+        return entry.second
+    return None
+
+
 cdef double _owed(object manager, object sensor, double owed, long long now_ms) except? -1.0:
     """`manager._owed(sensor, now_ms)`: what a windowed sensor still owes the fleet (repaid linearly
     over one retention window; cleared once repaid), for a sensor whose `owed` is the float `owed`."""
@@ -368,8 +377,8 @@ cdef class QuickCharge:
         if entry is None:
             return None
         manager = entry.manager
-        cdef _Slot rate = entry.first if entry.first is not None and entry.first.kind is self._request_rate else None
-        cdef _Slot fetch = entry.second if rate is not None else entry.first
+        cdef _Slot rate = _slot_of(entry, self._request_rate)
+        cdef _Slot fetch = _slot_of(entry, self._fetch)
         decision = None if rate is None else self._one(manager, entry, rate, identity, 1.0)
         cap = None
         if fetch is not None:
@@ -403,9 +412,7 @@ cdef class QuickCharge:
         if entry is None:
             return None
         manager = entry.manager
-        cdef _Slot fetch = entry.second if entry.second is not None else entry.first
-        if fetch is not None and fetch.kind is not self._fetch:
-            fetch = None
+        cdef _Slot fetch = _slot_of(entry, self._fetch)
         if fetch is None:  # no byte budget: nothing recorded; the request's throttle still empties it
             if request_throttle_ms == 0:
                 return self._no_fetch_response

@@ -189,12 +189,7 @@ class QuotaStage(StageBase):
             return None if earlier_ms == 0 else self._throttled(entry, payload, 0, earlier_ms)
         self._observe(ctx, verdict.decisions)
         note.decisions.extend(verdict.decisions)
-        new_ms = verdict.throttle_ms
-        total_ms = max(new_ms, earlier_ms)
-        note.enforced_ms = total_ms
-        if total_ms == 0:
-            return None  # nothing to patch, nothing to mute
-        return self._throttled(entry, payload, new_ms, total_ms)
+        return self._delivered(entry, payload, note, verdict.throttle_ms, earlier_ms)
 
     @classmethod
     def _fetch_outcome(cls, entry: InFlight, payload: bytes, note: QuotaNote,
@@ -208,11 +203,18 @@ class QuotaStage(StageBase):
             if emptied is not None:
                 note.enforced_ms = told_ms  # the access log's throttle_time_ms for this Fetch
                 return ResponseOutcome(emptied, verdict.throttle_ms, replaced=True)
-        new_ms = verdict.delivered_throttle_ms  # delivered: a bucket's debt throttles what follows
+        # delivered: a bucket's debt throttles what follows
+        return cls._delivered(entry, payload, note, verdict.delivered_throttle_ms, earlier_ms)
+
+    @classmethod
+    def _delivered(cls, entry: InFlight, payload: bytes, note: QuotaNote, new_ms: int,
+                   earlier_ms: int) -> ResponseOutcome | None:
+        """The response as it goes out: throttled `new_ms` more, its throttle_time_ms the larger of
+        that and the request's (`earlier_ms`, what the note says from now on)."""
         total_ms = max(new_ms, earlier_ms)
         note.enforced_ms = total_ms
         if total_ms == 0:
-            return None
+            return None  # nothing to patch, nothing to mute
         return cls._throttled(entry, payload, new_ms, total_ms)
 
     @staticmethod
