@@ -68,8 +68,16 @@ The bound, ±10 % (derived for these numbers; the rates are the run's whole span
   requests (b/q = 80 to 100 ms) that was -7.4 and -9.4 % on the producers' throttle totals; with
   the paced producers' 100 ms batches, ~15 KiB (b/q = 300 to 400 ms), 7 ms is ~2 %, and 20 ms
   of extra wait 5 to 7 %. The replay cannot know the load of a later run: this is the term that
-  grows with it. The same fewer, larger requests keep run 1's broker up with the flooder under
-  load (a run 1 at load ~30 with one-record requests recorded the flooder 2.1 s behind its pace);
+  grows with it. Within the whole suite on 2 cores (load 10 to 15, three Kafka JVMs beside) one
+  run 2 gave -15 % and -12 % on the two producers' throttle totals while their admitted rates
+  agreed to 2 %: ~90 ms a cycle more than run 1's wait. So the test measures the term in run 2
+  and adds it back: a backlogged producer's cycle is its mute and the time from the mute's end to
+  its next request, and its throttle is the rest of its b/q, so each millisecond of that time
+  beyond the service time the replay assumed is a millisecond of throttle it did not get
+  (`late_ms`: both producers stay backlogged once throttled, the bursty one's 125 KiB/s bursts
+  average 50 KiB/s against its 40). The same fewer, larger requests keep run 1's broker up with
+  the flooder under load (a run 1 at load ~30 with one-record requests recorded the flooder 2.1 s
+  behind its pace);
 * run 1 records the demand only if the broker keeps up with it: a cold broker JVM on a loaded
   machine held the flooder's and the feeder's produces for up to 5.3 s in its first ~9 s, so run
   1 recorded their demand seconds late (and the prediction's first throttles came 1.6 s and 6 s
@@ -77,8 +85,8 @@ The bound, ±10 % (derived for these numbers; the rates are the run's whole span
   pace (`broker_keeps_pace`), and checks that run 1 recorded every paced client within 1 s of
   its pace at every second (`recorded_pace_lag_s`): the recording is then the demand, as the
   test claims, or the test says it is not.
-Per measure, the terms add up to: throttle totals 2.2 + 2.2 + 2 (load ~35) = 6.4 %, 9.4 % with 20 ms
-of extra wait (the cut and the start offset are as likely to cancel as to add); admitted rates
+Per measure, the terms add up to: throttle totals 2.2 + 2.2 = 4.4 % with run 2's late time added back
+(the cut and the start offset are as likely to cancel as to add); admitted rates
 2.2 + 2.2 + 1.8 + ~1 = 7.2 %; client bytes the same,
 and ~1 % more for the consumer (its ratio, above), whose rate terms are under 3 %. ±10 % holds these,
 and a wrong model (no mute, no backlog, no un-record) misses by far more: a flooder that is not
@@ -99,6 +107,7 @@ load of 13 to 41 with a hog: -9.4 % on the bursty producer's throttle total, and
 
 from __future__ import annotations
 
+import itertools
 import json
 import math
 import threading
@@ -110,6 +119,7 @@ from typing import TYPE_CHECKING, Any
 import pytest
 
 from contracts.access_log import FETCH_API_KEY, PRODUCE_API_KEY
+from quotas.replay import service_time_ms
 from spark_analytics.jobs import simulate as simulate_job
 from spark_analytics.session import Progress
 from tests.conftest import create_topic, unique_name
@@ -284,6 +294,14 @@ def recorded_pace_lag_s(logs: Path, client: str, rate: float) -> float:
     return worst
 
 
+def recorded_waits(logs: Path) -> list[tuple[int, float]]:
+    """Every answered produce's (ts_ms, broker wait in whole ms) in `logs`, as the simulation reads
+    them for the broker's service time."""
+    return [(r["ts_ms"], int(r["upstream_latency_ms"] + 0.5))  # half up, as Spark's round
+            for path in logs.rglob("*.jsonl") for r in map(json.loads, path.read_text().splitlines())
+            if r["api_key"] == PRODUCE_API_KEY and r["upstream_latency_ms"] is not None]
+
+
 def value_per_record_set_byte(logs: Path, client: str) -> float:
     """A producer's record values (RECORD bytes each) per byte of the record sets it wrote (batch
     and record headers included, request framing not), from its produce requests in `logs`."""
@@ -356,11 +374,12 @@ def config(logs: Path, values: dict[str, float]) -> dict[str, Any]:
             "quotas": {"window": WINDOW, "entries": entries}}
 
 
-def observed(logs: Path, until_ms: int) -> dict[str, dict[str, float]]:
+def observed(logs: Path, until_ms: int, service_ms: int = 0) -> dict[str, dict[str, float]]:
     """Per client-id, from an access log's records before `until_ms` (the simulation's `--until`):
     throttled seconds (seconds overlapping a mute [ts, ts + throttle)), total throttle ms, and
     admitted bytes per second from its first request to the end of the log so cut (the
-    simulation's span)."""
+    simulation's span). `late_ms`, a producer's: the time from each throttled produce's mute end
+    to its next produce beyond `service_ms`, the wait the replay gives it (see the docstring)."""
     records: dict[str, list[dict[str, Any]]] = {}
     log_end_ms = 0
     for path in logs.rglob("*.jsonl"):
@@ -382,6 +401,9 @@ def observed(logs: Path, until_ms: int) -> dict[str, dict[str, float]]:
         size = "request_bytes" if api == PRODUCE_API_KEY else "response_bytes"
         seconds: set[int] = set()
         muted_ms = 0
+        late_ms = sum(max(n["ts_ms"] - (r["ts_ms"] + r["throttle_time_ms"]) - service_ms, 0)
+                      for r, n in itertools.pairwise(mine)
+                      if api == PRODUCE_API_KEY and r["throttle_time_ms"] > 0)
         for r in mine:
             # the time muted within the run, as the simulation's total (see the docstring)
             muted_ms += max(min(r["ts_ms"] + r["throttle_time_ms"], log_end_ms) - r["ts_ms"], 0)
@@ -395,7 +417,7 @@ def observed(logs: Path, until_ms: int) -> dict[str, dict[str, float]]:
         after_fresh = sum(r[size] or 0 for r in mine if r["ts_ms"] >= fresh_ms)
         out[client] = {"long_run_per_s": after_fresh / max(log_end_ms - fresh_ms, 1) * 1000,
                        "throttled_seconds": len({s for s in seconds if s <= end_s}),
-                       "throttle_total_ms": muted_ms,
+                       "throttle_total_ms": muted_ms, "late_ms": late_ms,
                        "admitted_per_s": sum(r[size] or 0 for r in mine) / span_s, "span_s": span_s}
     return out
 
@@ -451,7 +473,9 @@ def test_simulate_predicts_what_sluice_then_does(kafka: KafkaCluster, spark: Spa
     with SluiceProcess(kafka.bootstrap, tmp_path / "run2", config=config(
             tmp_path / "logs2", {c: v for c, (_, v) in PLAN.items()})) as sluice:
         second = traffic(sluice.bootstrap)
-    real = observed(tmp_path / "logs2", second.until_ms)
+    # the service time the replay gave a throttled produce (its `broker_service_ms`, one broker)
+    service_ms = service_time_ms(recorded_waits(tmp_path / "logs1"))
+    real = observed(tmp_path / "logs2", second.until_ms, service_ms)
     # the client counts record values, the log the wire: a producer's ratio is its own in run 1;
     # the consumer's, the feeder's values per record-set byte (see the docstring)
     value_per_wire_byte = {c: first.client_bytes(c) / (recorded[c]["admitted_per_s"] * recorded[c]["span_s"])
@@ -474,7 +498,8 @@ def test_simulate_predicts_what_sluice_then_does(kafka: KafkaCluster, spark: Spa
         p, r = predicted[c], real[c]
         assert p["throttled_seconds"] > 0, c
         assert within(r["throttled_seconds"], p["throttled_seconds"]), (c, report[c])
-        assert within(r["throttle_total_ms"], p["throttle_total_ms"]), (c, report[c])
+        # a producer's time between cycles beyond the replay's service time (0 for the consumer)
+        assert within(r["throttle_total_ms"] + r["late_ms"], p["throttle_total_ms"]), (c, report[c])
     for c in PLAN:
         p, r = predicted[c], real[c]
         assert within(r["admitted_per_s"], p["admitted_per_s"]), (c, report[c])
