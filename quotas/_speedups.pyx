@@ -16,6 +16,8 @@ No I/O: this is part of the sans-IO `quotas` package.
 from libc.stdlib cimport free, realloc
 from posix.time cimport CLOCK_MONOTONIC, clock_gettime, timespec
 
+from protocol._slots cimport get, put, slot_offset
+
 from quotas.stats import RateConfig
 
 
@@ -206,9 +208,14 @@ cdef class SystemClock:
     is one C call instead of a Python frame and a call of ``time.monotonic_ns``."""
 
     def now_ms(self):
-        cdef timespec ts
-        clock_gettime(CLOCK_MONOTONIC, &ts)
-        return <long long>ts.tv_sec * 1000 + <long long>ts.tv_nsec // 1000000
+        return _monotonic_ms()
+
+
+cdef inline long long _monotonic_ms():
+    """`SystemClock.now_ms` in C (`QuickCharge` calls it directly for a manager on this clock)."""
+    cdef timespec ts
+    clock_gettime(CLOCK_MONOTONIC, &ts)
+    return <long long>ts.tv_sec * 1000 + <long long>ts.tv_nsec // 1000000
 
 
 # --- the engine's common case: record and decide in one call (QuotaEngine.produce / request) -----
@@ -217,6 +224,32 @@ _INF = float("inf")  # `QuotaManager.max_value_in_quota_window`'s no cap
 
 DEF SWEEP_INTERVAL_MS = 30000  # quotas.manager.SENSOR_SWEEP_INTERVAL_MS (checked in QuickCharge.__init__)
 DEF MAX_ENTRIES = 10000
+
+
+# A cached caller's sensor (`quotas.manager._Sensor`, a `__slots__` class) is read and written at
+# its slots' offsets (`protocol/_slots.pxd`), as its member descriptors do, without an attribute
+# lookup each; `_entry` caches only sensors of exactly that class. Read once, by the first
+# QuickCharge (quotas.manager imports this module, so not at its import).
+cdef object _SENSOR = None
+cdef Py_ssize_t S_BOUND, S_BUCKET, S_BURST_S, S_ENTITY, S_KEY, S_LAST_RECORD_MS, S_OWED, S_OWED_MS
+cdef Py_ssize_t S_RATE, S_SHADOW, S_TOUCHED_SWEEP_MS, S_USED_TOTAL
+
+
+cdef int _sensor_offsets() except -1:
+    global _SENSOR, S_BOUND, S_BUCKET, S_BURST_S, S_ENTITY, S_KEY, S_LAST_RECORD_MS, S_OWED, S_OWED_MS
+    global S_RATE, S_SHADOW, S_TOUCHED_SWEEP_MS, S_USED_TOTAL
+    if _SENSOR is not None:
+        return 0
+    from quotas.manager import _Sensor
+    S_BOUND, S_BUCKET = slot_offset(_Sensor, "bound"), slot_offset(_Sensor, "bucket")
+    S_BURST_S, S_ENTITY = slot_offset(_Sensor, "burst_s"), slot_offset(_Sensor, "entity")
+    S_KEY, S_LAST_RECORD_MS = slot_offset(_Sensor, "key"), slot_offset(_Sensor, "last_record_ms")
+    S_OWED, S_OWED_MS = slot_offset(_Sensor, "owed"), slot_offset(_Sensor, "owed_ms")
+    S_RATE, S_SHADOW = slot_offset(_Sensor, "rate"), slot_offset(_Sensor, "shadow")
+    S_TOUCHED_SWEEP_MS = slot_offset(_Sensor, "touched_sweep_ms")
+    S_USED_TOTAL = slot_offset(_Sensor, "used_total")
+    _SENSOR = _Sensor
+    return 0
 
 
 cdef class _Slot:
@@ -236,6 +269,8 @@ cdef class _Entry:
 
     cdef object identity
     cdef object manager
+    cdef object clock          # the manager's
+    cdef bint system_clock     # ... a SystemClock: read in C
     cdef object kinds          # the engine's active_kinds they were read under
     cdef long long epoch
     cdef _Slot first           # request_rate, or the bytes kind when request_rate is not recorded
@@ -262,11 +297,18 @@ cdef double _owed(object manager, object sensor, double owed, long long now_ms) 
     """`manager._owed(sensor, now_ms)`: what a windowed sensor still owes the fleet (repaid linearly
     over one retention window; cleared once repaid), for a sensor whose `owed` is the float `owed`."""
     cdef double retention = <long long>manager._rate_config.retention_ms
-    cdef double left = 1.0 - <double>(now_ms - <long long>sensor.owed_ms) / retention
+    cdef double left = 1.0 - <double>(now_ms - <long long>get(sensor, S_OWED_MS)) / retention
     if left <= 0.0:
-        sensor.owed = 0.0
+        put(sensor, S_OWED, 0.0)
         return 0.0
     return owed * (1.0 if left > 1.0 else left)
+
+
+cdef inline long long _now_ms(_Entry entry) except? -1:
+    """The entry's manager's clock, read in C when it is the system clock."""
+    if entry.system_clock:
+        return _monotonic_ms()
+    return entry.clock.now_ms()
 
 
 cdef class QuickCharge:
@@ -308,6 +350,7 @@ cdef class QuickCharge:
                  response_type, fetch, consumer_record_rate):
         if sweep_interval_ms != SWEEP_INTERVAL_MS:
             raise ValueError(f"QuickCharge assumes a sweep every {SWEEP_INTERVAL_MS} ms, not {sweep_interval_ms}")
+        _sensor_offsets()
         self._engine = engine
         self._decision_type = decision_type
         self._verdict_type = verdict_type
@@ -417,13 +460,13 @@ cdef class QuickCharge:
             if request_throttle_ms == 0:
                 return self._no_fetch_response
             return self._response_type((), 0, True, 0)
-        now = manager._clock.now_ms()
-        cdef long long now_ms = now
+        cdef long long now_ms = _now_ms(entry)
+        now = now_ms
         cdef bint recorded = True
         cdef bint debt = False
         sensor = fetch.sensor
         if (now_ms - <long long>manager._last_sweep_ms >= SWEEP_INTERVAL_MS
-                or entry.epoch != <long long>manager._bindings_epoch or sensor.bucket is not None):
+                or entry.epoch != <long long>manager._bindings_epoch or get(sensor, S_BUCKET) is not None):
             admission = manager.admit_fetch_at(identity, size_bytes, now)
             decision = admission.decision
             recorded = admission.recorded
@@ -457,10 +500,10 @@ cdef class QuickCharge:
             cap = manager.max_value_in_quota_window(self._fetch, identity)
         else:
             sensor = fetch.sensor
-            bound = sensor.bound
+            bound = get(sensor, S_BOUND)
             if bound is None:
                 return None
-            if sensor.bucket is not None or type(bound) is not float:
+            if get(sensor, S_BUCKET) is not None or type(bound) is not float:
                 cap = manager.max_value_in_quota_window(self._fetch, identity)
             else:  # bound x (samples - 1) x window_s, as the manager multiplies it
                 cap = (<double>bound * <double>(<long long>manager._rate_config.samples - 1)
@@ -529,12 +572,14 @@ cdef class QuickCharge:
         entry.manager = manager
         entry.kinds = kinds
         entry.epoch = manager._bindings_epoch
+        entry.clock = manager._clock
+        entry.system_clock = type(entry.clock) is SystemClock
         cdef _Slot slot
         slots = []
         for kind in wanted:
             sensor = manager._bindings[kind].get(identity)
-            if sensor is None or type(sensor.rate) is not SampledRate:
-                return None
+            if type(sensor) is not _SENSOR or type(get(sensor, S_RATE)) is not SampledRate:
+                return None  # none yet (None), or not the sensor whose slots are read here
             slot = _Slot()
             slot.kind = kind
             slot.sensor = sensor
@@ -550,8 +595,8 @@ cdef class QuickCharge:
 
     cdef object _one(self, object manager, _Entry entry, _Slot slot, object identity, double value):
         """`manager.record_and_check(slot.kind, identity, value)`."""
-        now = manager._clock.now_ms()
-        cdef long long now_ms = now
+        cdef long long now_ms = _now_ms(entry)
+        now = now_ms
         if (now_ms - <long long>manager._last_sweep_ms >= SWEEP_INTERVAL_MS
                 or entry.epoch != <long long>manager._bindings_epoch):
             return self._slow(manager, slot.kind, identity, value, now)  # a sweep, or one just ran
@@ -564,24 +609,24 @@ cdef class QuickCharge:
         kind = slot.kind
         sensor = slot.sensor
         last_sweep = manager._last_sweep_ms
-        bucket = sensor.bucket
-        bound = sensor.bound
-        owed = sensor.owed
-        if (sensor.touched_sweep_ms != last_sweep
+        bucket = get(sensor, S_BUCKET)
+        bound = get(sensor, S_BOUND)
+        owed = get(sensor, S_OWED)
+        if (get(sensor, S_TOUCHED_SWEEP_MS) != last_sweep
                 or (bound is not None and type(bound) is not float)
                 or (bucket is not None and type(bucket) is not TokenBucket)
                 or (owed and (bucket is not None or type(owed) is not float))):
             manager._record_on(sensor, value, now)
             return manager._decide(kind, sensor, now)
         # manager._record_on
-        sensor.last_record_ms = now
-        cdef SampledRate rate = <SampledRate>sensor.rate
+        put(sensor, S_LAST_RECORD_MS, now)
+        cdef SampledRate rate = <SampledRate>get(sensor, S_RATE)
         rate.record(value, now_ms)
-        sensor.used_total = sensor.used_total + value
+        put(sensor, S_USED_TOTAL, get(sensor, S_USED_TOTAL) + value)
         cdef double b = 0.0
         if bucket is not None and bound is not None:
             b = <double>bound
-            (<TokenBucket>bucket).record(value, b, b * <double>sensor.burst_s, now_ms)
+            (<TokenBucket>bucket).record(value, b, b * <double>get(sensor, S_BURST_S), now_ms)
         # manager._decide, up to its throttle
         cdef double total
         cdef long long window_ms
@@ -594,12 +639,12 @@ cdef class QuickCharge:
             if bucket is None:
                 if observed > b:
                     return manager._decide(kind, sensor, now)
-            elif (<TokenBucket>bucket).measure(b, b * <double>sensor.burst_s, now_ms) < 0:
+            elif (<TokenBucket>bucket).measure(b, b * <double>get(sensor, S_BURST_S), now_ms) < 0:
                 return manager._decide(kind, sensor, now)
-        shadow = sensor.shadow
-        entity = sensor.entity
+        shadow = get(sensor, S_SHADOW)
+        entity = get(sensor, S_ENTITY)
         if slot.decision is None or slot.bound is not bound or slot.shadow is not shadow or slot.entity is not entity:
-            slot.decision = self._decision_type(kind, sensor.key, 0, float("nan"), bound, shadow, entity)
+            slot.decision = self._decision_type(kind, get(sensor, S_KEY), 0, float("nan"), bound, shadow, entity)
             slot.bound = bound
             slot.shadow = shadow
             slot.entity = entity

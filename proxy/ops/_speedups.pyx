@@ -35,7 +35,9 @@ from cpython.object cimport Py_SIZE
 from protocol._slots cimport get, slot_offset
 
 from proxy.flow.inflight import InFlight as _InFlight
+from proxy.flow.inflight import QuotaNote as _QuotaNote
 from proxy.flow.pipeline import ConnectionContext as _Context
+from quotas.manager import ThrottleDecision as _Decision
 
 # The fields a record reads, at their slots' offsets (`protocol/_slots.pxd`): read as the member
 # descriptors read them, without an attribute lookup each. Only for entries and contexts of exactly
@@ -58,6 +60,13 @@ cdef Py_ssize_t C_PRINCIPAL = slot_offset(_Context, "principal")
 cdef Py_ssize_t C_SOFTWARE_NAME = slot_offset(_Context, "client_software_name")
 cdef Py_ssize_t C_SOFTWARE_VERSION = slot_offset(_Context, "client_software_version")
 cdef Py_ssize_t C_BROKER_ID = slot_offset(_Context, "broker_id")
+# and a request's quota note and its decisions, when they are of exactly these classes
+cdef Py_ssize_t N_DECISIONS = slot_offset(_QuotaNote, "decisions")
+cdef Py_ssize_t N_ENFORCED_MS = slot_offset(_QuotaNote, "enforced_ms")
+cdef Py_ssize_t D_BOUND = slot_offset(_Decision, "bound")
+cdef Py_ssize_t D_ENTITY = slot_offset(_Decision, "entity")
+cdef Py_ssize_t D_SHADOW = slot_offset(_Decision, "shadow")
+cdef Py_ssize_t D_WOULD_THROTTLE_MS = slot_offset(_Decision, "would_throttle_ms")
 
 from proxy.ops.access_log_batch import PART_COLUMNS, ROW_COLUMNS
 
@@ -116,6 +125,20 @@ _CODES = {"ts_ms": "q", "conn": "i", "client_id": "i", "api_key": "h", "api_vers
           "part_records": "q", "part_bytes": "q"}
 if dict(ROW_COLUMNS + PART_COLUMNS) != _CODES:
     raise ImportError("LogBatch's columns are not the ones proxy.ops._speedups stores into")
+
+
+cdef object _matched(decisions):
+    """`LogBatch._append`'s decision of the record's quota: the configured one (an entity and a
+    bound) that would throttle most, the first of equals; None if there is none."""
+    matched = most = None  # and its would_throttle_ms
+    for d in decisions:
+        if type(d) is _Decision:  # at its slots' offsets
+            entity, bound, ms = get(d, D_ENTITY), get(d, D_BOUND), get(d, D_WOULD_THROTTLE_MS)
+        else:
+            entity, bound, ms = d.entity, d.bound, d.would_throttle_ms
+        if entity is not None and bound is not None and (matched is None or ms > most):
+            matched, most = d, ms
+    return matched
 
 
 cdef class _Columns:
@@ -215,6 +238,7 @@ cdef class AccessLogHooks:
             return
         writer = self._writer
         cdef long long ts_ms = <long long>get(entry, E_RECEIVED_MS) + <long long>self._stage._epoch_offset_ms
+        cdef _Columns c
         self._acquire()
         try:
             batch = writer._batch
@@ -229,7 +253,8 @@ cdef class AccessLogHooks:
                 if writer.unreadable == 1 or writer.unreadable % 10_000 == 0:
                     log.exception("cannot log a request (%d so far)", writer.unreadable)
                 return
-            if len(batch.ts_ms) == self._send_rows:
+            c = self._columns  # the batch's own columns once a row of ours went in
+            if (Py_SIZE(c.ts_ms) if c is not None and c.batch is batch else len(batch.ts_ms)) == self._send_rows:
                 writer.wake()
         finally:
             self._release()
@@ -294,12 +319,11 @@ cdef class AccessLogHooks:
         cdef long long would = _NULL_INT
         enforced = 0
         if note is not None:
-            enforced = note.enforced_ms
-            matched = None
-            for d in note.decisions:
-                if d.entity is not None and d.bound is not None and (
-                        matched is None or d.would_throttle_ms > matched.would_throttle_ms):
-                    matched = d
+            if type(note) is _QuotaNote:  # at its slots' offsets
+                enforced, decisions = get(note, N_ENFORCED_MS), get(note, N_DECISIONS)
+            else:
+                enforced, decisions = note.enforced_ms, note.decisions
+            matched = _matched(decisions)
             if matched is not None:
                 by_decision = c.by_decision
                 known = by_decision.get(id(matched))
@@ -308,7 +332,7 @@ cdef class AccessLogHooks:
                 else:
                     quota = batch._quota_index(matched)
                     by_decision[id(matched)] = (matched, quota)
-                if matched.shadow:
+                if get(matched, D_SHADOW) if type(matched) is _Decision else matched.shadow:
                     would = matched.would_throttle_ms
         cdef dict error_sets = c.error_sets
         errors = error_sets.get(codes)

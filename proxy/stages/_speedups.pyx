@@ -33,6 +33,8 @@ from protocol.headers import RequestHeader
 from proxy.flow.inflight import InFlight, QuotaNote
 from proxy.flow.pipeline import ConnectionContext, Forward
 from proxy.stages.quota_wire import INT32_MAX, cap_fetch
+from quotas.engine import RequestVerdict
+from quotas.manager import ThrottleDecision
 
 # The fields the hooks read and write, at their slots' offsets (`protocol/_slots.pxd`), for entries,
 # contexts, headers and notes of exactly these classes; anything else goes to the reference.
@@ -52,6 +54,10 @@ cdef Py_ssize_t E_WHOLE_RESPONSE = slot_offset(InFlight, "whole_response")
 cdef Py_ssize_t N_IDENTITY = slot_offset(QuotaNote, "identity")
 cdef Py_ssize_t N_DECISIONS = slot_offset(QuotaNote, "decisions")
 cdef Py_ssize_t N_ENFORCED_MS = slot_offset(QuotaNote, "enforced_ms")
+# and the engine's answers, of exactly these classes (any other is read by name)
+cdef Py_ssize_t V_DECISIONS = slot_offset(RequestVerdict, "decisions")
+cdef Py_ssize_t V_THROTTLE_MS = slot_offset(RequestVerdict, "throttle_ms")
+cdef Py_ssize_t D_WOULD_THROTTLE_MS = slot_offset(ThrottleDecision, "would_throttle_ms")
 
 # the API keys these hooks tell apart, as C longs
 cdef long _PRODUCE, _FETCH, _SHARE_FETCH, _METADATA, _API_VERSIONS, _SASL_HANDSHAKE, _SASL_AUTHENTICATE
@@ -89,7 +95,7 @@ cdef class QuotaHooks:
         if observer is None:
             return
         for d in decisions:
-            if d.would_throttle_ms > 0:
+            if (get(d, D_WOULD_THROTTLE_MS) if type(d) is ThrottleDecision else d.would_throttle_ms) > 0:
                 observer.on_violation(ctx, d)
 
     def on_request(self, ctx, entry, header, payload):
@@ -121,10 +127,12 @@ cdef class QuotaHooks:
             put(entry, E_WHOLE_RESPONSE, verdict.read_whole_response)
         else:
             verdict = quick.request_verdict(broker_id, identity, _rated(api_key))
-        decisions = verdict.decisions
+        if type(verdict) is RequestVerdict:
+            decisions, enforced = get(verdict, V_DECISIONS), get(verdict, V_THROTTLE_MS)
+        else:
+            decisions, enforced = verdict.decisions, verdict.throttle_ms
         if decisions:
             self._observe(ctx, decisions)
-        enforced = verdict.throttle_ms
         if api_key == _PRODUCE and get(entry, E_EXPECTS_RESPONSE):
             # KIP-219: a produce's delay runs from its response (the reference says why)
             put(entry, E_DELAY_FROM_RESPONSE_MS, enforced)
