@@ -351,6 +351,7 @@ cdef class RequestReader:
     cdef bint _plain_pipeline
     cdef bint _slotted_gate      # a `ReadGate` whose mute is a `ChannelMute`: read at their slots
     cdef bint _slotted_watchdog  # a `ConnectionWatchdog`: likewise
+    cdef bint _processing  # the connection's `_processing`: this object is its `_read_on`
     cdef _LastRoute _routes
     cdef object _request_handler  # this object's bound on_request: the connection's _client_frame when no
                                   # SASL exchange or streamed Fetch has swapped it
@@ -399,9 +400,9 @@ cdef class RequestReader:
     def read_on(self):
         """Handle the buffered client frames while the gate allows."""
         conn = self._conn
-        if conn._processing:  # re-entered from a flush inside a frame handler: the outer loop goes on
+        if self._processing:  # re-entered from a flush inside a frame handler: the outer loop goes on
             return
-        conn._processing = True
+        self._processing = True
         gate = self._gate
         splitter = self._splitter
         next_frame = splitter.next_frame
@@ -420,7 +421,7 @@ cdef class RequestReader:
                 else:
                     handler(payload)
         finally:
-            conn._processing = False
+            self._processing = False
         if (get(gate, G_PAUSED) if self._slotted_gate else gate.paused) or not self._frames_allowed(gate):
             gate.update()
         if get(gate, G_DRAINING) if self._slotted_gate else gate.draining:

@@ -33,7 +33,7 @@ from protocol.headers import RequestHeader
 from proxy.flow.inflight import InFlight, QuotaNote
 from proxy.flow.pipeline import ConnectionContext, Forward
 from proxy.stages.quota_wire import INT32_MAX, cap_fetch
-from quotas.engine import RequestVerdict
+from quotas.engine import RequestVerdict, ResponseVerdict
 from quotas.manager import ThrottleDecision
 
 # The fields the hooks read and write, at their slots' offsets (`protocol/_slots.pxd`), for entries,
@@ -57,6 +57,8 @@ cdef Py_ssize_t N_ENFORCED_MS = slot_offset(QuotaNote, "enforced_ms")
 # and the engine's answers, of exactly these classes (any other is read by name)
 cdef Py_ssize_t V_DECISIONS = slot_offset(RequestVerdict, "decisions")
 cdef Py_ssize_t V_THROTTLE_MS = slot_offset(RequestVerdict, "throttle_ms")
+cdef Py_ssize_t R_DECISIONS = slot_offset(ResponseVerdict, "decisions")
+cdef Py_ssize_t R_THROTTLE_MS = slot_offset(ResponseVerdict, "throttle_ms")
 cdef Py_ssize_t D_WOULD_THROTTLE_MS = slot_offset(ThrottleDecision, "would_throttle_ms")
 
 # the API keys these hooks tell apart, as C longs
@@ -181,11 +183,13 @@ cdef class QuotaHooks:
         earlier_ms = get(note, N_ENFORCED_MS)
         verdict = quick.response_verdict(get(ctx, C_BROKER_ID), get(note, N_IDENTITY),
                                          get(entry, E_RESPONSE_RECEIVED_MS) - get(entry, E_RECEIVED_MS))
-        decisions = verdict.decisions
+        if type(verdict) is ResponseVerdict:
+            decisions, new_ms = get(verdict, R_DECISIONS), get(verdict, R_THROTTLE_MS)
+        else:
+            decisions, new_ms = verdict.decisions, verdict.throttle_ms
         if decisions:
             self._observe(ctx, decisions)
             get(note, N_DECISIONS).extend(decisions)
-        new_ms = verdict.throttle_ms
         total_ms = new_ms if new_ms > earlier_ms else earlier_ms
         put(note, N_ENFORCED_MS, total_ms)
         if total_ms == 0:
