@@ -264,12 +264,14 @@ def _varint(n: int) -> bytes:
     return _uvarint((n << 1) ^ (n >> 63))
 
 
-def record_batch(value: bytes, timestamp_ms: int) -> bytes:
-    """A magic-v2 record batch of one record (no key, no headers, uncompressed)."""
-    body = b"\x00" + _varint(0) + _varint(0) + _varint(-1) + _varint(len(value)) + value + _varint(0)
-    record = _varint(len(body)) + body
+def record_batch(value: bytes, timestamp_ms: int, count: int = 1) -> bytes:
+    """A magic-v2 record batch of `count` records of `value` (no key, no headers, uncompressed)."""
+    records = bytearray()
+    for i in range(count):  # attributes, timestamp delta, offset delta i, key -1, value, no headers
+        body = b"\x00" + _varint(0) + _varint(i) + _varint(-1) + _varint(len(value)) + value + _varint(0)
+        records += _varint(len(body)) + body
     # attributes .. end: what the CRC covers
-    tail = struct.pack(">hiqqqhii", 0, 0, timestamp_ms, timestamp_ms, -1, -1, -1, 1) + record
+    tail = struct.pack(">hiqqqhii", 0, count - 1, timestamp_ms, timestamp_ms, -1, -1, -1, count) + records
     after_length = struct.pack(">ib", -1, 2) + struct.pack(">I", crc32c.crc32c(tail)) + tail
     return struct.pack(">qi", 0, len(after_length)) + after_length
 
