@@ -3,8 +3,8 @@ protocol/_log_speedups.pyx, a connection's response side in proxy/pumps/_speedup
 stage's hooks in proxy/stages/_speedups.pyx, the access log's capture in proxy/ops/_speedups.pyx),
 the quota stats (quotas/_speedups.pyx) and the replay's loop (quotas/_replay_speedups.pyx), with
 Cython, when it can. The two byte-path modules cimport the inline helpers of protocol/_walk.pxd, and
-protocol/_speedups.pyx and the three proxy/*/_speedups.pyx those of protocol/_slots.pxd (a change
-to a .pxd rebuilds the modules that cimport it).
+protocol/_speedups.pyx, quotas/_speedups.pyx and the three proxy/*/_speedups.pyx those of
+protocol/_slots.pxd (a change to a .pxd rebuilds the modules that cimport it).
 
 Everything else is in pyproject.toml. The extension is optional: without a C compiler (or without
 Cython) `pip install` still succeeds, says so clearly, and Sluice runs its pure-Python data plane,
