@@ -43,6 +43,7 @@ cdef Py_ssize_t H_CLIENT_ID = slot_offset(RequestHeader, "client_id")
 cdef Py_ssize_t C_PRINCIPAL = slot_offset(ConnectionContext, "principal")
 cdef Py_ssize_t C_BROKER_ID = slot_offset(ConnectionContext, "broker_id")
 cdef Py_ssize_t E_API_KEY = slot_offset(InFlight, "api_key")
+cdef Py_ssize_t E_API_VERSION = slot_offset(InFlight, "api_version")
 cdef Py_ssize_t E_FORWARDED = slot_offset(InFlight, "forwarded")
 cdef Py_ssize_t E_EXPECTS_RESPONSE = slot_offset(InFlight, "expects_response")
 cdef Py_ssize_t E_RECEIVED_MS = slot_offset(InFlight, "received_ms")
@@ -202,6 +203,24 @@ cdef class QuotaHooks:
 from protocol.fastpath import node_endpoints_absent as _node_endpoints_absent
 from proxy.flow.pipeline import ResponseOutcome as _ResponseOutcome
 
+# a response outcome made as its constructor makes it, its slots filled in C (its generated
+# `__init__` is a Python function that sets each field through `object.__setattr__`: frozen)
+cdef Py_ssize_t O_PAYLOAD = slot_offset(_ResponseOutcome, "payload")
+cdef Py_ssize_t O_THROTTLE_TIME_MS = slot_offset(_ResponseOutcome, "throttle_time_ms")
+cdef Py_ssize_t O_REPLACED = slot_offset(_ResponseOutcome, "replaced")
+cdef Py_ssize_t O_TAIL = slot_offset(_ResponseOutcome, "tail")
+_new_outcome = _ResponseOutcome.__new__
+
+
+cdef object _outcome(payload, tail):
+    """`ResponseOutcome(payload, tail=tail)`."""
+    outcome = _new_outcome(_ResponseOutcome)
+    put(outcome, O_PAYLOAD, payload)
+    put(outcome, O_THROTTLE_TIME_MS, 0)
+    put(outcome, O_REPLACED, False)
+    put(outcome, O_TAIL, tail)
+    return outcome
+
 
 cdef class RewriteHooks:
     """`RewriteStage.on_response` (`proxy/stages/addresses.py`, the readable reference), compiled for
@@ -224,19 +243,21 @@ cdef class RewriteHooks:
         self._plain_rewriter = type(self._rewriter) is ResponseRewriter
 
     def on_response(self, ctx, entry, payload):
-        cdef long api_key = entry.api_key
+        if type(entry) is not InFlight:  # the slots below are its
+            return self._on_response(self._stage, ctx, entry, payload)
+        cdef long api_key = get(entry, E_API_KEY)
         if api_key == _PRODUCE or api_key == _FETCH:
-            size = entry.upstream_response_bytes
-            if len(payload) == size and _node_endpoints_absent(payload, api_key, entry.api_version):
+            size = get(entry, E_UPSTREAM_RESPONSE_BYTES)
+            if len(payload) == size and _node_endpoints_absent(payload, api_key, get(entry, E_API_VERSION)):
                 return None
             if api_key == _FETCH and len(payload) < size and self._plain_rewriter:
                 # the head of a streamed Fetch (`ResponseRewriter.outcome`): as it is, and the tail
                 # rewrite of a version with leader endpoints
-                return _ResponseOutcome(payload, tail=self._rewriter.streamed_fetch(entry.api_version))
-        elif api_key == _API_VERSIONS and len(payload) == entry.upstream_response_bytes:
+                return _outcome(payload, self._rewriter.streamed_fetch(get(entry, E_API_VERSION)))
+        elif api_key == _API_VERSIONS and len(payload) == get(entry, E_UPSTREAM_RESPONSE_BYTES):
             # `ResponseRewriter._cap_api_versions` when its cache holds this answer (all of a
             # cluster's answers but for the correlation id: every one after the first)
-            capped = self._rewriter._api_versions_cache.get((entry.api_version, payload[4:]))
+            capped = self._rewriter._api_versions_cache.get((get(entry, E_API_VERSION), payload[4:]))
             if capped is not None:
-                return _ResponseOutcome(payload[:4] + capped)
+                return _outcome(payload[:4] + capped, None)
         return self._on_response(self._stage, ctx, entry, payload)
