@@ -101,7 +101,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from bench.common.cpu import process_cpu_s
-from bench.common.results import git_describe, machine, pyplot
+from bench.common.results import git_describe, machine, pyplot, save_chart
 from bench.common.setup import (
     REPO,
     KafkaCluster,
@@ -1008,11 +1008,7 @@ def write_chart(report: Mapping[str, Any], path: Path) -> bool:
         sub.set_xlabel("s from the first byte", fontsize=8)
         sub.tick_params(labelsize=7)
         sub.legend(fontsize=7)
-    fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
-    return True
+    return save_chart(plt, fig, path)
 
 
 def dump_json(report: Mapping[str, Any]) -> str:

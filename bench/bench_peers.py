@@ -51,7 +51,6 @@ from __future__ import annotations
 import argparse
 import os
 import shutil
-import signal
 import socket
 import statistics
 import struct
@@ -81,9 +80,9 @@ from bench.bench_proxy import (
     stop_environment,
 )
 from bench.common.cpu import process_cpu_s, wait_quiet
-from bench.common.results import RESULTS, git_describe, load_avg, machine, pyplot, write_json
+from bench.common.results import RESULTS, git_describe, load_avg, machine, pyplot, save_chart, write_json
 from bench.common.setup import REPO, create_topic, die_with_parent
-from tests.harness.kafka import _ephemeral_range_start, kafka_version
+from tests.harness.kafka import _ephemeral_range_start, kafka_version, stop_process
 from tests.harness.topics import metadata_with_leaders
 
 PROXIES: tuple[str, ...] = ("raw", "kroxylicious", "kafka-proxy", "sluice")
@@ -208,12 +207,8 @@ class PeerProcess:
     def stop(self, timeout_s: float = 30.0) -> None:
         if self.process is None or self.process.poll() is not None:
             return
-        self.process.send_signal(signal.SIGTERM)
-        try:
-            self.process.wait(timeout=timeout_s)
-        except subprocess.TimeoutExpired:
-            self.process.kill()
-            self.process.wait(timeout=10)
+        stop_process(self.process.pid, timeout_s)
+        self.process.wait(timeout=10)
 
 
 def start_peers(env: Environment, peers_dir: Path, status: dict[str, str],
@@ -515,11 +510,7 @@ def write_chart(report: Mapping[str, Any], path: Path) -> bool:
         ax.tick_params(axis="x", labelsize=8)
     fig.suptitle(f"Proxy CPU per unit, x raw forwarder ({report['machine']['cpu_count']} CPUs, medians of "
                  f"{report['params']['rounds']} round(s), commit {report['sluice_commit']})", fontsize=10)
-    fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
-    return True
+    return save_chart(plt, fig, path)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -56,7 +56,7 @@ from typing import Any
 import crc32c
 
 from bench.common.cpu import own_cpu_s, process_cpu_s, wait_quiet
-from bench.common.results import git_describe, machine, pyplot
+from bench.common.results import git_describe, machine, pyplot, save_chart
 from bench.common.setup import (
     READY,
     REPO,
@@ -806,11 +806,7 @@ def write_chart(report: Mapping[str, Any], path: Path) -> bool:
         ax.set_title(title, fontsize=10)
     fig.suptitle(f"Sluice vs direct vs raw forwarder ({report['machine']['cpu_count']} CPUs, "
                  f"medians of {report['params']['repeats']})", fontsize=10)
-    fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
-    return True
+    return save_chart(plt, fig, path)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -58,3 +58,12 @@ def pyplot() -> Any:
     import matplotlib.pyplot as plt
 
     return plt
+
+
+def save_chart(plt: Any, fig: Any, path: Path) -> bool:
+    """`fig` laid out and written to `path` (its directory made), then closed; True."""
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return True
