@@ -82,6 +82,7 @@ from bench.bench_proxy import (
 from bench.common.cpu import process_cpu_s, wait_quiet
 from bench.common.results import RESULTS, git_describe, load_avg, machine, pyplot, save_chart, write_json
 from bench.common.setup import REPO, create_topic, die_with_parent
+from tests.harness.clients import produce_when_queued
 from tests.harness.kafka import _ephemeral_range_start, kafka_version, stop_process
 from tests.harness.topics import metadata_with_leaders
 
@@ -321,12 +322,7 @@ def librdkafka_workload(address: str, topic: str, mb: float,
 
         t0 = time.monotonic()
         for _ in range(records):
-            while True:
-                try:
-                    producer.produce(topic, value, on_delivery=delivered)
-                    break
-                except BufferError:
-                    producer.poll(0.05)
+            produce_when_queued(producer, topic, value, delivered, poll_s=0.05)
             producer.poll(0)
         left = producer.flush(120)
         wall = time.monotonic() - t0

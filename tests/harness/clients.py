@@ -11,6 +11,7 @@ import asyncio
 import subprocess
 import time
 from collections.abc import Mapping, Sequence
+from typing import Any
 
 DEFAULT_TIMEOUT_S = 60.0
 
@@ -20,6 +21,18 @@ def values(n: int, prefix: str = "m") -> list[bytes]:
 
 
 # --------------------------------------------------------------------------- confluent-kafka
+
+def produce_when_queued(producer: Any, topic: str, value: bytes, on_delivery: Any,
+                        poll_s: float = 0.1) -> None:
+    """`producer.produce(topic, value)`, serving delivery reports for up to `poll_s` at a time while
+    librdkafka's local queue is full (BufferError) until the record is queued."""
+    while True:
+        try:
+            producer.produce(topic, value, on_delivery=on_delivery)
+            return
+        except BufferError:
+            producer.poll(poll_s)
+
 
 def confluent_produce(bootstrap: str, topic: str, payloads: Sequence[bytes],
                       config: Mapping[str, object] | None = None) -> None:
@@ -33,12 +46,7 @@ def confluent_produce(bootstrap: str, topic: str, payloads: Sequence[bytes],
             errors.append(str(err))
 
     for p in payloads:
-        while True:
-            try:
-                producer.produce(topic, p, on_delivery=on_delivery)
-                break
-            except BufferError:
-                producer.poll(0.1)
+        produce_when_queued(producer, topic, p, on_delivery)
     remaining = producer.flush(DEFAULT_TIMEOUT_S)
     assert remaining == 0, f"{remaining} messages not delivered"
     assert not errors, errors[:5]
