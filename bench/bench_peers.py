@@ -68,6 +68,7 @@ from bench.bench_proxy import (
     QUOTA_BYTES_PER_S,
     QUOTA_ENTRIES,
     QUOTAS,
+    SLUICE_FROM,
     Environment,
     advertised_brokers,
     api_versions_request,
@@ -521,6 +522,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                         help=f"where the built peers are [{DEFAULT_PEERS_DIR.relative_to(REPO)}]")
     parser.add_argument("--workloads", default=",".join(WORKLOADS), help="subset of small,bulk,librdkafka")
     parser.add_argument("--workdir", type=Path, help="broker data, proxy logs (default: a temp dir, removed)")
+    parser.add_argument("--sluice-from", type=Path, metavar="DIR",
+                        help="run the Sluice of DIR, a built checkout of another commit (as bench_proxy's "
+                             "--sluice-from), to compare two commits beside the same peers")
     args = parser.parse_args(argv)
 
     params = Params.quick() if args.quick else Params.full()
@@ -536,6 +540,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     ACCESS_LOG["enabled"] = True
     QUOTAS["enabled"] = True
     QUOTAS["entries"] = QUOTA_ENTRIES
+    SLUICE_FROM["dir"] = args.sluice_from.resolve() if args.sluice_from else None
     workdir = args.workdir or Path(tempfile.mkdtemp(prefix="sluice-peers-"))
     log(f"workdir {workdir}; {os.cpu_count()} CPUs; load {os.getloadavg()[0]:.2f}; peers {args.peers_dir}; "
         f"params {asdict(params)}")
@@ -546,6 +551,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             shutil.rmtree(workdir, ignore_errors=True)
     report["quick"] = args.quick
     report["peers_dir"] = str(args.peers_dir)
+    report["sluice_from"] = None if SLUICE_FROM["dir"] is None else str(SLUICE_FROM["dir"])
     report["access_log"] = dict(ACCESS_LOG)
     report["quotas"] = dict(QUOTAS)
     write_json(report, out)

@@ -353,6 +353,8 @@ cdef class RequestReader:
     cdef bint _slotted_watchdog  # a `ConnectionWatchdog`: likewise
     cdef bint _processing  # the connection's `_processing`: this object is its `_read_on`
     cdef _LastRoute _routes
+    cdef object _out  # the connection's ClientOutput ...
+    cdef ClientOutput _compiled_out  # ... when it is the compiled one (else None)
     cdef object _request_handler  # this object's bound on_request: the connection's _client_frame when no
                                   # SASL exchange or streamed Fetch has swapped it
 
@@ -375,6 +377,8 @@ cdef class RequestReader:
         self._mute = self._gate._mute
         self._slotted_gate = type(self._gate) is _Gate and type(self._mute) is _Mute
         self._slotted_watchdog = type(self._watchdog) is _Watchdog
+        self._out = conn._out
+        self._compiled_out = self._out if type(self._out) is ClientOutput else None
 
     cdef bint _frames_allowed(self, gate):
         """`ReadGate.frames_allowed`."""
@@ -406,6 +410,15 @@ cdef class RequestReader:
         gate = self._gate
         splitter = self._splitter
         next_frame = splitter.next_frame
+        cdef ClientOutput out = self._compiled_out
+        # frames to handle: what they forward and what is answered here is written once each way
+        corked = conn._link.upstream if splitter.buffered_bytes and self._frames_allowed(gate) else None
+        if corked is not None:
+            corked.cork()
+            if out is not None:
+                out._corked += 1
+            else:
+                self._out.cork()
         try:
             while splitter.buffered_bytes and self._frames_allowed(gate):
                 try:
@@ -422,6 +435,12 @@ cdef class RequestReader:
                     handler(payload)
         finally:
             self._processing = False
+            if corked is not None:
+                corked.uncork()  # the requests first: the broker starts on them sooner
+                if out is not None:
+                    out.uncork()
+                else:
+                    self._out.uncork()
         if (get(gate, G_PAUSED) if self._slotted_gate else gate.paused) or not self._frames_allowed(gate):
             gate.update()
         if get(gate, G_DRAINING) if self._slotted_gate else gate.draining:
@@ -522,6 +541,8 @@ cdef class ClientOutput:
 
     cdef object _buffer, _watchdog, _now_ms, _transport
     cdef bint _slotted  # a `ClientBuffer` and a `ConnectionWatchdog`: read and written at their slots
+    cdef int _corked    # how many corks are in: held while > 0 ...
+    cdef list _held     # ... what is written meanwhile, in order
 
     def __init__(self, buffer, watchdog, now_ms):
         self._buffer = buffer
@@ -529,17 +550,25 @@ cdef class ClientOutput:
         self._now_ms = now_ms
         self._transport = None
         self._slotted = type(buffer) is _Buffer and type(watchdog) is _Watchdog
+        self._corked = 0
+        self._held = []
 
     def attach(self, transport):
         self._transport = transport
 
     def write(self, data):
+        if self._corked:
+            self._held.append(data)
+            return
         transport = self._transport
         if transport is not None and not transport.is_closing():
             transport.write(data)
             self._wrote(transport)
 
     def writelines(self, parts):
+        if self._corked:
+            self._held.extend(parts)
+            return
         transport = self._transport
         if transport is not None and not transport.is_closing():
             transport.writelines(parts)
@@ -547,9 +576,35 @@ cdef class ClientOutput:
 
     def frame(self, payload):
         """One whole Kafka frame: the size prefix, then the payload."""
+        if self._corked:
+            held = self._held
+            held.append(_pack_size(len(payload)))
+            held.append(payload)
+            return
         transport = self._transport
         if transport is not None and not transport.is_closing():
             transport.writelines((_pack_size(len(payload)), payload))
+            self._wrote(transport)
+
+    cpdef cork(self):
+        """Hold what is written from now until the matching `uncork`."""
+        self._corked += 1
+
+    cpdef uncork(self):
+        """Take out one cork; the last one writes what is held, as one `writelines`."""
+        self._corked -= 1
+        if not self._corked and self._held:
+            self.release()
+
+    cpdef release(self):
+        """Write what is held now, corked or not."""
+        held = self._held
+        if not held:
+            return
+        self._held = []
+        transport = self._transport
+        if transport is not None and not transport.is_closing():
+            transport.writelines(held)
             self._wrote(transport)
 
     cdef _wrote(self, transport):
@@ -695,6 +750,10 @@ cdef class UpstreamReader:
     cdef FetchStream _compiled_stream  # the client's stream when it is the compiled one (else None)
     cdef ResponseOrder _responses   # the client's, when compiled: its frames are handed over in C ...
     cdef object _responses_frame    # ... while its broker-frame handler is this one (no SASL exchange)
+    cdef object _output             # the client's output, corked while a read is handled ...
+    cdef ClientOutput _compiled_output  # ... when it is the compiled one (else None)
+    cdef int _corked   # the requests' corks: held while > 0 ...
+    cdef list _held    # ... size prefixes and payloads, in order
 
     def __init__(self, conn, client):
         self._client = client
@@ -702,6 +761,10 @@ cdef class UpstreamReader:
         self._compiled_stream = self._stream if type(self._stream) is FetchStream else None
         self._splitter = conn._splitter
         self._transport = None
+        self._output = client.client_output
+        self._compiled_output = self._output if type(self._output) is ClientOutput else None
+        self._corked = 0
+        self._held = []
         responses = getattr(client, "responses", None)
         if isinstance(responses, ResponseOrder) and hasattr(client, "_responses_frame"):
             self._responses = responses
@@ -713,7 +776,30 @@ cdef class UpstreamReader:
         self._transport = transport
 
     def write(self, payload):
+        if self._corked:
+            held = self._held
+            held.append(_pack_size(len(payload)))
+            held.append(payload)
+            return
         self._transport.writelines((_pack_size(len(payload)), payload))
+
+    cpdef cork(self):
+        """Hold the requests written from now until the matching `uncork`."""
+        self._corked += 1
+
+    cpdef uncork(self):
+        """Take out one cork; the last one writes what is held, as one `writelines`."""
+        self._corked -= 1
+        if not self._corked and self._held:
+            self.release()
+
+    cpdef release(self):
+        """Write what is held now, corked or not."""
+        held = self._held
+        if held:
+            self._held = []
+            if not self._transport.is_closing():
+                self._transport.writelines(held)
 
     def data_received(self, data):
         stream = self._stream
@@ -727,6 +813,21 @@ cdef class UpstreamReader:
             data = stream.feed(data)
             if not data:
                 return
+        cdef ClientOutput output = self._compiled_output
+        if output is not None:  # the responses this read completes go to the client in one write
+            output._corked += 1
+        else:
+            self._output.cork()
+        try:
+            self._frames(data, compiled_stream)
+        finally:
+            if output is not None:
+                output.uncork()
+            else:
+                self._output.uncork()
+
+    cdef _frames(self, data, FetchStream compiled_stream):
+        stream = self._stream
         splitter = self._splitter
         client = self._client
         cdef Py_ssize_t size

@@ -4,6 +4,14 @@ A write is activity for the idle timeout (`ConnectionWatchdog.last_active_ms`), 
 client's transport holds afterwards is re-measured for the buffer limits (`ClientBuffer`) when it
 changed. Writes after the transport started closing are dropped: the client is gone.
 
+**Corked writes.** While the connection handles what one read brought (the client's frames, or the
+broker's responses), it corks the output (`cork`, `uncork`, nested): what is written meanwhile is
+held in order and handed to the transport as one `writelines` when the outermost cork is taken
+out, so a read that answers sixteen pipelined requests costs one `writev`, not sixteen (uvloop
+sends each write at once when its socket buffer is empty). Nothing waits past the read being
+handled. `release` writes what is held at once: a connection that closes first sends what its
+client was already answered, as the transport's own close does with its buffer.
+
 This is the readable reference of `proxy.pumps._speedups.ClientOutput`, which a connection uses
 when the compiled orchestration was built (`proxy.pumps.connection`).
 """
@@ -20,24 +28,32 @@ _pack_size = I32.pack  # `protocol.framing.size_prefix` without its call
 
 
 class ClientOutput:
-    __slots__ = ("_buffer", "_now_ms", "_transport", "_watchdog")
+    __slots__ = ("_buffer", "_corked", "_held", "_now_ms", "_transport", "_watchdog")
 
     def __init__(self, buffer: ClientBuffer, watchdog: ConnectionWatchdog, now_ms: Callable[[], int]) -> None:
         self._buffer = buffer
         self._watchdog = watchdog
         self._now_ms = now_ms
         self._transport: asyncio.Transport | None = None
+        self._corked = 0  # how many corks are in: held while > 0
+        self._held: list[bytes | memoryview] = []  # written while corked, in order
 
     def attach(self, transport: asyncio.Transport) -> None:
         self._transport = transport
 
     def write(self, data: bytes | memoryview) -> None:
+        if self._corked:
+            self._held.append(data)
+            return
         transport = self._transport
         if transport is not None and not transport.is_closing():
             transport.write(data)
             self._wrote(transport)
 
     def writelines(self, parts: tuple[bytes | memoryview, ...]) -> None:
+        if self._corked:
+            self._held.extend(parts)
+            return
         transport = self._transport
         if transport is not None and not transport.is_closing():
             transport.writelines(parts)
@@ -46,13 +62,36 @@ class ClientOutput:
     def frame(self, payload: bytes) -> None:
         """One whole Kafka frame: the size prefix, then the payload (`writelines` and `_wrote` in
         one call: every response goes through here)."""
+        if self._corked:
+            held = self._held
+            held.append(_pack_size(len(payload)))
+            held.append(payload)
+            return
         transport = self._transport
         if transport is not None and not transport.is_closing():
             transport.writelines((_pack_size(len(payload)), payload))
-            self._watchdog.last_active_ms = self._now_ms()
-            buffer = self._buffer
-            if transport.get_write_buffer_size() != buffer.held_bytes:
-                buffer.measure()
+            self._wrote(transport)
+
+    def cork(self) -> None:
+        """Hold what is written from now until the matching `uncork`."""
+        self._corked += 1
+
+    def uncork(self) -> None:
+        """Take out one cork; the last one writes what is held, as one `writelines`."""
+        self._corked -= 1
+        if not self._corked and self._held:
+            self.release()
+
+    def release(self) -> None:
+        """Write what is held now, corked or not."""
+        held = self._held
+        if not held:
+            return
+        self._held = []
+        transport = self._transport
+        if transport is not None and not transport.is_closing():
+            transport.writelines(held)
+            self._wrote(transport)
 
     def _wrote(self, transport: asyncio.Transport) -> None:
         self._watchdog.last_active_ms = self._now_ms()

@@ -104,6 +104,7 @@ class ClientConnection(asyncio.Protocol):
         self._buffer = ClientBuffer(limits, self.ctx.connection_id, self._link.set_paused)
         output = ClientOutput if COMPILED_REQUESTS is None else COMPILED_REQUESTS.ClientOutput
         self._out = output(self._buffer, self._watchdog, self._now_ms)
+        self.client_output = self._out  # corked by the upstream side while it reads (proxy.pumps.upstream)
         self.write_client, self.write_client_lines = self._out.write, self._out.writelines
         self.send_client = self._out.frame
         self._gate = ReadGate(self._mute, self._splitter, self._inflight.queue,
@@ -198,6 +199,7 @@ class ClientConnection(asyncio.Protocol):
         if reason is not None and self._close_reason is None:
             self._close_reason = reason
         if self._transport is not None and not self._transport.is_closing():
+            self._out.release()  # what the client was answered first, as a transport sends its buffer
             self._transport.close()
         self._link.close()
 
@@ -245,6 +247,11 @@ class ClientConnection(asyncio.Protocol):
         gate = self._gate
         splitter = self._splitter
         next_frame = splitter.next_frame
+        # frames to handle: what they forward and what is answered here is written once each way
+        corked = self._link.upstream if splitter.buffered_bytes and gate.frames_allowed() else None
+        if corked is not None:
+            corked.cork()
+            self._out.cork()
         try:
             # (nothing buffered: no frame, and the gate is not asked; frames_allowed() runs per frame)
             while splitter.buffered_bytes and gate.frames_allowed():
@@ -258,6 +265,9 @@ class ClientConnection(asyncio.Protocol):
                 self._client_frame(payload)
         finally:
             self._processing = False
+            if corked is not None:
+                corked.uncork()  # the requests first: the broker starts on them sooner
+                self._out.uncork()
         if gate.paused or not gate.frames_allowed():
             gate.update()  # (reading and allowed frames is the state update() keeps as it is)
         if gate.draining:

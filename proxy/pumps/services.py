@@ -60,6 +60,12 @@ class Upstream(Protocol):
 
     def write(self, payload: bytes) -> None: ...
 
+    def cork(self) -> None:
+        """Hold what is written from now until the matching `uncork` (nested)."""
+
+    def uncork(self) -> None:
+        """Take out one cork; the last one writes what is held, in order."""
+
     def pause_reading(self) -> None: ...
 
     def resume_reading(self) -> None: ...

@@ -4,9 +4,15 @@ Everything it reads goes to its `ClientConnection` (`proxy.pumps.connection`): w
 frames, or, for a large Fetch response, the stream (`proxy.pumps.fetch_stream.FetchStream`), which
 takes the rest straight off the socket without framing or copying.
 
-`write` and `data_received` below are the readable reference of `proxy.pumps._speedups.UpstreamReader`,
-which the connection installs in their place when it was built (SLUICE_PURE_PYTHON=1, or no build,
-runs these).
+Requests to the broker are corked as the client's output is (`proxy.pumps.client_output`): while the
+client connection handles what one read of its client brought, the frames it forwards are held and
+written as one `writelines` when it takes the cork out; `close` writes what is held first. And while
+this side handles what one read of the broker brought, it corks the client's output, so the
+responses that read completes reach the client in one write.
+
+`write`, `cork`, `uncork`, `release` and `data_received` below are the readable reference of
+`proxy.pumps._speedups.UpstreamReader`, which the connection installs in their place when it was
+built (SLUICE_PURE_PYTHON=1, or no build, runs these).
 """
 
 from __future__ import annotations
@@ -21,11 +27,22 @@ from proxy.pumps.fetch_stream import STREAM_HEAD_BYTES, FetchStream
 from proxy.pumps.responses import COMPILED_REQUESTS
 
 
+class Corkable(Protocol):
+    """An output that holds what is written between `cork` and `uncork` (`ClientOutput`)."""
+
+    def cork(self) -> None: ...
+
+    def uncork(self) -> None: ...
+
+
 class UpstreamClient(Protocol):
     """What the broker side drives of its client connection (`proxy.pumps.connection.ClientConnection`)."""
 
     @property
     def fetch_stream(self) -> FetchStream: ...
+
+    @property
+    def client_output(self) -> Corkable: ...
 
     @property
     def closed(self) -> bool: ...
@@ -47,9 +64,13 @@ class UpstreamConnection(asyncio.Protocol):
         self._stream = client.fetch_stream
         self._splitter = FrameSplitter(max_frame_bytes)
         self._transport: asyncio.Transport | None = None
+        self._corked = 0  # how many corks are in: requests are held while > 0 ...
+        self._held: list[bytes] = []  # ... size prefixes and payloads, in order
         self._reader = None if COMPILED_REQUESTS is None else COMPILED_REQUESTS.UpstreamReader(self, client)
-        if self._reader is not None:  # the compiled twin of write and data_received
-            vars(self).update(write=self._reader.write, data_received=self._reader.data_received)
+        if self._reader is not None:  # the compiled twin of these methods
+            reader = self._reader
+            vars(self).update(write=reader.write, data_received=reader.data_received, cork=reader.cork,
+                              uncork=reader.uncork, release=reader.release)
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self._transport = cast(asyncio.Transport, transport)
@@ -60,8 +81,30 @@ class UpstreamConnection(asyncio.Protocol):
             self._transport.set_write_buffer_limits(high=high, low=high // 4)
 
     def write(self, payload: bytes) -> None:
+        if self._corked:
+            self._held += (size_prefix(len(payload)), payload)
+            return
         assert self._transport is not None
         self._transport.writelines((size_prefix(len(payload)), payload))
+
+    def cork(self) -> None:
+        """Hold the requests written from now until the matching `uncork`."""
+        self._corked += 1
+
+    def uncork(self) -> None:
+        """Take out one cork; the last one writes what is held, as one `writelines`."""
+        self._corked -= 1
+        if not self._corked and self._held:
+            self.release()
+
+    def release(self) -> None:
+        """Write what is held now, corked or not."""
+        held = self._held
+        if held:
+            self._held = []
+            assert self._transport is not None
+            if not self._transport.is_closing():
+                self._transport.writelines(held)
 
     def data_received(self, data: bytes) -> None:
         stream = self._stream
@@ -69,6 +112,15 @@ class UpstreamConnection(asyncio.Protocol):
             data = stream.feed(data)
             if not data:
                 return
+        output = self._client.client_output
+        output.cork()  # the responses this read completes go to the client in one write
+        try:
+            self._frames(data)
+        finally:
+            output.uncork()
+
+    def _frames(self, data: bytes) -> None:
+        stream = self._stream
         splitter = self._splitter
         client = self._client
         try:
@@ -110,4 +162,5 @@ class UpstreamConnection(asyncio.Protocol):
 
     def close(self) -> None:
         if self._transport is not None and not self._transport.is_closing():
+            self.release()
             self._transport.close()

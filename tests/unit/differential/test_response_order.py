@@ -15,10 +15,11 @@ Two properties, each fed the same random events and the same fake clock on both 
   itself) and through another pipeline object (it calls its hooks).
 * **A real `ClientConnection` with the quota stage** (a produce budget and a request-time
   budget, small enough to throttle, over Kafka's windowed rate) and a stage recording each
-  completed request's row: the same client byte stream (Produce v8 and Metadata, pipelined) and
-  the same broker responses and clock give the same bytes forwarded, the same responses to the
-  client (their throttle_time_ms patched), the same verdicts (each request's quota decisions) and
-  the same rows.
+  completed request's row: the same client byte stream (Produce v8 and Metadata, pipelined, one
+  frame or a burst of three to a read) and the same broker responses (one or all outstanding to a
+  read) and clock give the same bytes forwarded, the same responses to the client (their
+  throttle_time_ms patched), the same verdicts (each request's quota decisions), the same rows and
+  the same number of writes to each socket (the corked writes).
 """
 
 from __future__ import annotations
@@ -47,6 +48,7 @@ from proxy.flow.pipeline import (
 from proxy.pumps import connection as connection_module
 from proxy.pumps import responses
 from proxy.pumps import upstream as upstream_module
+from proxy.pumps.client_output import ClientOutput
 from proxy.pumps.connection import ClientConnection, ConnectionServices
 from proxy.pumps.limits import ConnectionLimits, LimitLog, LimitSettings
 from proxy.pumps.read_gate import ReadGate
@@ -61,6 +63,7 @@ from quotas.connection_limits import BufferBudget, ConnectionLimiter
 from quotas.engine import QuotaEngine
 from tests.unit.differential.impls import built
 from tests.unit.proxy.test_connection import FakeTimers, FakeTransport, run_ready_callbacks
+from tests.unit.proxy.test_read_gate import FakeBuffer, FakeWatchdog
 
 
 def twins() -> tuple[Any, Any]:
@@ -323,24 +326,32 @@ def client_frame(what: str, cid: int, n: int) -> bytes:
     return b"\x00\x01"  # "garbage": too short for a request header: the connection closes
 
 
-async def connection_run(compiled: bool, budget: dict[str, float], max_in_flight: int,
-                         script: list[tuple[str, int, int, int]]) -> tuple[Any, ...]:
-    clock = FakeClock(1_000)
+@dataclass
+class TwinConnection:
+    """A real `ClientConnection` and its `UpstreamConnection`, on one twin, over fake sockets."""
+
+    conn: ClientConnection
+    transport: FakeTransport  # the client's socket
+    broker: FakeTransport     # the upstream socket: what the connection forwards, size-prefixed
+    upstream: Any
+    timers: FakeTimers
+
+
+async def twin_connection(compiled: bool, pipeline: Pipeline, clock: FakeClock,
+                          max_in_flight: int = 100) -> TwinConnection:
     timers = FakeTimers(clock)
-    engine = QuotaEngine(QuotaConfig.from_dict({"entries": [{"client_id": "<default>", **budget}]}), clock)
-    broker = FakeTransport()  # the upstream socket: what the connection forwards, size-prefixed
+    broker = FakeTransport()
 
     async def connect(client: ClientConnection, target: UpstreamTarget) -> Upstream | str:
         upstream = UpstreamConnection(client, 1024 * 1024)  # made here, as tcp_upstream makes it
         upstream.connection_made(broker)  # type: ignore[arg-type]
         return upstream
 
-    rows, answers = RowStage(), AnswerSome()
     registry = BrokerRegistry("127.0.0.1", "127.0.0.1", lambda n: 0, lambda s, t: None)
     limits = ConnectionLimits(LimitSettings(max_in_flight_requests_per_connection=max_in_flight),
                               ConnectionLimiter(10_000, 1_000), BufferBudget(256 * 1024 * 1024), clock,
                               timers.call_later)
-    services = ConnectionServices(pipeline=Pipeline([answers, QuotaStage(engine), rows]), registry=registry,
+    services = ConnectionServices(pipeline=pipeline, registry=registry,
                                   clock=clock, bootstrap=[], connect_upstream=connect,
                                   call_later=timers.call_later, limits=limits)
     module = built(responses.COMPILED_MODULE, "proxy.pumps._speedups")
@@ -364,13 +375,24 @@ async def connection_run(compiled: bool, budget: dict[str, float], max_in_flight
     assert (getattr(upstream.data_received, "__self__", None).__class__ is module.UpstreamReader) == compiled
     assert (type(conn._out) is module.ClientOutput) == compiled
     assert (type(conn.fetch_stream) is module.FetchStream) == compiled
+    return TwinConnection(conn, transport, broker, upstream, timers)
+
+
+async def connection_run(compiled: bool, budget: dict[str, float], max_in_flight: int,
+                         script: list[tuple[str, int, int, int]]) -> tuple[Any, ...]:
+    clock = FakeClock(1_000)
+    engine = QuotaEngine(QuotaConfig.from_dict({"entries": [{"client_id": "<default>", **budget}]}), clock)
+    rows, answers = RowStage(), AnswerSome()
+    rig = await twin_connection(compiled, Pipeline([answers, QuotaStage(engine), rows]), clock, max_in_flight)
+    conn, transport, broker, upstream, timers = rig.conn, rig.transport, rig.broker, rig.upstream, rig.timers
     answered = resolved = 0
     held = b""  # the second half of a frame sent in two reads
     mute = conn.throttle.mute
     seen: list[tuple[Any, ...]] = []  # after every step: what a client, the broker and the log see
     for step, (what, n, cut, ms) in enumerate(script, start=1):
-        if what == "answer":
-            if answered < len(broker.frames()):
+        if what in ("answer", "answer_all"):  # the oldest unanswered request, or all of them in one read
+            data = b""
+            while answered < len(broker.frames()) and (what == "answer_all" or not data):
                 request = broker.frames()[answered]
                 answered += 1
                 cid = struct.unpack_from(">i", request, 4)[0]
@@ -378,8 +400,9 @@ async def connection_run(compiled: bool, budget: dict[str, float], max_in_flight
                 # no topics, then the broker's own throttle_time_ms
                 body = struct.pack(">ii", 0, n % 50) if produce else struct.pack(">i", 0) + b"\x00" * 12
                 response = struct.pack(">i", cid) + body
-                data = struct.pack(">i", len(response)) + response
-                if cut:  # the broker's bytes in two reads, cut inside the frame
+                data += struct.pack(">i", len(response)) + response
+            if data:
+                if cut:  # the broker's bytes in two reads, cut inside the first frame
                     upstream.data_received(data[:cut])
                 upstream.data_received(data[cut:])
         elif what == "resolve":
@@ -387,14 +410,16 @@ async def connection_run(compiled: bool, budget: dict[str, float], max_in_flight
                 answers.pending[resolved].set_result(struct.pack(">i", 0) + b"later")
                 resolved += 1
                 await run_ready_callbacks()
-        else:
-            frame = client_frame(what, step, n)
-            data = held + struct.pack(">i", len(frame)) + frame
+        else:  # one frame, or (a burst) three pipelined in one read
+            kinds = ("metadata", "versions", "produce") if what == "burst" else (what,)
+            data = held + b"".join(struct.pack(">i", len(frame)) + frame for frame in
+                                   (client_frame(kind, step * 4 + i, n) for i, kind in enumerate(kinds)))
             cut = min(cut, len(data))
             conn.data_received(data[:cut] if cut else data)
             held = data[cut:] if cut else b""
         seen.append((len(transport.data), len(broker.frames()), len(rows.rows), conn.in_flight, mute.state,
-                     mute.deadline_ms, transport.paused, transport.closed, conn._close_reason))
+                     mute.deadline_ms, transport.paused, transport.closed, conn._close_reason,
+                     transport.writes, broker.writes))
         timers.advance(ms)
         await run_ready_callbacks()
         if transport.closed and not conn.closed:  # what the event loop does after a transport's close
@@ -420,7 +445,7 @@ THROTTLE_CYCLE = [("produce", 900, 0, 0)] * 3 + [("answer", 1, 0, 0)] * 2 + [("a
        max_in_flight=st.sampled_from([1, 2, 100]),
        script=st.lists(st.tuples(st.sampled_from(["produce", "produce", "produce0", "metadata", "later",
                                                   "versions", "answer", "answer", "answer", "resolve",
-                                                  "garbage"]),
+                                                  "garbage", "burst", "answer_all"]),
                                  st.integers(20, 900), st.sampled_from([0, 0, 0, 3, 10]),
                                  st.sampled_from([0, 0, 3, 40, 400, 5_000])), max_size=30))
 def test_a_connection_with_the_quota_stage_forwards_answers_and_logs_the_same_on_both_twins(
@@ -428,6 +453,85 @@ def test_a_connection_with_the_quota_stage_forwards_answers_and_logs_the_same_on
     expected = asyncio.run(connection_run(False, budget, max_in_flight, script))
     got = asyncio.run(connection_run(True, budget, max_in_flight, script))
     assert got == expected
+
+
+# ----------------------------------------------------------------------------- corked writes
+
+
+def framed(*payloads: bytes) -> bytes:
+    return b"".join(struct.pack(">i", len(p)) + p for p in payloads)
+
+
+@pytest.mark.both_twins
+@pytest.mark.parametrize("compiled", [False, True], ids=["reference", "compiled"])
+def test_what_one_read_brings_is_written_once_each_way(compiled: bool) -> None:
+    async def run() -> None:
+        rig = await twin_connection(compiled, Pipeline([AnswerSome()]), FakeClock(1_000))
+        # five requests in one read: four forwarded (Metadata), one answered here (ApiVersions, third)
+        kinds = ["metadata", "metadata", "versions", "metadata", "metadata"]
+        rig.conn.data_received(framed(*(client_frame(kind, cid, 0) for cid, kind in enumerate(kinds, 1))))
+        # the four forwarded in one write to the broker; nothing to the client yet (the answer waits
+        # for the two before it)
+        assert [struct.unpack_from(">i", f, 4)[0] for f in rig.broker.frames()] == [1, 2, 4, 5]
+        assert rig.broker.writes == 1 and rig.transport.writes == 0
+        # the broker answers all four in one read: the five responses reach the client in one write,
+        # in request order (the answer made here in its place)
+        rig.upstream.data_received(framed(*(struct.pack(">i", cid) + b"\x00" * 16 for cid in (1, 2, 4, 5))))
+        assert [struct.unpack_from(">i", f)[0] for f in rig.transport.frames()] == [1, 2, 3, 4, 5]
+        assert rig.transport.writes == 1
+        # a lone request and its response: one write each, as before
+        rig.conn.data_received(framed(client_frame("metadata", 6, 0)))
+        rig.upstream.data_received(framed(struct.pack(">i", 6) + b"\x00" * 16))
+        assert (rig.broker.writes, rig.transport.writes) == (2, 2)
+
+    asyncio.run(run())
+
+
+@pytest.mark.both_twins
+@pytest.mark.parametrize("compiled", [False, True], ids=["reference", "compiled"])
+def test_a_close_inside_a_read_first_sends_what_was_already_written(compiled: bool) -> None:
+    async def run() -> None:
+        rig = await twin_connection(compiled, Pipeline([AnswerSome()]), FakeClock(1_000))
+        # an ApiVersions answered here, a Metadata forwarded, then a frame too short for a request
+        # header: the connection closes inside the read that brought all three
+        rig.conn.data_received(framed(client_frame("versions", 1, 0), client_frame("metadata", 2, 0),
+                                      client_frame("garbage", 3, 0)))
+        assert rig.transport.closed and rig.broker.closed
+        assert [struct.unpack_from(">i", f)[0] for f in rig.transport.frames()] == [1]  # the answer
+        assert [struct.unpack_from(">i", f, 4)[0] for f in rig.broker.frames()] == [2]  # the forward
+
+    asyncio.run(run())
+
+
+@pytest.mark.both_twins
+@pytest.mark.parametrize("which", [0, 1], ids=["reference", "compiled"])
+def test_corked_writes_go_out_as_one_writelines_when_the_last_cork_comes_out(which: int) -> None:
+    clock = FakeClock(5_000)
+    buffer, watchdog, transport = FakeBuffer(), FakeWatchdog(), FakeTransport()
+    module = built(responses.COMPILED_MODULE, "proxy.pumps._speedups")
+    out = (ClientOutput, module.ClientOutput)[which](buffer, watchdog, clock.now_ms)
+    out.attach(transport)
+    transport.buffered = 64                                # the client is not reading: each write is measured
+    out.cork()
+    out.cork()                                             # nested: the outer one decides
+    out.frame(b"one")
+    out.write(b"raw")
+    out.writelines((b"a", b"b"))
+    out.uncork()
+    assert (transport.writes, buffer.measured, watchdog.last_active_ms) == (0, 0, 0)  # all held
+    clock.advance(7)
+    out.uncork()
+    # one writelines: size 3 + "one", then "raw", "a", "b" in the order written; one activity, one measure
+    assert bytes(transport.data) == b"\x00\x00\x00\x03oneraw" + b"ab"
+    assert (transport.writes, buffer.measured, watchdog.last_active_ms) == (1, 1, 5_007)
+    out.frame(b"two")                                      # uncorked: written at once
+    assert transport.writes == 2
+    out.cork()
+    out.frame(b"three")
+    out.release()                                          # a close: what is held goes now
+    assert transport.writes == 3 and bytes(transport.data).endswith(b"\x00\x00\x00\x05three")
+    out.uncork()                                           # nothing left to write
+    assert transport.writes == 3
 
 
 def test_the_connection_uses_the_compiled_twins_unless_the_pure_path_is_asked_for() -> None:

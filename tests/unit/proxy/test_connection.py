@@ -44,6 +44,7 @@ class FakeTransport:
         self.buffered = 0  # what get_write_buffer_size says: bytes the client has not read yet
         self.tcp_state = 1  # the socket's tcpi_state: 1 ESTABLISHED, 8 CLOSE_WAIT (the client closed)
         self.write_limits: tuple[int | None, int | None] = (None, None)
+        self.writes = 0  # write and writelines calls: each a send on a real socket
 
     def set_write_buffer_limits(self, high: int | None = None, low: int | None = None) -> None:
         self.write_limits = (high, low)
@@ -53,10 +54,12 @@ class FakeTransport:
 
     def write(self, data: bytes | memoryview) -> None:
         self.data += data
+        self.writes += 1
 
     def writelines(self, parts: tuple[bytes | memoryview, ...]) -> None:
         for part in parts:
             self.data += part
+        self.writes += 1
 
     def pause_reading(self) -> None:
         self.paused = True
@@ -91,14 +94,32 @@ class FakeTransport:
 
 
 class FakeUpstream:
-    """The broker side: records what the client connection forwards."""
+    """The broker side: records what the client connection forwards (held while corked, as
+    `UpstreamConnection` holds it) and each batch it would write."""
 
     def __init__(self) -> None:
         self.written: list[bytes] = []
+        self.batches: list[list[bytes]] = []  # one per transport write: the payloads in it
         self.closed = False
+        self._corked = 0
+        self._held: list[bytes] = []
 
     def write(self, payload: bytes) -> None:
-        self.written.append(payload)
+        if self._corked:
+            self._held.append(payload)
+        else:
+            self.written.append(payload)
+            self.batches.append([payload])
+
+    def cork(self) -> None:
+        self._corked += 1
+
+    def uncork(self) -> None:
+        self._corked -= 1
+        if not self._corked and self._held:
+            self.written += self._held
+            self.batches.append(self._held)
+            self._held = []
 
     def pause_reading(self) -> None: ...
 

@@ -78,6 +78,10 @@ class PausableUpstream:
     def write(self, payload: bytes) -> None:
         self.written.append(payload)
 
+    def cork(self) -> None: ...
+
+    def uncork(self) -> None: ...
+
     def pause_reading(self) -> None:
         self.reading = False
 
