@@ -355,6 +355,8 @@ cdef class RequestReader:
     cdef _LastRoute _routes
     cdef object _out  # the connection's ClientOutput ...
     cdef ClientOutput _compiled_out  # ... when it is the compiled one (else None)
+    cdef object _upstream  # the connection's upstream, once a read was corked ...
+    cdef UpstreamReader _upstream_reader  # ... its compiled twin, when it has one (else None)
     cdef object _request_handler  # this object's bound on_request: the connection's _client_frame when no
                                   # SASL exchange or streamed Fetch has swapped it
 
@@ -410,15 +412,7 @@ cdef class RequestReader:
         gate = self._gate
         splitter = self._splitter
         next_frame = splitter.next_frame
-        cdef ClientOutput out = self._compiled_out
-        # frames to handle: what they forward and what is answered here is written once each way
-        corked = conn._link.upstream if splitter.buffered_bytes and self._frames_allowed(gate) else None
-        if corked is not None:
-            corked.cork()
-            if out is not None:
-                out._corked += 1
-            else:
-                self._out.cork()
+        cdef bint corked = False
         try:
             while splitter.buffered_bytes and self._frames_allowed(gate):
                 try:
@@ -428,6 +422,9 @@ cdef class RequestReader:
                     return
                 if payload is None:
                     break
+                if not corked and splitter.buffered_bytes:  # more follows in this read: write once each way
+                    self._cork()
+                    corked = True
                 handler = conn._client_frame
                 if handler is self._request_handler:
                     self._request(payload)
@@ -435,16 +432,38 @@ cdef class RequestReader:
                     handler(payload)
         finally:
             self._processing = False
-            if corked is not None:
-                corked.uncork()  # the requests first: the broker starts on them sooner
-                if out is not None:
-                    out.uncork()
-                else:
-                    self._out.uncork()
+            if corked:
+                self._uncork()
         if (get(gate, G_PAUSED) if self._slotted_gate else gate.paused) or not self._frames_allowed(gate):
             gate.update()
         if get(gate, G_DRAINING) if self._slotted_gate else gate.draining:
             conn.close_if_drained()
+
+    cdef _cork(self):
+        """Cork the upstream and the client's output (`ClientConnection._read_on`'s `cork`)."""
+        if self._upstream is None:
+            upstream = self._upstream = self._conn._link.upstream
+            reader = getattr(upstream, "_reader", None)
+            self._upstream_reader = reader if type(reader) is UpstreamReader else None
+        if self._upstream_reader is not None:
+            self._upstream_reader._corked += 1
+        else:
+            self._upstream.cork()
+        if self._compiled_out is not None:
+            self._compiled_out._corked += 1
+        else:
+            self._out.cork()
+
+    cdef _uncork(self):
+        """The requests first: the broker starts on them sooner."""
+        if self._upstream_reader is not None:
+            self._upstream_reader.uncork()
+        else:
+            self._upstream.uncork()
+        if self._compiled_out is not None:
+            self._compiled_out.uncork()
+        else:
+            self._out.uncork()
 
     def on_request(self, payload):
         self._request(payload)
@@ -754,6 +773,7 @@ cdef class UpstreamReader:
     cdef ClientOutput _compiled_output  # ... when it is the compiled one (else None)
     cdef int _corked   # the requests' corks: held while > 0 ...
     cdef list _held    # ... size prefixes and payloads, in order
+    cdef bint _corked_output  # this read corked the client's output
 
     def __init__(self, conn, client):
         self._client = client
@@ -813,18 +833,15 @@ cdef class UpstreamReader:
             data = stream.feed(data)
             if not data:
                 return
-        cdef ClientOutput output = self._compiled_output
-        if output is not None:  # the responses this read completes go to the client in one write
-            output._corked += 1
-        else:
-            self._output.cork()
+        self._corked_output = False
         try:
             self._frames(data, compiled_stream)
         finally:
-            if output is not None:
-                output.uncork()
-            else:
-                self._output.uncork()
+            if self._corked_output:
+                if self._compiled_output is not None:
+                    self._compiled_output.uncork()
+                else:
+                    self._output.uncork()
 
     cdef _frames(self, data, FetchStream compiled_stream):
         stream = self._stream
@@ -856,6 +873,12 @@ cdef class UpstreamReader:
                 payload = splitter.next_frame()
                 if payload is None:
                     return
+                if not self._corked_output and splitter.buffered_bytes:  # more follows in this read:
+                    self._corked_output = True                            # one write to the client
+                    if self._compiled_output is not None:
+                        self._compiled_output._corked += 1
+                    else:
+                        self._output.cork()
                 if self._responses is None:
                     client.on_upstream_frame(payload)
                 elif not client.closed:  # ClientConnection.on_upstream_frame, inline

@@ -4,13 +4,14 @@ A write is activity for the idle timeout (`ConnectionWatchdog.last_active_ms`), 
 client's transport holds afterwards is re-measured for the buffer limits (`ClientBuffer`) when it
 changed. Writes after the transport started closing are dropped: the client is gone.
 
-**Corked writes.** While the connection handles what one read brought (the client's frames, or the
-broker's responses), it corks the output (`cork`, `uncork`, nested): what is written meanwhile is
-held in order and handed to the transport as one `writelines` when the outermost cork is taken
-out, so a read that answers sixteen pipelined requests costs one `writev`, not sixteen (uvloop
-sends each write at once when its socket buffer is empty). Nothing waits past the read being
-handled. `release` writes what is held at once: a connection that closes first sends what its
-client was already answered, as the transport's own close does with its buffer.
+**Corked writes.** When one read brings more than one frame (the client's pipelined requests, or
+the broker's responses), the connection corks the output while it handles them (`cork`, `uncork`,
+nested): what is written meanwhile is held in order and handed to the transport as one
+`writelines` when the outermost cork is taken out, so a read that completes sixteen pipelined
+responses costs one `writev`, not sixteen (uvloop sends each write at once when its socket buffer
+is empty). Nothing waits past the read being handled, and a read of one frame is not corked.
+`release` writes what is held at once: a connection that closes first sends what its client was
+already answered, as the transport's own close does with its buffer.
 
 This is the readable reference of `proxy.pumps._speedups.ClientOutput`, which a connection uses
 when the compiled orchestration was built (`proxy.pumps.connection`).

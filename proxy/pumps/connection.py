@@ -247,11 +247,7 @@ class ClientConnection(asyncio.Protocol):
         gate = self._gate
         splitter = self._splitter
         next_frame = splitter.next_frame
-        # frames to handle: what they forward and what is answered here is written once each way
-        corked = self._link.upstream if splitter.buffered_bytes and gate.frames_allowed() else None
-        if corked is not None:
-            corked.cork()
-            self._out.cork()
+        corked = None  # the upstream, once this read was corked
         try:
             # (nothing buffered: no frame, and the gate is not asked; frames_allowed() runs per frame)
             while splitter.buffered_bytes and gate.frames_allowed():
@@ -262,6 +258,11 @@ class ClientConnection(asyncio.Protocol):
                     return
                 if payload is None:
                     break
+                if corked is None and splitter.buffered_bytes:  # more follows in this read: what the
+                    corked = self._link.upstream  # frames forward, and what is answered here, is
+                    assert corked is not None     # written once each way (frames: the upstream is up)
+                    corked.cork()
+                    self._out.cork()
                 self._client_frame(payload)
         finally:
             self._processing = False

@@ -5,10 +5,10 @@ frames, or, for a large Fetch response, the stream (`proxy.pumps.fetch_stream.Fe
 takes the rest straight off the socket without framing or copying.
 
 Requests to the broker are corked as the client's output is (`proxy.pumps.client_output`): while the
-client connection handles what one read of its client brought, the frames it forwards are held and
-written as one `writelines` when it takes the cork out; `close` writes what is held first. And while
-this side handles what one read of the broker brought, it corks the client's output, so the
-responses that read completes reach the client in one write.
+client connection handles a read of its client that brought more than one frame, the frames it
+forwards are held and written as one `writelines` when it takes the cork out; `close` writes what
+is held first. And while this side handles a read of the broker that brought more than one frame,
+it corks the client's output, so the responses that read completes reach the client in one write.
 
 `write`, `cork`, `uncork`, `release` and `data_received` below are the readable reference of
 `proxy.pumps._speedups.UpstreamReader`, which the connection installs in their place when it was
@@ -66,6 +66,7 @@ class UpstreamConnection(asyncio.Protocol):
         self._transport: asyncio.Transport | None = None
         self._corked = 0  # how many corks are in: requests are held while > 0 ...
         self._held: list[bytes] = []  # ... size prefixes and payloads, in order
+        self._corked_output: list[Corkable] = []  # the client's output while a read corked it
         self._reader = None if COMPILED_REQUESTS is None else COMPILED_REQUESTS.UpstreamReader(self, client)
         if self._reader is not None:  # the compiled twin of these methods
             reader = self._reader
@@ -112,12 +113,12 @@ class UpstreamConnection(asyncio.Protocol):
             data = stream.feed(data)
             if not data:
                 return
-        output = self._client.client_output
-        output.cork()  # the responses this read completes go to the client in one write
+        corked = self._corked_output = []  # the client's output, once this read corked it
         try:
             self._frames(data)
         finally:
-            output.uncork()
+            if corked:
+                corked[0].uncork()
 
     def _frames(self, data: bytes) -> None:
         stream = self._stream
@@ -139,6 +140,10 @@ class UpstreamConnection(asyncio.Protocol):
                 payload = splitter.next_frame()
                 if payload is None:
                     return
+                if not self._corked_output and splitter.buffered_bytes:  # more follows in this read:
+                    output = client.client_output                      # the responses it completes
+                    output.cork()                                      # go to the client in one write
+                    self._corked_output.append(output)
                 client.on_upstream_frame(payload)
         except ProtocolError as exc:
             client.close(f"malformed frame from the broker: {exc}")
