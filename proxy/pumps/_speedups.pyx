@@ -446,11 +446,11 @@ cdef class RequestReader:
             reader = getattr(upstream, "_reader", None)
             self._upstream_reader = reader if type(reader) is UpstreamReader else None
         if self._upstream_reader is not None:
-            self._upstream_reader._corked += 1
+            self._upstream_reader._cork.corked += 1
         else:
             self._upstream.cork()
         if self._compiled_out is not None:
-            self._compiled_out._corked += 1
+            self._compiled_out._cork.corked += 1
         else:
             self._out.cork()
 
@@ -555,13 +555,37 @@ from protocol._wire import I32
 _pack_size = I32.pack  # the size prefix, as `proxy.pumps.client_output` writes it
 
 
+cdef class WriteCork:
+    """`proxy.pumps.client_output.WriteCork`, compiled: same methods and effects."""
+
+    cdef public int corked  # how many corks are in: held while > 0 ...
+    cdef public list held   # ... what is written meanwhile, in order
+
+    def __init__(self):
+        self.corked = 0
+        self.held = []
+
+    cpdef cork(self):
+        self.corked += 1
+
+    cpdef bint uncork(self):
+        """Take out one cork: whether it was the last with something held (to `take` and write)."""
+        self.corked -= 1
+        return not self.corked and len(self.held) > 0
+
+    cpdef list take(self):
+        """What is held, in order; nothing is held afterwards."""
+        held = self.held
+        self.held = []
+        return held
+
+
 cdef class ClientOutput:
     """`proxy.pumps.client_output.ClientOutput`, compiled: same constructor, methods and effects."""
 
     cdef object _buffer, _watchdog, _now_ms, _transport
     cdef bint _slotted  # a `ClientBuffer` and a `ConnectionWatchdog`: read and written at their slots
-    cdef int _corked    # how many corks are in: held while > 0 ...
-    cdef list _held     # ... what is written meanwhile, in order
+    cdef WriteCork _cork  # what is written while corked
 
     def __init__(self, buffer, watchdog, now_ms):
         self._buffer = buffer
@@ -569,15 +593,14 @@ cdef class ClientOutput:
         self._now_ms = now_ms
         self._transport = None
         self._slotted = type(buffer) is _Buffer and type(watchdog) is _Watchdog
-        self._corked = 0
-        self._held = []
+        self._cork = WriteCork()
 
     def attach(self, transport):
         self._transport = transport
 
     def write(self, data):
-        if self._corked:
-            self._held.append(data)
+        if self._cork.corked:
+            self._cork.held.append(data)
             return
         transport = self._transport
         if transport is not None and not transport.is_closing():
@@ -585,8 +608,8 @@ cdef class ClientOutput:
             self._wrote(transport)
 
     def writelines(self, parts):
-        if self._corked:
-            self._held.extend(parts)
+        if self._cork.corked:
+            self._cork.held.extend(parts)
             return
         transport = self._transport
         if transport is not None and not transport.is_closing():
@@ -595,8 +618,8 @@ cdef class ClientOutput:
 
     def frame(self, payload):
         """One whole Kafka frame: the size prefix, then the payload."""
-        if self._corked:
-            held = self._held
+        if self._cork.corked:
+            held = self._cork.held
             held.append(_pack_size(len(payload)))
             held.append(payload)
             return
@@ -607,20 +630,18 @@ cdef class ClientOutput:
 
     cpdef cork(self):
         """Hold what is written from now until the matching `uncork`."""
-        self._corked += 1
+        self._cork.corked += 1
 
     cpdef uncork(self):
         """Take out one cork; the last one writes what is held, as one `writelines`."""
-        self._corked -= 1
-        if not self._corked and self._held:
+        if self._cork.uncork():
             self.release()
 
     cpdef release(self):
         """Write what is held now, corked or not."""
-        held = self._held
+        held = self._cork.take()
         if not held:
             return
-        self._held = []
         transport = self._transport
         if transport is not None and not transport.is_closing():
             transport.writelines(held)
@@ -771,8 +792,7 @@ cdef class UpstreamReader:
     cdef object _responses_frame    # ... while its broker-frame handler is this one (no SASL exchange)
     cdef object _output             # the client's output, corked while a read is handled ...
     cdef ClientOutput _compiled_output  # ... when it is the compiled one (else None)
-    cdef int _corked   # the requests' corks: held while > 0 ...
-    cdef list _held    # ... size prefixes and payloads, in order
+    cdef WriteCork _cork  # the requests held while corked: size prefixes and payloads
     cdef bint _corked_output  # this read corked the client's output
 
     def __init__(self, conn, client):
@@ -783,8 +803,7 @@ cdef class UpstreamReader:
         self._transport = None
         self._output = client.client_output
         self._compiled_output = self._output if type(self._output) is ClientOutput else None
-        self._corked = 0
-        self._held = []
+        self._cork = WriteCork()
         responses = getattr(client, "responses", None)
         if isinstance(responses, ResponseOrder) and hasattr(client, "_responses_frame"):
             self._responses = responses
@@ -796,8 +815,8 @@ cdef class UpstreamReader:
         self._transport = transport
 
     def write(self, payload):
-        if self._corked:
-            held = self._held
+        if self._cork.corked:
+            held = self._cork.held
             held.append(_pack_size(len(payload)))
             held.append(payload)
             return
@@ -805,19 +824,17 @@ cdef class UpstreamReader:
 
     cpdef cork(self):
         """Hold the requests written from now until the matching `uncork`."""
-        self._corked += 1
+        self._cork.corked += 1
 
     cpdef uncork(self):
         """Take out one cork; the last one writes what is held, as one `writelines`."""
-        self._corked -= 1
-        if not self._corked and self._held:
+        if self._cork.uncork():
             self.release()
 
     cpdef release(self):
         """Write what is held now, corked or not."""
-        held = self._held
+        held = self._cork.take()
         if held:
-            self._held = []
             if not self._transport.is_closing():
                 self._transport.writelines(held)
 
@@ -876,7 +893,7 @@ cdef class UpstreamReader:
                 if not self._corked_output and splitter.buffered_bytes:  # more follows in this read:
                     self._corked_output = True                            # one write to the client
                     if self._compiled_output is not None:
-                        self._compiled_output._corked += 1
+                        self._compiled_output._cork.corked += 1
                     else:
                         self._output.cork()
                 if self._responses is None:

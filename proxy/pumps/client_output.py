@@ -28,23 +28,46 @@ from proxy.pumps.limits import ClientBuffer, ConnectionWatchdog
 _pack_size = I32.pack  # `protocol.framing.size_prefix` without its call
 
 
+class WriteCork:
+    """What is written to one transport between `cork` and `uncork` (nested), held in order for its
+    owner (`ClientOutput`, `proxy.pumps.upstream.UpstreamConnection`) to write as one `writelines`."""
+
+    __slots__ = ("corked", "held")
+
+    def __init__(self) -> None:
+        self.corked = 0  # how many corks are in: held while > 0
+        self.held: list[bytes | memoryview] = []
+
+    def cork(self) -> None:
+        self.corked += 1
+
+    def uncork(self) -> bool:
+        """Take out one cork: whether it was the last with something held (to `take` and write)."""
+        self.corked -= 1
+        return not self.corked and bool(self.held)
+
+    def take(self) -> list[bytes | memoryview]:
+        """What is held, in order; nothing is held afterwards."""
+        held, self.held = self.held, []
+        return held
+
+
 class ClientOutput:
-    __slots__ = ("_buffer", "_corked", "_held", "_now_ms", "_transport", "_watchdog")
+    __slots__ = ("_buffer", "_cork", "_now_ms", "_transport", "_watchdog")
 
     def __init__(self, buffer: ClientBuffer, watchdog: ConnectionWatchdog, now_ms: Callable[[], int]) -> None:
         self._buffer = buffer
         self._watchdog = watchdog
         self._now_ms = now_ms
         self._transport: asyncio.Transport | None = None
-        self._corked = 0  # how many corks are in: held while > 0
-        self._held: list[bytes | memoryview] = []  # written while corked, in order
+        self._cork = WriteCork()
 
     def attach(self, transport: asyncio.Transport) -> None:
         self._transport = transport
 
     def write(self, data: bytes | memoryview) -> None:
-        if self._corked:
-            self._held.append(data)
+        if self._cork.corked:
+            self._cork.held.append(data)
             return
         transport = self._transport
         if transport is not None and not transport.is_closing():
@@ -52,8 +75,8 @@ class ClientOutput:
             self._wrote(transport)
 
     def writelines(self, parts: tuple[bytes | memoryview, ...]) -> None:
-        if self._corked:
-            self._held.extend(parts)
+        if self._cork.corked:
+            self._cork.held.extend(parts)
             return
         transport = self._transport
         if transport is not None and not transport.is_closing():
@@ -63,8 +86,8 @@ class ClientOutput:
     def frame(self, payload: bytes) -> None:
         """One whole Kafka frame: the size prefix, then the payload (`writelines` and `_wrote` in
         one call: every response goes through here)."""
-        if self._corked:
-            held = self._held
+        if self._cork.corked:
+            held = self._cork.held
             held.append(_pack_size(len(payload)))
             held.append(payload)
             return
@@ -75,20 +98,18 @@ class ClientOutput:
 
     def cork(self) -> None:
         """Hold what is written from now until the matching `uncork`."""
-        self._corked += 1
+        self._cork.cork()
 
     def uncork(self) -> None:
         """Take out one cork; the last one writes what is held, as one `writelines`."""
-        self._corked -= 1
-        if not self._corked and self._held:
+        if self._cork.uncork():
             self.release()
 
     def release(self) -> None:
         """Write what is held now, corked or not."""
-        held = self._held
+        held = self._cork.take()
         if not held:
             return
-        self._held = []
         transport = self._transport
         if transport is not None and not transport.is_closing():
             transport.writelines(held)
@@ -101,4 +122,4 @@ class ClientOutput:
             buffer.measure()
 
 
-__all__ = ["ClientOutput"]
+__all__ = ["ClientOutput", "WriteCork"]

@@ -23,6 +23,7 @@ from typing import Protocol, cast
 from protocol.errors import ProtocolError
 from protocol.fastpath import FrameSplitter
 from protocol.framing import size_prefix
+from proxy.pumps.client_output import WriteCork
 from proxy.pumps.fetch_stream import STREAM_HEAD_BYTES, FetchStream
 from proxy.pumps.responses import COMPILED_REQUESTS
 
@@ -64,8 +65,7 @@ class UpstreamConnection(asyncio.Protocol):
         self._stream = client.fetch_stream
         self._splitter = FrameSplitter(max_frame_bytes)
         self._transport: asyncio.Transport | None = None
-        self._corked = 0  # how many corks are in: requests are held while > 0 ...
-        self._held: list[bytes] = []  # ... size prefixes and payloads, in order
+        self._cork = WriteCork()  # the requests held while corked: size prefixes and payloads
         self._corked_output: list[Corkable] = []  # the client's output while a read corked it
         self._reader = None if COMPILED_REQUESTS is None else COMPILED_REQUESTS.UpstreamReader(self, client)
         if self._reader is not None:  # the compiled twin of these methods
@@ -82,27 +82,25 @@ class UpstreamConnection(asyncio.Protocol):
             self._transport.set_write_buffer_limits(high=high, low=high // 4)
 
     def write(self, payload: bytes) -> None:
-        if self._corked:
-            self._held += (size_prefix(len(payload)), payload)
+        if self._cork.corked:
+            self._cork.held += (size_prefix(len(payload)), payload)
             return
         assert self._transport is not None
         self._transport.writelines((size_prefix(len(payload)), payload))
 
     def cork(self) -> None:
         """Hold the requests written from now until the matching `uncork`."""
-        self._corked += 1
+        self._cork.cork()
 
     def uncork(self) -> None:
         """Take out one cork; the last one writes what is held, as one `writelines`."""
-        self._corked -= 1
-        if not self._corked and self._held:
+        if self._cork.uncork():
             self.release()
 
     def release(self) -> None:
         """Write what is held now, corked or not."""
-        held = self._held
+        held = self._cork.take()
         if held:
-            self._held = []
             assert self._transport is not None
             if not self._transport.is_closing():
                 self._transport.writelines(held)
