@@ -94,7 +94,10 @@ class ClientOutput:
         transport = self._transport
         if transport is not None and not transport.is_closing():
             transport.writelines((_pack_size(len(payload)), payload))
-            self._wrote(transport)
+            self._watchdog.last_active_ms = self._now_ms()
+            buffer = self._buffer
+            if transport.get_write_buffer_size() != buffer.held_bytes:
+                buffer.measure()
 
     def cork(self) -> None:
         """Hold what is written from now until the matching `uncork`."""

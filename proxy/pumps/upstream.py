@@ -66,7 +66,7 @@ class UpstreamConnection(asyncio.Protocol):
         self._splitter = FrameSplitter(max_frame_bytes)
         self._transport: asyncio.Transport | None = None
         self._cork = WriteCork()  # the requests held while corked: size prefixes and payloads
-        self._corked_output: list[Corkable] = []  # the client's output while a read corked it
+        self._output_corked = False  # the read being handled corked the client's output
         self._reader = None if COMPILED_REQUESTS is None else COMPILED_REQUESTS.UpstreamReader(self, client)
         if self._reader is not None:  # the compiled twin of these methods
             reader = self._reader
@@ -111,12 +111,12 @@ class UpstreamConnection(asyncio.Protocol):
             data = stream.feed(data)
             if not data:
                 return
-        corked = self._corked_output = []  # the client's output, once this read corked it
+        self._output_corked = False
         try:
             self._frames(data)
         finally:
-            if corked:
-                corked[0].uncork()
+            if self._output_corked:
+                self._client.client_output.uncork()
 
     def _frames(self, data: bytes) -> None:
         stream = self._stream
@@ -138,10 +138,9 @@ class UpstreamConnection(asyncio.Protocol):
                 payload = splitter.next_frame()
                 if payload is None:
                     return
-                if not self._corked_output and splitter.buffered_bytes:  # more follows in this read:
-                    output = client.client_output                      # the responses it completes
-                    output.cork()                                      # go to the client in one write
-                    self._corked_output.append(output)
+                if not self._output_corked and splitter.buffered_bytes:  # more follows in this read:
+                    client.client_output.cork()  # the responses it completes go to the client in one write
+                    self._output_corked = True
                 client.on_upstream_frame(payload)
         except ProtocolError as exc:
             client.close(f"malformed frame from the broker: {exc}")
