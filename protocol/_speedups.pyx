@@ -11,7 +11,8 @@ tests/unit/differential feeds the same bytes to both.
 No I/O, no asyncio: this is part of the sans-IO `protocol` package.
 """
 
-from cpython.bytearray cimport PyByteArray_AS_STRING, PyByteArray_GET_SIZE, PyByteArray_Resize
+from cpython.bytearray cimport PyByteArray_AS_STRING, PyByteArray_FromStringAndSize, PyByteArray_GET_SIZE
+from cpython.buffer cimport PyBUF_FORMAT, PyBUF_ND, PyBUF_STRIDES
 from cpython.unicode cimport PyUnicode_AsUTF8AndSize, PyUnicode_DecodeUTF8
 from libc.string cimport memcmp, memcpy, memmove
 from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_FromStringAndSize, PyBytes_GET_SIZE
@@ -101,15 +102,29 @@ cdef inline bint _flexible(int api_key, int api_version) noexcept nogil:
 # --- framing ------------------------------------------------------------------------------------
 
 
-cdef class FrameSplitter:
-    """`protocol.framing.FrameSplitter` in C: one reusable bytearray, an offset, C integer reads.
+cdef Py_ssize_t READ_BYTES = _framing.READ_BYTES
+cdef Py_ssize_t MAX_ROOM_BYTES = _framing.MAX_ROOM_BYTES
+cdef Py_ssize_t KEPT_BYTES = _framing.KEPT_BYTES
+DEF PAGE = 4096
+cdef char* _UNSIGNED_BYTE = b"B"  # the exported room's format (a module constant: never freed)
 
-    Same contract and errors as the pure class (see there); a frame leaves as one `bytes` copy.
+
+cdef class ReadRoom
+
+
+cdef class FrameSplitter:
+    """`protocol.framing.FrameSplitter` in C: one kept buffer, two offsets, C integer reads.
+
+    Same contract, room and errors as the pure class (see there); a frame leaves as one `bytes`
+    copy. `get_buffer` returns the splitter's one `ReadRoom`, which exports the room after the
+    buffered bytes through the buffer protocol: no object is made per read.
     """
 
-    cdef bytearray _buf
-    cdef Py_ssize_t _pos
+    cdef bytearray _buf  # its size is the capacity: bytes past _end are room
+    cdef Py_ssize_t _pos  # start of the unconsumed bytes
+    cdef Py_ssize_t _end  # end of the bytes read
     cdef Py_ssize_t _max_frame_bytes
+    cdef ReadRoom _room  # what get_buffer returns: the room, exported
 
     def __init__(self, max_frame_bytes=DEFAULT_MAX_FRAME_BYTES):
         if not 0 <= max_frame_bytes <= INT32_MAX:
@@ -117,32 +132,55 @@ cdef class FrameSplitter:
         self._max_frame_bytes = max_frame_bytes
         self._buf = bytearray()
         self._pos = 0
+        self._end = 0
+        self._room = ReadRoom(self)
 
     @property
     def buffered_bytes(self):
-        return PyByteArray_GET_SIZE(self._buf) - self._pos
+        return self._end - self._pos
+
+    @property
+    def capacity_bytes(self):
+        return PyByteArray_GET_SIZE(self._buf)
 
     def feed(self, data):
-        cdef bytearray buf = self._buf
-        cdef Py_ssize_t pos = self._pos
-        cdef Py_ssize_t held = PyByteArray_GET_SIZE(buf)
         cdef Py_ssize_t n
-        if pos and pos * 2 >= held:  # `del buf[:pos]`: the unread tail moved to the front
-            memmove(PyByteArray_AS_STRING(buf), PyByteArray_AS_STRING(buf) + pos, held - pos)
-            held -= pos
-            PyByteArray_Resize(buf, held)
-            self._pos = 0
-        if type(data) is not bytes:
-            buf += data  # any other buffer: bytearray's own concatenation
+        if type(data) is not bytes:  # any other buffer: copied through the buffer protocol
+            with memoryview(data) as view:
+                n = view.nbytes
+                self._make_room(n)
+                self._buf[self._end : self._end + n] = view
+            self._end += n
             return
-        n = PyBytes_GET_SIZE(data)  # `buf += data` for bytes, without the buffer protocol's round trip
-        PyByteArray_Resize(buf, held + n)
-        memcpy(PyByteArray_AS_STRING(buf) + held, PyBytes_AS_STRING(data), n)
+        n = PyBytes_GET_SIZE(data)
+        self._make_room(n)
+        memcpy(PyByteArray_AS_STRING(self._buf) + self._end, PyBytes_AS_STRING(data), n)
+        self._end += n
+
+    def get_buffer(self, sizehint=-1):
+        cdef Py_ssize_t unread = self._end - self._pos
+        cdef Py_ssize_t want = READ_BYTES - unread if READ_BYTES - unread > 1 else 1
+        cdef Py_ssize_t size = self._peek_size()
+        cdef Py_ssize_t rest
+        if size >= 0:
+            rest = 4 + size - unread
+            if rest > MAX_ROOM_BYTES:
+                rest = MAX_ROOM_BYTES
+            if rest > want:
+                want = rest
+        self._make_room(want)
+        return self._room
+
+    def buffer_updated(self, Py_ssize_t nbytes):
+        cdef Py_ssize_t room = PyByteArray_GET_SIZE(self._buf) - self._end
+        if not 0 <= nbytes <= room:
+            raise ValueError(f"{nbytes} bytes read into a room of {room}")
+        self._end += nbytes
 
     def next_frame(self):
         cdef Py_ssize_t size = self._front_size()
         cdef Py_ssize_t start = self._pos + 4
-        if size < 0 or PyByteArray_GET_SIZE(self._buf) < start + size:
+        if size < 0 or self._end < start + size:
             return None
         return self._consume(start, start + size)
 
@@ -150,7 +188,7 @@ cdef class FrameSplitter:
         cdef Py_ssize_t size = self._front_size()
         cdef Py_ssize_t start = self._pos + 4
         cdef Py_ssize_t head = size if size < head_bytes else head_bytes
-        if size < 0 or PyByteArray_GET_SIZE(self._buf) < start + head:
+        if size < 0 or self._end < start + head:
             return None
         return size, PyBytes_FromStringAndSize(PyByteArray_AS_STRING(self._buf) + start, head)
 
@@ -158,8 +196,7 @@ cdef class FrameSplitter:
         cdef Py_ssize_t size = self._front_size()
         assert size >= 0, "take_partial before the size prefix arrived"
         cdef Py_ssize_t start = self._pos + 4
-        cdef Py_ssize_t n = PyByteArray_GET_SIZE(self._buf)
-        cdef bytes part = self._consume(start, start + size if start + size < n else n)
+        cdef bytes part = self._consume(start, start + size if start + size < self._end else self._end)
         return part, size - PyBytes_GET_SIZE(part)
 
     def unread(self, payloads):
@@ -169,16 +206,17 @@ cdef class FrameSplitter:
             return
         cdef Py_ssize_t pos = self._pos
         if pos >= k:
-            self._buf[pos - k : pos] = head
+            memcpy(PyByteArray_AS_STRING(self._buf) + pos - k, PyBytes_AS_STRING(head), k)
             self._pos = pos - k
         else:
             self._buf = bytearray(head) + self._buf[pos:]
+            self._end += k - pos
             self._pos = 0
 
     cdef Py_ssize_t _front_size(self) except -2:
         """The front frame's size once its prefix has arrived (checked), else -1."""
         cdef Py_ssize_t pos = self._pos
-        if PyByteArray_GET_SIZE(self._buf) - pos < 4:
+        if self._end - pos < 4:
             return -1
         cdef int32_t size = _i32(<const uint8_t*>PyByteArray_AS_STRING(self._buf) + pos)
         if size < 0:
@@ -187,15 +225,94 @@ cdef class FrameSplitter:
             raise FrameTooLarge(size, self._max_frame_bytes)
         return size
 
-    cdef bytes _consume(self, Py_ssize_t start, Py_ssize_t end):
+    cdef Py_ssize_t _peek_size(self):
+        """The front frame's size if its prefix has arrived and is valid, else -1 (nothing raised)."""
+        if self._end - self._pos < 4:
+            return -1
+        cdef int32_t size = _i32(<const uint8_t*>PyByteArray_AS_STRING(self._buf) + self._pos)
+        return size if 0 <= size <= self._max_frame_bytes else -1
+
+    cdef int _make_room(self, Py_ssize_t room) except -1:
+        """`FrameSplitter._make_room`: the unread bytes to the front, or a new buffer (never a resize
+        in place)."""
         cdef bytearray buf = self._buf
-        cdef bytes out = PyBytes_FromStringAndSize(PyByteArray_AS_STRING(buf) + start, end - start)
-        if end == PyByteArray_GET_SIZE(buf):
-            PyByteArray_Resize(buf, 0)  # `del buf[:]`
+        cdef Py_ssize_t capacity = PyByteArray_GET_SIZE(buf)
+        if capacity - self._end >= room:
+            return 0
+        cdef Py_ssize_t unread = self._end - self._pos
+        cdef Py_ssize_t size
+        if unread + room <= capacity:
+            memmove(PyByteArray_AS_STRING(buf), PyByteArray_AS_STRING(buf) + self._pos, unread)
+        else:
+            size = unread + room
+            if size < 2 * capacity:
+                size = 2 * capacity
+            size = (size + PAGE - 1) // PAGE * PAGE
+            grown = <bytearray>PyByteArray_FromStringAndSize(NULL, size)  # not zeroed: only read after written
+            memcpy(PyByteArray_AS_STRING(grown), PyByteArray_AS_STRING(buf) + self._pos, unread)
+            self._buf = grown
+        self._pos = 0
+        self._end = unread
+        return 0
+
+    cdef bytes _consume(self, Py_ssize_t start, Py_ssize_t end):
+        cdef bytes out = PyBytes_FromStringAndSize(PyByteArray_AS_STRING(self._buf) + start, end - start)
+        if end == self._end:
             self._pos = 0
+            self._end = 0
+            if PyByteArray_GET_SIZE(self._buf) > KEPT_BYTES:
+                self._buf = bytearray()
         else:
             self._pos = end
         return out
+
+
+cdef class ReadRoom:
+    """The room after a compiled `FrameSplitter`'s buffered bytes, as a writable buffer (what its
+    `get_buffer` returns, one per splitter). `len()` is the room's size, and it is sliced and written
+    like a memoryview of the room. While it is exported the buffer it lies in is held here, so the splitter replacing its buffer meanwhile leaves it valid."""
+
+    cdef FrameSplitter _splitter
+    cdef bytearray _exported  # the buffer whose room is exported ...
+    cdef Py_ssize_t _exports  # ... and how many times
+
+    def __init__(self, FrameSplitter splitter):
+        self._splitter = splitter
+
+    def __len__(self):
+        return PyByteArray_GET_SIZE(self._splitter._buf) - self._splitter._end
+
+    def __getitem__(self, key):  # a slice of the room, as a memoryview's (asyncio's TLS reads into one)
+        return memoryview(self)[key]
+
+    def __setitem__(self, key, value):  # asyncio's `_feed_data_to_buffered_proto` writes so
+        memoryview(self)[key] = value
+
+    def __getbuffer__(self, Py_buffer* view, int flags):
+        """`PyBuffer_FillInfo`'s fields: one dimension of unsigned bytes, writable."""
+        cdef FrameSplitter splitter = self._splitter
+        cdef bytearray buf = splitter._buf
+        view.buf = PyByteArray_AS_STRING(buf) + splitter._end
+        view.obj = self
+        view.len = PyByteArray_GET_SIZE(buf) - splitter._end
+        view.readonly = 0
+        view.itemsize = 1
+        view.format = NULL
+        if flags & PyBUF_FORMAT:
+            view.format = _UNSIGNED_BYTE
+        view.ndim = 1
+        view.shape = &view.len if flags & PyBUF_ND else NULL
+        view.strides = &view.itemsize if flags & PyBUF_STRIDES == PyBUF_STRIDES else NULL
+        view.suboffsets = NULL
+        view.internal = NULL
+        if self._exports == 0:
+            self._exported = buf
+        self._exports += 1
+
+    def __releasebuffer__(self, Py_buffer* view):
+        self._exports -= 1
+        if self._exports == 0:
+            self._exported = None
 
 
 # --- headers ------------------------------------------------------------------------------------

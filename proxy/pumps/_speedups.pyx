@@ -341,8 +341,8 @@ def make_entry(correlation_id, api_key, api_version, client_id, request_bytes, r
 
 
 cdef class RequestReader:
-    """`ClientConnection.data_received`, `_read_on` and `_on_request` of one connection, compiled
-    (the reference is those methods in `proxy/pumps/connection.py`, with `ReadGate.frames_allowed`
+    """`ClientConnection.data_received`, `buffer_updated`, `_read_on` and `_on_request` of one
+    connection, compiled (the reference is those methods in `proxy/pumps/connection.py`, with `ReadGate.frames_allowed`
     and `Pipeline.on_request` inline). It reads and writes the connection's own attributes, as the
     reference's methods do; the connection installs its three bound methods in place of its own
     (`ClientConnection.__init__`) and calls `attach` once its parts exist."""
@@ -401,6 +401,15 @@ cdef class RequestReader:
         except ProtocolError as exc:
             self._conn.close(f"malformed frame from client: {exc}")
             return
+        self.read_on()
+
+    def buffer_updated(self, nbytes):
+        """`ClientConnection.buffer_updated`: the socket was read into the splitter's room."""
+        if self._slotted_watchdog:
+            put(self._watchdog, W_LAST_ACTIVE_MS, self._now_ms())
+        else:
+            self._watchdog.last_active_ms = self._now_ms()
+        self._splitter.buffer_updated(nbytes)
         self.read_on()
 
     def read_on(self):

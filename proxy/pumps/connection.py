@@ -66,19 +66,22 @@ _ids = itertools.count(1)
 __all__ = ["ClientConnection", "ConnectionServices", "connection_factory"]
 
 
-class ClientConnection(asyncio.Protocol):
+class ClientConnection(asyncio.BufferedProtocol):
     def __init__(self, services: ConnectionServices, target: UpstreamTarget,
                  real_address: tuple[str, int] | None = None) -> None:
         reader = None if COMPILED_REQUESTS is None else COMPILED_REQUESTS.RequestReader(self)
-        if reader is not None:  # the compiled twin of data_received, _read_on and _on_request, first:
-            vars(self).update(data_received=reader.data_received, _read_on=reader.read_on,  # the parts
-                              read_on=reader.read_on, _on_request=reader.on_request)  # below bind them
+        if reader is not None:  # the compiled twin of data_received, buffer_updated, _read_on and
+            vars(self).update(data_received=reader.data_received, buffer_updated=reader.buffer_updated,
+                              _read_on=reader.read_on, read_on=reader.read_on,  # _on_request, first:
+                              _on_request=reader.on_request)  # the parts below bind them
         self.services = self._services = services
         self._target = target
         self._clock = services.clock
         self._pipeline = services.pipeline
         self._now_ms = self._clock.now_ms
         self._splitter = FrameSplitter(services.max_frame_bytes)
+        if reader is not None:  # the socket is read straight into the splitter's room
+            vars(self)["get_buffer"] = self._splitter.get_buffer
         self._inflight = InFlightRequests()
         self.throttle = ThrottleTimer(services.clock, services.call_later, self._read_on)
         self._mute = self.throttle.mute  # read on every frame: one attribute, no property chain
@@ -159,7 +162,18 @@ class ClientConnection(asyncio.Protocol):
             self._gate.draining = True  # are handed over after this returns, so look after them
             loop.call_soon(self.close_if_drained)
 
+    def get_buffer(self, sizehint: int) -> memoryview:
+        """Where the event loop reads the client's socket: the splitter's room."""
+        return self._splitter.get_buffer(sizehint)
+
+    def buffer_updated(self, nbytes: int) -> None:
+        self._watchdog.last_active_ms = self._now_ms()
+        self._splitter.buffer_updated(nbytes)
+        self._read_on()
+
     def data_received(self, data: bytes) -> None:
+        """Bytes read before this connection took the socket over (past a PROXY header, or while
+        the admission gate held it): copied into the splitter, then handled as a read."""
         self._watchdog.last_active_ms = self._now_ms()
         try:
             self._splitter.feed(data)

@@ -28,7 +28,7 @@ import asyncio
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import cast
+from typing import Protocol, cast
 
 from protocol.apis import ApiKey
 from proxy.pumps.throttle_timer import CallLater, TimerHandle
@@ -90,7 +90,7 @@ class ConnectionLimits:
         self._refresh: TimerHandle | None = None
 
     def gate(self, real_address: tuple[str, int] | None,
-             make: Callable[[], asyncio.Protocol]) -> AdmissionGate:
+             make: Callable[[], Admitted]) -> AdmissionGate:
         return AdmissionGate(self, real_address, make)
 
     def release(self, ip: str) -> None:
@@ -149,16 +149,31 @@ def _loop_call_later(delay_s: float, callback: Callable[[], None]) -> TimerHandl
     return asyncio.get_running_loop().call_later(delay_s, callback)
 
 
+class Admitted(Protocol):
+    """What the admission gate hands the transport to (`ClientConnection`, an
+    `asyncio.BufferedProtocol` that also takes bytes read before it had the socket)."""
+
+    admitted_ip: str | None
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None: ...
+
+    def data_received(self, data: bytes) -> None: ...
+
+    def eof_received(self) -> bool | None: ...
+
+    def connection_lost(self, exc: Exception | None) -> None: ...
+
+
 class AdmissionGate(asyncio.Protocol):
     """A client connection's first protocol: admit it, or refuse it as Kafka would."""
 
     def __init__(self, limits: ConnectionLimits, real_address: tuple[str, int] | None,
-                 make: Callable[[], asyncio.Protocol]) -> None:
+                 make: Callable[[], Admitted]) -> None:
         self._limits = limits
         self._real_address = real_address
         self._make = make
         self._timer: TimerHandle | None = None
-        self._connection: asyncio.Protocol | None = None  # once admitted
+        self._connection: Admitted | None = None  # once admitted
         self._transport: asyncio.Transport | None = None
         self._decided = False  # admitted, refused, or lost
 
@@ -184,9 +199,9 @@ class AdmissionGate(asyncio.Protocol):
         admission = limits.limiter.admit(ip)
         if admission.allowed:
             connection = self._make()
-            connection.admitted_ip = ip  # type: ignore[attr-defined]  # released when it closes
+            connection.admitted_ip = ip  # released when it closes
             self._connection = connection
-            tr.set_protocol(connection)
+            tr.set_protocol(cast(asyncio.BaseProtocol, connection))
             connection.connection_made(tr)
             return
         reason = admission.reason or "limit"

@@ -108,12 +108,16 @@ def test_framing_garbage_and_limits(data: bytes, max_frame: int, cuts: list[int]
 @pytest.mark.both_twins
 @SETTINGS
 @given(frames=st.lists(st.binary(max_size=100), min_size=1, max_size=6),
-       ops=st.lists(st.tuples(st.sampled_from(["pending", "partial", "next", "unread", "feed"]),
-                              st.integers(min_value=0, max_value=120)), max_size=20))
-def test_framing_cut_through_and_unread(frames: list[bytes], ops: list[tuple[str, int]]) -> None:
-    """pending_frame / take_partial (a streamed Fetch) and unread (SASL) in any order, on both."""
-    data = _stream(frames)
-    pure, fast = PURE.FrameSplitter(), compiled().FrameSplitter()
+       ops=st.lists(st.tuples(st.sampled_from(["pending", "partial", "next", "unread", "feed", "read"]),
+                              st.integers(min_value=0, max_value=120)), max_size=20),
+       max_frame=st.sampled_from([100, 2**20, 2**31 - 1]), big=st.integers(min_value=0, max_value=70_000))
+def test_framing_cut_through_and_unread(frames: list[bytes], ops: list[tuple[str, int]], max_frame: int,
+                                        big: int) -> None:
+    """pending_frame / take_partial (a streamed Fetch), unread (SASL), feed and reads into the
+    splitter's own room (get_buffer, buffer_updated) in any order, on both: the same frames, the
+    same room offered, the same capacity kept."""
+    data = _stream([*frames, (bytes(range(251)) * (big // 251 + 1))[:big]]) * 3  # a large one grows the room
+    pure, fast = PURE.FrameSplitter(max_frame), compiled().FrameSplitter(max_frame)
     fed = 0
     taken: list[bytes] = []
     for op, n in ops:
@@ -121,6 +125,15 @@ def test_framing_cut_through_and_unread(frames: list[bytes], ops: list[tuple[str
             piece, fed = data[fed : fed + n], min(fed + n, len(data))
             pure.feed(piece)
             fast.feed(piece)
+        elif op == "read":  # as the event loop does: the room, n * 300 bytes of the stream into it
+            rooms = [memoryview(s.get_buffer(-1)) for s in (pure, fast)]
+            assert rooms[0].nbytes == rooms[1].nbytes > 0
+            piece = data[fed : fed + min(n * 300, rooms[0].nbytes)]
+            fed += len(piece)
+            for room, splitter in zip(rooms, (pure, fast), strict=True):
+                room[: len(piece)] = piece
+                room.release()
+                splitter.buffer_updated(len(piece))
         elif op == "pending":
             assert outcome(fast.pending_frame, n) == outcome(pure.pending_frame, n)
         elif op == "partial":  # a bad size at the front raises: both the same way, and nothing is taken
@@ -138,6 +151,7 @@ def test_framing_cut_through_and_unread(frames: list[bytes], ops: list[tuple[str
             pure.unread(back)
             fast.unread(back)
         assert fast.buffered_bytes == pure.buffered_bytes
+        assert fast.capacity_bytes == pure.capacity_bytes
 
 
 @pytest.mark.both_twins

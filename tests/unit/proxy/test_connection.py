@@ -33,7 +33,7 @@ from proxy.pumps.services import Upstream
 from proxy.pumps.upstream import UpstreamConnection
 from proxy.pumps.upstreams import BrokerRegistry, UpstreamTarget
 from quotas.clock import FakeClock
-from tests.harness.wait import eventually
+from tests.harness.wait import eventually, poll_async
 
 
 class FakeTransport:
@@ -195,11 +195,28 @@ class Rig:
     stage: Scripted
 
     def send(self, *frames: bytes) -> None:
-        self.conn.data_received(b"".join(struct.pack(">i", len(f)) + f for f in frames))
+        """The client's frames in one read, as the event loop reads a socket."""
+        read_into(self.conn, b"".join(struct.pack(">i", len(f)) + f for f in frames))
+
 
     def broker(self, *payloads: bytes) -> None:
         for payload in payloads:
             self.conn.on_upstream_frame(payload)
+
+
+def read_into(conn: ClientConnection, data: bytes) -> None:
+    """What the event loop does with a read of `data` (uvloop's order): the connection's room, the
+    bytes written into it, `buffer_updated` while the room is still held, then the room released.
+    Data longer than the room takes as many reads as it needs."""
+    view = memoryview(data)
+    while view:
+        room = memoryview(conn.get_buffer(65536))
+        assert room.nbytes > 0 and not room.readonly
+        n = min(room.nbytes, len(view))
+        room[:n] = view[:n]
+        conn.buffer_updated(n)
+        room.release()
+        view = view[n:]
 
 
 async def rig() -> Rig:
@@ -558,3 +575,66 @@ def test_unread_bytes_are_what_the_kernel_holds_for_the_socket() -> None:
         b.sendall(b"12345")
         assert eventually(lambda: unread_bytes(Transport()), lambda n: n == 5) == 5  # type: ignore[arg-type]
         assert unread_bytes(None) == 0 and unread_bytes(FakeTransport()) == 0  # type: ignore[arg-type]
+
+
+async def test_bytes_handed_over_with_the_socket_are_handled_before_what_is_read() -> None:
+    r = await rig()
+    stream = b"".join(struct.pack(">i", len(f)) + f for f in (metadata_request(1), metadata_request(2),
+                                                               metadata_request(3)))
+    cut = 4 + len(metadata_request(1)) + 7  # the second request's prefix and first 3 bytes
+    r.conn.data_received(stream[:cut])
+    assert r.upstream.written == [metadata_request(1)]
+    read_into(r.conn, stream[cut:])
+    assert r.upstream.written == [metadata_request(1), metadata_request(2), metadata_request(3)]
+
+
+async def test_a_large_request_is_read_into_one_kept_buffer() -> None:
+    """A 200 KB request: its first read shows the size, the next one takes all the rest (the room
+    grew to the frame); the next request of that size is read into the same buffer, in one read."""
+    r = await rig()
+    big = metadata_request(1) + bytes(200_000)
+    frame = struct.pack(">i", len(big)) + big
+    reads = []
+    for _ in range(2):
+        view = memoryview(frame)
+        while view:
+            room = memoryview(r.conn.get_buffer(65536))
+            n = min(room.nbytes, len(view))
+            room[:n] = view[:n]
+            r.conn.buffer_updated(n)
+            room.release()
+            view = view[n:]
+            reads.append(n)
+    assert r.upstream.written == [big, big]
+    assert reads == [16 * 1024, len(frame) - 16 * 1024, len(frame)]
+
+
+def test_the_event_loops_read_the_socket_into_the_connections_room() -> None:
+    """Over a real socket, on asyncio's loop and on uvloop: the loop reads into the connection's
+    room (`data_received`, the copying path, is never called)."""
+    import uvloop
+
+    async def scenario() -> None:
+        r = await rig()
+        conn = r.conn
+        vars(conn)["data_received"] = _never  # the loop must not take the copying path
+        a, b = socket.socketpair()
+        loop = asyncio.get_running_loop()
+        with b:
+            transport, _ = await loop.connect_accepted_socket(lambda: conn, a)
+            big = metadata_request(2) + bytes(100_000)
+            b.sendall(b"".join(struct.pack(">i", len(f)) + f for f in (metadata_request(1), big)))
+            await poll_async(lambda: len(r.upstream.written) >= 2, timeout_s=15)
+            transport.close()
+        assert r.upstream.written == [metadata_request(1), big]
+
+    for new_loop in (asyncio.new_event_loop, uvloop.new_event_loop):
+        loop = new_loop()
+        try:
+            loop.run_until_complete(scenario())
+        finally:
+            loop.close()
+
+
+def _never(data: bytes) -> None:
+    raise AssertionError("data_received was called: the socket was not read into the connection's room")
