@@ -81,7 +81,7 @@ class FetchTailFinder:
     def found(self) -> bool:
         return self._stage == _TAIL and not self._skip
 
-    def feed(self, chunk: bytes | memoryview) -> int:
+    def feed(self, chunk: bytes | bytearray | memoryview) -> int:
         """Take the next bytes of the response payload (correlation id first); returns how many of
         them, from the start of `chunk`, precede the tag section (all of them until it is found)."""
         n = len(chunk)

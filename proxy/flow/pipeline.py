@@ -127,7 +127,7 @@ class StreamTail(Protocol):
     """Holds back and rewrites the end of a streamed response, its length unchanged (the size
     prefix has gone out): the leader endpoints of a Fetch v16+ (`proxy.stages.addresses`)."""
 
-    def feed(self, chunk: bytes | memoryview) -> int:
+    def feed(self, chunk: bytes | bytearray | memoryview) -> int:
         """Sees the next bytes (the head first); returns how many leading ones may go out now."""
         ...
 

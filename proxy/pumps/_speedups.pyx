@@ -48,6 +48,7 @@ from proxy.flow.inflight import CorrelationMismatch
 from proxy.flow.pipeline import Pipeline, ResponseOutcome, combine_response
 
 from protocol._slots cimport get, put, slot_offset
+from cpython.bytearray cimport PyByteArray_FromStringAndSize, PyByteArray_GET_SIZE
 
 from protocol.headers import RequestHeader as _Header
 from proxy.flow.inflight import InFlight as _InFlight
@@ -783,14 +784,16 @@ cdef class FetchStream:
 
 from proxy.pumps.fetch_stream import STREAM_HEAD_BYTES as _STREAM_HEAD_BYTES_OBJ
 from proxy.pumps.fetch_stream import STREAM_MIN_BYTES as _STREAM_MIN_BYTES_OBJ
+from proxy.pumps.fetch_stream import STREAM_READ_BYTES as _STREAM_READ_BYTES_OBJ
 
 cdef Py_ssize_t _STREAM_HEAD_BYTES = _STREAM_HEAD_BYTES_OBJ
 cdef Py_ssize_t _STREAM_MIN_BYTES = _STREAM_MIN_BYTES_OBJ
+cdef Py_ssize_t _STREAM_READ_BYTES = _STREAM_READ_BYTES_OBJ
 
 
 cdef class UpstreamReader:
-    """`UpstreamConnection.write` and `UpstreamConnection.data_received` of one upstream connection,
-    compiled (the reference is those methods in `proxy/pumps/upstream.py`, with the first test of
+    """`UpstreamConnection.write`, `get_buffer`, `buffer_updated` and `data_received` of one upstream
+    connection, compiled (the reference is those methods in `proxy/pumps/upstream.py`, with the first test of
     `FetchStream.streamable` and, for a client connection whose broker frames go to a compiled
     `ResponseOrder`, `ClientConnection.on_upstream_frame` inline). The connection installs the two
     bound methods in place of its own and calls `attach` with its transport."""
@@ -803,6 +806,7 @@ cdef class UpstreamReader:
     cdef ClientOutput _compiled_output  # ... when it is the compiled one (else None)
     cdef WriteCork _cork  # the requests held while corked: size prefixes and payloads
     cdef bint _corked_output  # this read corked the client's output
+    cdef object _stream_room  # the buffer of a streamed response's next read (a bytearray), or None
 
     def __init__(self, conn, client):
         self._client = client
@@ -847,6 +851,29 @@ cdef class UpstreamReader:
             if not self._transport.is_closing():
                 self._transport.writelines(held)
 
+    def get_buffer(self, sizehint):
+        cdef FetchStream compiled_stream = self._compiled_stream
+        cdef Py_ssize_t left = compiled_stream.left if compiled_stream is not None else self._stream.left
+        if left:  # a new buffer, not zeroed: only what the read wrote is read
+            self._stream_room = PyByteArray_FromStringAndSize(
+                NULL, left if left < _STREAM_READ_BYTES else _STREAM_READ_BYTES)
+            return self._stream_room
+        self._stream_room = None
+        return self._splitter.get_buffer(sizehint)
+
+    def buffer_updated(self, Py_ssize_t nbytes):
+        room = self._stream_room
+        if room is not None:
+            self._stream_room = None
+            chunk = room if nbytes == PyByteArray_GET_SIZE(room) else memoryview(room)[:nbytes]
+            if self._compiled_stream is not None:
+                self._compiled_stream.feed(chunk)
+            else:
+                self._stream.feed(chunk)
+            return
+        self._splitter.buffer_updated(nbytes)
+        self._read()
+
     def data_received(self, data):
         stream = self._stream
         cdef FetchStream compiled_stream = self._compiled_stream
@@ -859,9 +886,13 @@ cdef class UpstreamReader:
             data = stream.feed(data)
             if not data:
                 return
+        self._splitter.feed(data)
+        self._read()
+
+    cdef _read(self):
         self._corked_output = False
         try:
-            self._frames(data, compiled_stream)
+            self._frames(self._compiled_stream)
         finally:
             if self._corked_output:
                 if self._compiled_output is not None:
@@ -869,13 +900,12 @@ cdef class UpstreamReader:
                 else:
                     self._output.uncork()
 
-    cdef _frames(self, data, FetchStream compiled_stream):
+    cdef _frames(self, FetchStream compiled_stream):
         stream = self._stream
         splitter = self._splitter
         client = self._client
         cdef Py_ssize_t size
         try:
-            splitter.feed(data)
             while True:
                 pending = splitter.pending_frame(_STREAM_HEAD_BYTES)
                 if pending is None:

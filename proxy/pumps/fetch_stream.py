@@ -24,6 +24,7 @@ from proxy.flow.pipeline import ResponseOutcome, StreamTail
 
 STREAM_MIN_BYTES = 64 * 1024   # smaller responses are simply buffered whole
 STREAM_HEAD_BYTES = 32         # header, throttle_time_ms, error_code and session_id of any Fetch
+STREAM_READ_BYTES = 256 * 1024  # the most one read of the broker's socket takes of a streaming response
 
 
 class StreamHost(Protocol):
@@ -35,7 +36,7 @@ class StreamHost(Protocol):
         """The response stages on a response's head (`proxy.pumps.responses.ResponseOrder.run_stages`)."""
         ...
 
-    def write_client(self, data: bytes | memoryview) -> None: ...
+    def write_client(self, data: bytes | bytearray | memoryview) -> None: ...
 
     def write_client_lines(self, parts: tuple[bytes | memoryview, ...]) -> None: ...
 
@@ -94,7 +95,7 @@ class FetchStream:
             entry.response_bytes = size
         return outcome.payload, outcome.replaced, outcome.tail
 
-    def feed(self, data: bytes) -> bytes:
+    def feed(self, data: bytes | bytearray | memoryview) -> bytes | bytearray | memoryview:
         """Bytes straight off the broker's socket while `left`; returns what follows the response."""
         n = min(self.left, len(data))
         if self._forward:
@@ -105,7 +106,7 @@ class FetchStream:
         self._end()
         return data[n:] if n < len(data) else b""
 
-    def _send(self, chunk: bytes | memoryview) -> None:
+    def _send(self, chunk: bytes | bytearray | memoryview) -> None:
         tail = self._tail
         if tail is not None:
             ready = tail.feed(chunk)

@@ -10,9 +10,14 @@ forwards are held and written as one `writelines` when it takes the cork out; `c
 is held first. And while this side handles a read of the broker that brought more than one frame,
 it corks the client's output, so the responses that read completes reach the client in one write.
 
-`write`, `cork`, `uncork`, `release` and `data_received` below are the readable reference of
-`proxy.pumps._speedups.UpstreamReader`, which the connection installs in their place when it was
-built (SLUICE_PURE_PYTHON=1, or no build, runs these).
+It is an `asyncio.BufferedProtocol`: the event loop reads the broker's socket into the frame
+splitter's own buffer (`protocol.framing`), except while a large Fetch response streams: then each
+read gets a new buffer of at most `STREAM_READ_BYTES`, and never past the response's end, which goes
+to the client as it is (its transport may still hold it when the next read comes).
+
+`write`, `cork`, `uncork`, `release`, `get_buffer`, `buffer_updated` and `data_received` below are
+the readable reference of `proxy.pumps._speedups.UpstreamReader`, which the connection installs in
+their place when it was built (SLUICE_PURE_PYTHON=1, or no build, runs these).
 """
 
 from __future__ import annotations
@@ -24,7 +29,7 @@ from protocol.errors import ProtocolError
 from protocol.fastpath import FrameSplitter
 from protocol.framing import size_prefix
 from proxy.pumps.client_output import WriteCork
-from proxy.pumps.fetch_stream import STREAM_HEAD_BYTES, FetchStream
+from proxy.pumps.fetch_stream import STREAM_HEAD_BYTES, STREAM_READ_BYTES, FetchStream
 from proxy.pumps.responses import COMPILED_REQUESTS
 
 
@@ -57,7 +62,7 @@ class UpstreamClient(Protocol):
     def close(self, reason: str | None = None) -> None: ...
 
 
-class UpstreamConnection(asyncio.Protocol):
+class UpstreamConnection(asyncio.BufferedProtocol):
     def __init__(self, client: UpstreamClient, max_frame_bytes: int,
                  max_buffered_bytes: int | None = None) -> None:
         self._client = client
@@ -67,11 +72,13 @@ class UpstreamConnection(asyncio.Protocol):
         self._transport: asyncio.Transport | None = None
         self._cork = WriteCork()  # the requests held while corked: size prefixes and payloads
         self._output_corked = False  # the read being handled corked the client's output
+        self._stream_room: bytearray | None = None  # the buffer of a streamed response's next read
         self._reader = None if COMPILED_REQUESTS is None else COMPILED_REQUESTS.UpstreamReader(self, client)
         if self._reader is not None:  # the compiled twin of these methods
             reader = self._reader
             vars(self).update(write=reader.write, data_received=reader.data_received, cork=reader.cork,
-                              uncork=reader.uncork, release=reader.release)
+                              uncork=reader.uncork, release=reader.release, get_buffer=reader.get_buffer,
+                              buffer_updated=reader.buffer_updated)
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self._transport = cast(asyncio.Transport, transport)
@@ -105,25 +112,49 @@ class UpstreamConnection(asyncio.Protocol):
             if not self._transport.is_closing():
                 self._transport.writelines(held)
 
+    def get_buffer(self, sizehint: int) -> memoryview | bytearray:
+        """Where the event loop reads the broker's socket: while a response streams, a new buffer
+        for its next bytes, no longer than what is left of it; else the splitter's room."""
+        left = self._stream.left
+        if left:
+            room = self._stream_room = bytearray(min(left, STREAM_READ_BYTES))
+            return room
+        self._stream_room = None
+        return self._splitter.get_buffer(sizehint)
+
+    def buffer_updated(self, nbytes: int) -> None:
+        room = self._stream_room
+        if room is not None:  # the streamed response's next bytes, and nothing after them
+            self._stream_room = None
+            self._stream.feed(room if nbytes == len(room) else memoryview(room)[:nbytes])
+            return
+        self._splitter.buffer_updated(nbytes)
+        self._read()
+
     def data_received(self, data: bytes) -> None:
+        """Bytes handed over instead of read into this side's buffers (as a loop that does not
+        read into a buffered protocol would): the stream takes its part, the splitter a copy of the
+        rest."""
         stream = self._stream
-        if stream.left:
-            data = stream.feed(data)
-            if not data:
-                return
+        rest = stream.feed(data) if stream.left else data
+        if rest:
+            self._splitter.feed(rest)
+            self._read()
+
+    def _read(self) -> None:
+        """Handle what the splitter holds, the client's output corked if it holds several frames."""
         self._output_corked = False
         try:
-            self._frames(data)
+            self._frames()
         finally:
             if self._output_corked:
                 self._client.client_output.uncork()
 
-    def _frames(self, data: bytes) -> None:
+    def _frames(self) -> None:
         stream = self._stream
         splitter = self._splitter
         client = self._client
         try:
-            splitter.feed(data)
             while True:
                 pending = splitter.pending_frame(STREAM_HEAD_BYTES)
                 if pending is None:

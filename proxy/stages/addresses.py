@@ -165,7 +165,7 @@ class StreamedFetchTail:
         self._finder = FetchTailFinder(api_version)
         # how many leading bytes of a chunk may go to the client now (the rest is held): the
         # finder's own `feed`, bound once, so that a chunk costs no call of this object's own
-        self.feed: Callable[[bytes | memoryview], int] = self._finder.feed
+        self.feed: Callable[[bytes | bytearray | memoryview], int] = self._finder.feed
 
     def finish(self) -> bytes:
         """The held bytes, rewritten: to be sent after the last chunk."""

@@ -62,7 +62,7 @@ from quotas.config import QuotaConfig
 from quotas.connection_limits import BufferBudget, ConnectionLimiter
 from quotas.engine import QuotaEngine
 from tests.unit.differential.impls import built
-from tests.unit.proxy.test_connection import FakeTimers, FakeTransport, run_ready_callbacks
+from tests.unit.proxy.test_connection import FakeTimers, FakeTransport, read_into, run_ready_callbacks
 from tests.unit.proxy.test_read_gate import FakeBuffer, FakeWatchdog
 
 
@@ -403,8 +403,8 @@ async def connection_run(compiled: bool, budget: dict[str, float], max_in_flight
                 data += struct.pack(">i", len(response)) + response
             if data:
                 if cut:  # the broker's bytes in two reads, cut inside the first frame
-                    upstream.data_received(data[:cut])
-                upstream.data_received(data[cut:])
+                    read_into(upstream, data[:cut])
+                read_into(upstream, data[cut:])
         elif what == "resolve":
             if resolved < len(answers.pending):
                 answers.pending[resolved].set_result(struct.pack(">i", 0) + b"later")
@@ -415,7 +415,7 @@ async def connection_run(compiled: bool, budget: dict[str, float], max_in_flight
             data = held + b"".join(struct.pack(">i", len(frame)) + frame for frame in
                                    (client_frame(kind, step * 4 + i, n) for i, kind in enumerate(kinds)))
             cut = min(cut, len(data))
-            conn.data_received(data[:cut] if cut else data)
+            read_into(conn, data[:cut] if cut else data)  # as the event loop reads a socket
             held = data[cut:] if cut else b""
         seen.append((len(transport.data), len(broker.frames()), len(rows.rows), conn.in_flight, mute.state,
                      mute.deadline_ms, transport.paused, transport.closed, conn._close_reason,

@@ -8,6 +8,7 @@ import socket
 import struct
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 from kio.schema.errors import ErrorCode
 from kio.schema.sasl_handshake.v0.request import SaslHandshakeRequest as HandshakeV0
@@ -45,6 +46,7 @@ class FakeTransport:
         self.tcp_state = 1  # the socket's tcpi_state: 1 ESTABLISHED, 8 CLOSE_WAIT (the client closed)
         self.write_limits: tuple[int | None, int | None] = (None, None)
         self.writes = 0  # write and writelines calls: each a send on a real socket
+        self.parts: list[bytes | bytearray | memoryview] = []  # what was written, as a transport holds it
 
     def set_write_buffer_limits(self, high: int | None = None, low: int | None = None) -> None:
         self.write_limits = (high, low)
@@ -54,11 +56,13 @@ class FakeTransport:
 
     def write(self, data: bytes | memoryview) -> None:
         self.data += data
+        self.parts.append(data)
         self.writes += 1
 
     def writelines(self, parts: tuple[bytes | memoryview, ...]) -> None:
         for part in parts:
             self.data += part
+            self.parts.append(part)
         self.writes += 1
 
     def pause_reading(self) -> None:
@@ -204,7 +208,7 @@ class Rig:
             self.conn.on_upstream_frame(payload)
 
 
-def read_into(conn: ClientConnection, data: bytes) -> None:
+def read_into(conn: Any, data: bytes) -> None:
     """What the event loop does with a read of `data` (uvloop's order): the connection's room, the
     bytes written into it, `buffer_updated` while the room is still held, then the room released.
     Data longer than the room takes as many reads as it needs."""
@@ -386,6 +390,36 @@ async def test_a_large_fetch_response_streams_before_it_has_all_arrived() -> Non
     upstream.data_received(wire[-10:] + struct.pack(">i", 6) + response(6))
     assert r.transport.frames() == [payload, response(6)]
     assert r.stage.completed == [5, 6]
+
+
+async def test_a_streamed_response_is_read_into_a_new_buffer_each_time_and_never_past_its_end() -> None:
+    """The broker's socket read as the event loop reads it: into the splitter's room until a large
+    Fetch response starts streaming, then each read into a buffer of its own, no longer than what
+    is left of the response, which goes to the client as it is; the next response is read into the
+    splitter again."""
+    r = await rig()
+    upstream = UpstreamConnection(r.conn, 100 * 1024 * 1024)
+    upstream.connection_made(FakeTransport())  # type: ignore[arg-type]
+    r.send(fetch_request(5), metadata_request(6))
+    payload = response(5, bytes(range(256)) * ((STREAM_MIN_BYTES * 2) // 256))
+    wire = struct.pack(">i", len(payload)) + payload + struct.pack(">i", len(response(6))) + response(6)
+    rooms: list[int] = []
+    at = 0
+    for want in (16_384, 10_000, None, None):  # how much each read brings (None: all the room takes)
+        room = memoryview(upstream.get_buffer(65536))
+        rooms.append(room.nbytes)
+        n = min(room.nbytes, len(wire) - at) if want is None else want
+        room[:n] = wire[at : at + n]
+        upstream.buffer_updated(n)
+        room.release()
+        at += n
+    left = 4 + len(payload) - 16_384  # the response's bytes after the first read
+    assert rooms == [16_384, left, left - 10_000, 16_384]
+    assert at == len(wire)
+    assert r.transport.frames() == [payload, response(6)]
+    assert r.stage.completed == [5, 6]
+    # every chunk the client's transport was given still holds what it held when it was written
+    assert b"".join(bytes(part) for part in r.transport.parts) == r.transport.data
 
 
 async def test_sasl_v0_handshake_switches_to_raw_tokens_and_back() -> None:
