@@ -1,15 +1,16 @@
 """One client connection: frames in order between the client and its upstream connection.
 
-`ClientConnection` and `UpstreamConnection` (`proxy.pumps.upstream`) are asyncio Protocols (a
-Protocol-based forwarder moves about twice the bytes of a streams-based one on this kind of
-machine). They only move frames: framing is `protocol.fastpath`'s, order is `InFlightRequests`,
-the throttle delay is `ThrottleTimer`, large Fetch responses are `FetchStream`, raw SASL tokens are
-`SaslMode`, what it writes to the client goes through `ClientOutput`, responses go back in request
-order through `ResponseOrder` (`proxy.pumps.responses`), and every decision about a request or
-response is the pipeline's. When the client's socket is read and its frames handled is
-the `ReadGate`'s (`proxy.pumps.read_gate`): not before the upstream connection is up, not while
-the channel is muted for a throttle with something buffered, not under back-pressure or while
-draining, not with `max_in_flight_requests_per_connection` requests awaiting responses.
+`ClientConnection` and `UpstreamConnection` (`proxy.pumps.upstream`) are asyncio buffered protocols:
+the event loop reads each socket into that side's frame splitter (`protocol.framing`), with no bytes
+object made per read (a Protocol-based forwarder moves about twice the bytes of a streams-based one
+on this kind of machine). They only move frames: framing is `protocol.fastpath`'s, order is
+`InFlightRequests`, the throttle delay is `ThrottleTimer`, large Fetch responses are `FetchStream`,
+raw SASL tokens are `SaslMode`, what it writes to the client goes through `ClientOutput`, responses
+go back in request order through `ResponseOrder` (`proxy.pumps.responses`), and every decision about
+a request or response is the pipeline's. When the client's socket is read and its frames handled is
+the `ReadGate`'s (`proxy.pumps.read_gate`): not before the upstream connection is up, not while the
+channel is muted for a throttle with something buffered, not under back-pressure or while draining,
+not with `max_in_flight_requests_per_connection` requests awaiting responses.
 
 Reading from the broker stops while the client's write buffer is over
 `max_buffered_bytes_per_connection` or the total budget pauses this connection
@@ -20,14 +21,14 @@ Reading from the broker stops while the client's write buffer is over
 The per-frame byte work (framing, the request header, Produce acks; on the response side the
 correlation id and the throttle patch) is `protocol.fastpath`: the compiled twin of the readable
 pure-Python functions when it was built, the pure ones under SLUICE_PURE_PYTHON=1. The same holds
-for the per-request orchestration: `data_received`, `_read_on` and `_on_request` below are the
-readable reference of `proxy.pumps._speedups.RequestReader`, which a connection installs in their
-place when it was built; `ResponseOrder` (`proxy.pumps.responses`), `ClientOutput` and the upstream
-side (`proxy.pumps.upstream`) have their twins in the same module, chosen with it.
+for the per-request orchestration: `buffer_updated`, `data_received`, `_read_on` and `_on_request`
+below are the readable reference of `proxy.pumps._speedups.RequestReader`, which a connection
+installs in their place when it was built; `ResponseOrder` (`proxy.pumps.responses`), `ClientOutput`
+and the upstream side (`proxy.pumps.upstream`) have their twins in the same module, chosen with it.
 
-A malformed frame or a broken upstream closes this connection, with the reason logged, and
-nothing else. The principal (`ctx.principal`) is set at the start from the TLS certificate or
-address (`proxy.pumps.principals.AuthSettings`) and by the SASL exchange (`proxy.pumps.sasl_mode`).
+A malformed frame or a broken upstream closes this connection, with the reason logged, and nothing
+else. The principal (`ctx.principal`) is set at the start from the TLS certificate or address
+(`proxy.pumps.principals.AuthSettings`) and by the SASL exchange (`proxy.pumps.sasl_mode`).
 """
 
 from __future__ import annotations
