@@ -654,12 +654,13 @@ def test_the_event_loops_read_the_socket_into_the_connections_room() -> None:
         vars(conn)["data_received"] = _never  # the loop must not take the copying path
         a, b = socket.socketpair()
         loop = asyncio.get_running_loop()
-        with b:
+        with a, b:
             transport, _ = await loop.connect_accepted_socket(lambda: conn, a)
             big = metadata_request(2) + bytes(100_000)
             b.sendall(b"".join(struct.pack(">i", len(f)) + f for f in (metadata_request(1), big)))
             await poll_async(lambda: len(r.upstream.written) >= 2, timeout_s=15)
             transport.close()
+            await run_ready_callbacks()  # the transport's close of its socket runs on the loop
         assert r.upstream.written == [metadata_request(1), big]
 
     for new_loop in (asyncio.new_event_loop, uvloop.new_event_loop):
