@@ -127,7 +127,10 @@ def pytest_configure_node(node: WorkerController) -> None:
                                       "controller_pid": os.getpid()}
 
 
-def pytest_unconfigure(config: pytest.Config) -> None:
+@pytest.hookimpl(tryfirst=True)
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    """Before pytest removes a green run's base directory (tmp_path_retention_policy), which holds
+    the shared broker's data."""
     for directory in _SHARED_DIRECTORY:
         shared_kafka.stop(directory)
 
