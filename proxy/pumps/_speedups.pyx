@@ -343,10 +343,11 @@ def make_entry(correlation_id, api_key, api_version, client_id, request_bytes, r
 
 cdef class RequestReader:
     """`ClientConnection.data_received`, `buffer_updated`, `_read_on` and `_on_request` of one
-    connection, compiled (the reference is those methods in `proxy/pumps/connection.py`, with `ReadGate.frames_allowed`
-    and `Pipeline.on_request` inline). It reads and writes the connection's own attributes, as the
-    reference's methods do; the connection installs its three bound methods in place of its own
-    (`ClientConnection.__init__`) and calls `attach` once its parts exist."""
+    connection, compiled (the reference is those methods in `proxy/pumps/connection.py`, with
+    `ReadGate.frames_allowed` and `Pipeline.on_request` inline). It reads and writes the connection's
+    own attributes, as the reference's methods do; the connection installs its bound methods
+    `data_received`, `buffer_updated`, `read_on` (as `_read_on` and `read_on`) and `on_request` in
+    place of its own (`ClientConnection.__init__`) and calls `attach` once its parts exist."""
 
     cdef object _conn, _now_ms, _splitter, _gate, _pipeline, _slots, _watchdog, _ctx, _mute
     cdef bint _plain_pipeline
@@ -792,11 +793,12 @@ cdef Py_ssize_t _STREAM_READ_BYTES = _STREAM_READ_BYTES_OBJ
 
 
 cdef class UpstreamReader:
-    """`UpstreamConnection.write`, `get_buffer`, `buffer_updated` and `data_received` of one upstream
-    connection, compiled (the reference is those methods in `proxy/pumps/upstream.py`, with the first test of
-    `FetchStream.streamable` and, for a client connection whose broker frames go to a compiled
-    `ResponseOrder`, `ClientConnection.on_upstream_frame` inline). The connection installs the two
-    bound methods in place of its own and calls `attach` with its transport."""
+    """`UpstreamConnection.write`, `cork`, `uncork`, `release`, `get_buffer`, `buffer_updated` and
+    `data_received` of one upstream connection, compiled (the reference is those methods in
+    `proxy/pumps/upstream.py`, with the first test of `FetchStream.streamable` and, for a client
+    connection whose broker frames go to a compiled `ResponseOrder`,
+    `ClientConnection.on_upstream_frame` inline). The connection installs these bound methods in place
+    of its own and calls `attach` with its transport."""
 
     cdef object _client, _stream, _splitter, _transport
     cdef FetchStream _compiled_stream  # the client's stream when it is the compiled one (else None)
