@@ -563,7 +563,22 @@ cdef class RequestReader:
 
 from protocol._wire import I32
 
+from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_FromStringAndSize
+
 _pack_size = I32.pack  # the size prefix, as `proxy.pumps.client_output` writes it
+
+
+cdef inline object _size_prefix4(Py_ssize_t size):
+    """`_pack_size(size)` (big-endian int32), made in C: no call into the struct module per frame."""
+    if size > 0x7FFFFFFF:
+        return _pack_size(size)  # raises as the reference does
+    prefix = PyBytes_FromStringAndSize(NULL, 4)
+    cdef unsigned char *p = <unsigned char *>PyBytes_AS_STRING(prefix)
+    p[0] = (size >> 24) & 0xFF
+    p[1] = (size >> 16) & 0xFF
+    p[2] = (size >> 8) & 0xFF
+    p[3] = size & 0xFF
+    return prefix
 
 
 cdef class WriteCork:
@@ -595,6 +610,9 @@ cdef class ClientOutput:
     """`proxy.pumps.client_output.ClientOutput`, compiled: same constructor, methods and effects."""
 
     cdef object _buffer, _watchdog, _now_ms, _transport
+    # the transport's methods, bound once at `attach` (a connection's transport is never replaced):
+    # a write costs no attribute lookup on it
+    cdef object _t_write, _t_writelines, _t_is_closing, _t_buffer_size
     cdef bint _slotted  # a `ClientBuffer` and a `ConnectionWatchdog`: read and written at their slots
     cdef WriteCork _cork  # what is written while corked
 
@@ -608,36 +626,35 @@ cdef class ClientOutput:
 
     def attach(self, transport):
         self._transport = transport
+        self._t_write, self._t_writelines = transport.write, transport.writelines
+        self._t_is_closing, self._t_buffer_size = transport.is_closing, transport.get_write_buffer_size
 
     def write(self, data):
         if self._cork.corked:
             self._cork.held.append(data)
             return
-        transport = self._transport
-        if transport is not None and not transport.is_closing():
-            transport.write(data)
-            self._wrote(transport)
+        if self._transport is not None and not self._t_is_closing():
+            self._t_write(data)
+            self._wrote()
 
     def writelines(self, parts):
         if self._cork.corked:
             self._cork.held.extend(parts)
             return
-        transport = self._transport
-        if transport is not None and not transport.is_closing():
-            transport.writelines(parts)
-            self._wrote(transport)
+        if self._transport is not None and not self._t_is_closing():
+            self._t_writelines(parts)
+            self._wrote()
 
     def frame(self, payload):
         """One whole Kafka frame: the size prefix, then the payload."""
         if self._cork.corked:
             held = self._cork.held
-            held.append(_pack_size(len(payload)))
+            held.append(_size_prefix4(len(payload)))
             held.append(payload)
             return
-        transport = self._transport
-        if transport is not None and not transport.is_closing():
-            transport.writelines((_pack_size(len(payload)), payload))
-            self._wrote(transport)
+        if self._transport is not None and not self._t_is_closing():
+            self._t_writelines((_size_prefix4(len(payload)), payload))
+            self._wrote()
 
     cpdef cork(self):
         """Hold what is written from now until the matching `uncork`."""
@@ -653,20 +670,19 @@ cdef class ClientOutput:
         held = self._cork.take()
         if not held:
             return
-        transport = self._transport
-        if transport is not None and not transport.is_closing():
-            transport.writelines(held)
-            self._wrote(transport)
+        if self._transport is not None and not self._t_is_closing():
+            self._t_writelines(held)
+            self._wrote()
 
-    cdef _wrote(self, transport):
+    cdef _wrote(self):
         buffer = self._buffer
         if self._slotted:
             put(self._watchdog, W_LAST_ACTIVE_MS, self._now_ms())
-            if transport.get_write_buffer_size() != get(buffer, B_HELD_BYTES):
+            if self._t_buffer_size() != get(buffer, B_HELD_BYTES):
                 buffer.measure()
             return
         self._watchdog.last_active_ms = self._now_ms()
-        if transport.get_write_buffer_size() != buffer.held_bytes:
+        if self._t_buffer_size() != buffer.held_bytes:
             buffer.measure()
 
 
@@ -801,6 +817,7 @@ cdef class UpstreamReader:
     of its own and calls `attach` with its transport."""
 
     cdef object _client, _stream, _splitter, _transport
+    cdef object _t_writelines, _t_is_closing  # the transport's, bound once at `attach`
     cdef FetchStream _compiled_stream  # the client's stream when it is the compiled one (else None)
     cdef ResponseOrder _responses   # the client's, when compiled: its frames are handed over in C ...
     cdef object _responses_frame    # ... while its broker-frame handler is this one (no SASL exchange)
@@ -828,14 +845,15 @@ cdef class UpstreamReader:
 
     def attach(self, transport):
         self._transport = transport
+        self._t_writelines, self._t_is_closing = transport.writelines, transport.is_closing
 
     def write(self, payload):
         if self._cork.corked:
             held = self._cork.held
-            held.append(_pack_size(len(payload)))
+            held.append(_size_prefix4(len(payload)))
             held.append(payload)
             return
-        self._transport.writelines((_pack_size(len(payload)), payload))
+        self._t_writelines((_size_prefix4(len(payload)), payload))
 
     cpdef cork(self):
         """Hold the requests written from now until the matching `uncork`."""
@@ -850,8 +868,8 @@ cdef class UpstreamReader:
         """Write what is held now, corked or not."""
         held = self._cork.take()
         if held:
-            if not self._transport.is_closing():
-                self._transport.writelines(held)
+            if not self._t_is_closing():
+                self._t_writelines(held)
 
     def get_buffer(self, sizehint):
         cdef FetchStream compiled_stream = self._compiled_stream
