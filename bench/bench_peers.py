@@ -110,13 +110,15 @@ class Params:
     bulk_mb: int             # MiB of record values per bulk run
     bulk_records: int        # records per bulk Produce request (one batch)
     record_size: int         # bytes per bulk and librdkafka record value
-    librdkafka_mb: int       # MiB of record values per librdkafka run
+    librdkafka_mb: int       # MiB of record values per librdkafka run: at about 0.4 ms of the raw
+                             # forwarder's CPU per MiB, enough for a run to be ~0.2 CPU-s, not a
+                             # few scheduler slices
     warmup_share: float      # warm-up: each workload once at this share of its size
 
     @classmethod
     def full(cls) -> Params:
         return cls(rounds=4, small_requests=40_000, inflight=16, bulk_mb=256, bulk_records=64,
-                   record_size=1024, librdkafka_mb=128, warmup_share=0.5)
+                   record_size=1024, librdkafka_mb=512, warmup_share=0.5)
 
     @classmethod
     def quick(cls) -> Params:
