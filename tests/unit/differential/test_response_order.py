@@ -534,6 +534,26 @@ def test_corked_writes_go_out_as_one_writelines_when_the_last_cork_comes_out(whi
     assert transport.writes == 3
 
 
+@pytest.mark.both_twins
+@pytest.mark.parametrize("which", [0, 1], ids=["reference", "compiled"])
+def test_a_frame_s_size_prefix_is_its_length_as_a_big_endian_int32(which: int) -> None:
+    # sizes whose four prefix bytes all differ, or cross a byte boundary, corked and not
+    sizes = [0, 1, 255, 256, 0x0102, 0x010203, 0x01020304 & 0xFFFFFF]
+    module = built(responses.COMPILED_MODULE, "proxy.pumps._speedups")
+    for corked in (False, True):
+        transport = FakeTransport()
+        out = (ClientOutput, module.ClientOutput)[which](FakeBuffer(), FakeWatchdog(), FakeClock(0).now_ms)
+        out.attach(transport)
+        if corked:
+            out.cork()
+        for size in sizes:
+            out.frame(b"x" * size)
+        if corked:
+            out.uncork()
+        expected = b"".join(struct.pack(">i", size) + b"x" * size for size in sizes)
+        assert bytes(transport.data) == expected
+
+
 def test_the_connection_uses_the_compiled_twins_unless_the_pure_path_is_asked_for() -> None:
     module = built(responses.COMPILED_MODULE, "proxy.pumps._speedups")
     if responses.IMPLEMENTATION == "compiled":
