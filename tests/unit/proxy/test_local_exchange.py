@@ -38,6 +38,7 @@ class HubThread:
         self.stop()
         self.loop.call_soon_threadsafe(self.loop.stop)
         self._thread.join(5)
+        self.loop.close()  # and its self-pipe's two sockets, which would otherwise be left to the collector
 
 
 @pytest.fixture
