@@ -609,9 +609,9 @@ cdef class WriteCork:
 cdef class ClientOutput:
     """`proxy.pumps.client_output.ClientOutput`, compiled: same constructor, methods and effects."""
 
-    cdef object _buffer, _watchdog, _now_ms, _transport
+    cdef object _buffer, _watchdog, _now_ms
     # the transport's methods, bound once at `attach` (a connection's transport is never replaced):
-    # a write costs no attribute lookup on it
+    # a write costs no attribute lookup on it; None until then (nothing is written)
     cdef object _t_write, _t_writelines, _t_is_closing, _t_buffer_size
     cdef bint _slotted  # a `ClientBuffer` and a `ConnectionWatchdog`: read and written at their slots
     cdef WriteCork _cork  # what is written while corked
@@ -620,12 +620,10 @@ cdef class ClientOutput:
         self._buffer = buffer
         self._watchdog = watchdog
         self._now_ms = now_ms
-        self._transport = None
         self._slotted = type(buffer) is _Buffer and type(watchdog) is _Watchdog
         self._cork = WriteCork()
 
     def attach(self, transport):
-        self._transport = transport
         self._t_write, self._t_writelines = transport.write, transport.writelines
         self._t_is_closing, self._t_buffer_size = transport.is_closing, transport.get_write_buffer_size
 
@@ -633,7 +631,7 @@ cdef class ClientOutput:
         if self._cork.corked:
             self._cork.held.append(data)
             return
-        if self._transport is not None and not self._t_is_closing():
+        if self._t_is_closing is not None and not self._t_is_closing():
             self._t_write(data)
             self._wrote()
 
@@ -641,7 +639,7 @@ cdef class ClientOutput:
         if self._cork.corked:
             self._cork.held.extend(parts)
             return
-        if self._transport is not None and not self._t_is_closing():
+        if self._t_is_closing is not None and not self._t_is_closing():
             self._t_writelines(parts)
             self._wrote()
 
@@ -652,7 +650,7 @@ cdef class ClientOutput:
             held.append(_size_prefix4(len(payload)))
             held.append(payload)
             return
-        if self._transport is not None and not self._t_is_closing():
+        if self._t_is_closing is not None and not self._t_is_closing():
             self._t_writelines((_size_prefix4(len(payload)), payload))
             self._wrote()
 
@@ -670,7 +668,7 @@ cdef class ClientOutput:
         held = self._cork.take()
         if not held:
             return
-        if self._transport is not None and not self._t_is_closing():
+        if self._t_is_closing is not None and not self._t_is_closing():
             self._t_writelines(held)
             self._wrote()
 
@@ -816,7 +814,7 @@ cdef class UpstreamReader:
     `ClientConnection.on_upstream_frame` inline). The connection installs these bound methods in place
     of its own and calls `attach` with its transport."""
 
-    cdef object _client, _stream, _splitter, _transport
+    cdef object _client, _stream, _splitter
     cdef object _t_writelines, _t_is_closing  # the transport's, bound once at `attach`
     cdef FetchStream _compiled_stream  # the client's stream when it is the compiled one (else None)
     cdef ResponseOrder _responses   # the client's, when compiled: its frames are handed over in C ...
@@ -832,7 +830,6 @@ cdef class UpstreamReader:
         self._stream = conn._stream
         self._compiled_stream = self._stream if type(self._stream) is FetchStream else None
         self._splitter = conn._splitter
-        self._transport = None
         self._output = client.client_output
         self._compiled_output = self._output if type(self._output) is ClientOutput else None
         self._cork = WriteCork()
@@ -844,7 +841,6 @@ cdef class UpstreamReader:
             self._responses = None
 
     def attach(self, transport):
-        self._transport = transport
         self._t_writelines, self._t_is_closing = transport.writelines, transport.is_closing
 
     def write(self, payload):

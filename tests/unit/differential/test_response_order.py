@@ -537,8 +537,9 @@ def test_corked_writes_go_out_as_one_writelines_when_the_last_cork_comes_out(whi
 @pytest.mark.both_twins
 @pytest.mark.parametrize("which", [0, 1], ids=["reference", "compiled"])
 def test_a_frame_s_size_prefix_is_its_length_as_a_big_endian_int32(which: int) -> None:
-    # sizes whose four prefix bytes all differ, or cross a byte boundary, corked and not
-    sizes = [0, 1, 255, 256, 0x0102, 0x010203, 0x01020304 & 0xFFFFFF]
+    # sizes that set each of the prefix's three low bytes, alone and together (distinct values, so a
+    # swapped pair of bytes shows), corked and not
+    sizes = [0, 1, 255, 256, 0x0102, 0x010203, 0x020304]
     module = built(responses.COMPILED_MODULE, "proxy.pumps._speedups")
     for corked in (False, True):
         transport = FakeTransport()
