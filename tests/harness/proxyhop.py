@@ -54,6 +54,8 @@ class ProxyHop:
             asyncio.run_coroutine_threadsafe(close(), self._loop).result(10)
         self._loop.call_soon_threadsafe(self._loop.stop)
         self._thread.join(10)
+        if not self._thread.is_alive():  # stopped: its self-pipe and selector are closed with it
+            self._loop.close()
 
     async def _listen(self) -> None:
         for port in self.ports:
