@@ -167,21 +167,26 @@ def produce_response(correlation_id: int) -> bytes:
             + struct.pack(">i", 0))                                          # throttle_time_ms
 
 
+def raw_pair(client: MemoryTransport, upstream: MemoryUpstream, request: bytes, response: bytes) -> None:
+    """One pair through the raw forwarder's data path: each chunk written on as it came."""
+    upstream.write(request)
+    client.write(struct.pack(">i", len(response)))
+    client.write(response)
+
+
 def raw_pairs(pairs: list[tuple[bytes, bytes]]) -> Callable[[], None]:
-    """The raw forwarder's data path: each chunk written on as it came."""
+    """`raw_pair` over `pairs`."""
     client, upstream = MemoryTransport(), MemoryUpstream()
 
     def run() -> None:
         for request, response in pairs:
-            upstream.write(request)
-            client.write(struct.pack(">i", len(response)))
-            client.write(response)
+            raw_pair(client, upstream, request, response)
     return run
 
 
-async def sluice_pairs(config: dict[str, Any],
-                       pairs: list[tuple[bytes, bytes]]) -> tuple[ProxyServer, Callable[[], None]]:
-    """A started `ProxyServer` and a function that sends `pairs` through one of its connections."""
+async def sluice_connection(config: dict[str, Any]) -> tuple[ProxyServer, ClientConnection]:
+    """A started `ProxyServer` and one of its connections, over an in-memory client transport and
+    upstream: `data_received` takes a request, `on_upstream_frame` its response."""
     server = ProxyServer(load_config(None, overrides=config))
     await server.start()
     upstream = MemoryUpstream()
@@ -195,6 +200,13 @@ async def sluice_pairs(config: dict[str, Any],
     conn.connection_made(MemoryTransport())  # type: ignore[arg-type]
     for _ in range(3):
         await asyncio.sleep(0)  # the upstream connects on the loop
+    return server, conn
+
+
+async def sluice_pairs(config: dict[str, Any],
+                       pairs: list[tuple[bytes, bytes]]) -> tuple[ProxyServer, Callable[[], None]]:
+    """A started `ProxyServer` and a function that sends `pairs` through one of its connections."""
+    server, conn = await sluice_connection(config)
 
     def run() -> None:
         for request, response in pairs:
@@ -239,8 +251,9 @@ def python_calls(run: Callable[[], None]) -> int:
     return calls - 1  # run itself
 
 
-async def measure(mode: str, pairs_n: int, repeats: int, tmp: Path, profile: Path | None) -> dict[str, Any]:
-    pairs = [(produce_request(i % 2**31), produce_response(i % 2**31)) for i in range(pairs_n)]
+def pair_config(mode: str, tmp: Path) -> dict[str, Any]:
+    """The in-memory Sluice of `mode` (``log_off``, ``log_on``): a default client-id quota that never
+    binds, and for ``log_on`` the access log, under `tmp`."""
     config: dict[str, Any] = {
         "upstream": {"bootstrap": "127.0.0.1:1"}, "listen": {"host": "127.0.0.1", "port": 0},
         "data_dir": str(tmp / mode),
@@ -248,6 +261,12 @@ async def measure(mode: str, pairs_n: int, repeats: int, tmp: Path, profile: Pat
     if mode == "log_on":
         config["access_log"] = {"dir": str(tmp / mode / "logs")}
     (tmp / mode).mkdir(parents=True, exist_ok=True)
+    return config
+
+
+async def measure(mode: str, pairs_n: int, repeats: int, tmp: Path, profile: Path | None) -> dict[str, Any]:
+    pairs = [(produce_request(i % 2**31), produce_response(i % 2**31)) for i in range(pairs_n)]
+    config = pair_config(mode, tmp)
     best_loop = best_process = best_writer = float("inf")
     if mode == "raw":
         run = raw_pairs(pairs)
