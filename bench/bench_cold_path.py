@@ -204,10 +204,11 @@ def chart(report: dict[str, Any], path: Path) -> bool:
                                        + p["by_group"].get(g, {}).get("D_misses", 0) for p in paths))
     fig, ax = plt.subplots(figsize=(9, 4.5))
     bottoms = [0.0] * len(paths)
-    for g in groups:
+    colors = plt.get_cmap("tab20").colors
+    for i, g in enumerate(groups):
         heights = [p["by_group"].get(g, {}).get("I_misses", 0) + p["by_group"].get(g, {}).get("D_misses", 0)
                    for p in paths]
-        ax.bar([p["label"] for p in paths], heights, bottom=bottoms, label=g)
+        ax.bar([p["label"] for p in paths], heights, bottom=bottoms, label=g, color=colors[i % len(colors)])
         bottoms = [b + h for b, h in zip(bottoms, heights, strict=True)]
     ax.set_ylabel("last-level cache misses per pair")
     state = "warm" if report["hot"] else "cold"
