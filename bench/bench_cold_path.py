@@ -108,7 +108,7 @@ async def child(mode: str, pairs_n: int, hot: bool, toggle: Path, tmp: Path) -> 
 
 # ----------------------------------------------------------------------------- the parent
 
-def where(obj: str, source: str) -> str:
+def where(obj: str) -> str:
     """The group a function's costs are counted in: by the object its code is in."""
     name = Path(obj).name
     if name.startswith("libpython") or name.startswith("python"):
@@ -121,28 +121,24 @@ def where(obj: str, source: str) -> str:
 
 
 def self_costs(path: Path) -> tuple[list[str], dict[str, list[int]]]:
-    """The events and each group's self cost (calls' inclusive costs not added) from a callgrind file."""
+    """The events and each group's self cost (calls' inclusive costs not added) from a callgrind
+    file, one count per event (a cost line leaves out its trailing zeros)."""
     events: list[str] = []
-    groups: dict[str, list[int]] = defaultdict(list)
-    names: dict[str, dict[str, str]] = {"ob": {}, "fl": {}}
-    obj = source = ""
+    groups: dict[str, list[int]] = defaultdict(lambda: [0] * len(events))
+    objects: dict[str, str] = {}  # an object's compressed id -> its name ("ob=(3) /lib/x.so", then "ob=(3)")
+    obj = ""
     skip_next = False
     for line in path.read_text(errors="replace").splitlines():
         if line.startswith("events:"):
             events = line.split()[1:]
             continue
-        m = re.match(r"^(c?)(ob|fl|fi|fe|fn)=(?:\((\d+)\))?\s*(.*)$", line)
+        m = re.match(r"^(c?)ob=(?:\((\d+)\))?\s*(.*)$", line)
         if m:
-            called, kind, ident, name = m.groups()
-            kind = "fl" if kind in ("fi", "fe") else kind
-            if kind in names:
-                if ident is not None and name:
-                    names[kind][ident] = name
-                value = names[kind].get(ident, name) if ident is not None else name
-                if not called and kind == "ob":
-                    obj = value
-                elif not called and kind == "fl":
-                    source = value
+            called, ident, name = m.groups()
+            if ident is not None:
+                name = objects.setdefault(ident, name)
+            if not called:
+                obj = name
             continue
         if line.startswith("calls="):
             skip_next = True  # the next cost line is the call's inclusive cost
@@ -151,12 +147,9 @@ def self_costs(path: Path) -> tuple[list[str], dict[str, list[int]]]:
             if skip_next:
                 skip_next = False
                 continue
-            values = [int(v) for v in line.split()[1:]]
-            row = groups[where(obj, source)]
-            if len(row) < len(values):
-                row.extend([0] * (len(values) - len(row)))
-            for i, v in enumerate(values):
-                row[i] += v
+            row = groups[where(obj)]
+            for i, v in enumerate(line.split()[1:]):
+                row[i] += int(v)
     return events, groups
 
 
@@ -179,10 +172,10 @@ def run_path(label: str, mode: str, pairs_n: int, hot: bool, tree: Path, pure: b
     if done.returncode != 0 or not out.is_file():
         raise SystemExit(f"{label}: the child failed ({done.returncode}):\n{done.stderr[-3000:]}")
     events, groups = self_costs(out)
-    total = [sum(row[i] for row in groups.values() if i < len(row)) for i in range(len(events))]
+    total = [sum(column) for column in zip(*groups.values(), strict=True)]
 
     def per_pair(row: list[int], name: str) -> float:
-        return row[events.index(name)] / pairs_n if name in events and events.index(name) < len(row) else 0.0
+        return row[events.index(name)] / pairs_n
 
     def summary(row: list[int]) -> dict[str, float]:
         return {"Ir": round(per_pair(row, "Ir"), 1),

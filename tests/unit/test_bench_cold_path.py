@@ -49,7 +49,7 @@ def test_self_costs_are_counted_per_object_without_calls_inclusive_costs(tmp_pat
 
 
 def test_objects_are_grouped_by_what_they_are() -> None:
-    assert where("/usr/lib/libpython3.11.so.1.0", "") == "CPython"
-    assert where("/repo/quotas/_speedups.cpython-311-x86_64-linux-gnu.so", "") == "quotas/_speedups"
-    assert where("/lib/x86_64-linux-gnu/libc.so.6", "") == "C library"
-    assert where("/usr/lib/x86_64-linux-gnu/libffi.so.8", "") == "other"
+    assert where("/usr/lib/libpython3.11.so.1.0") == "CPython"
+    assert where("/repo/quotas/_speedups.cpython-311-x86_64-linux-gnu.so") == "quotas/_speedups"
+    assert where("/lib/x86_64-linux-gnu/libc.so.6") == "C library"
+    assert where("/usr/lib/x86_64-linux-gnu/libffi.so.8") == "other"
