@@ -301,7 +301,10 @@ class SqliteStore(_Subscribers):
             self._db.execute(f"PRAGMA busy_timeout={self._BUSY_TIMEOUT_MS}")
             self._use_wal()
             self._db.execute("PRAGMA synchronous=FULL")
-            self._db.executescript(self._SCHEMA)
+            # the tables made under the write lock, taken first (waiting on busy_timeout): a CREATE
+            # that reads the schema and then upgrades to write fails at once with "database is
+            # locked" when another worker made the tables in between (a stale WAL snapshot)
+            self._db.executescript(f"BEGIN IMMEDIATE; {self._SCHEMA} COMMIT;")
         except (OSError, sqlite3.Error) as exc:
             raise StoreError(f"cannot open the quota store {path}: {exc}") from exc
         self._table = self._read()
