@@ -287,7 +287,10 @@ class SqliteStore(_Subscribers):
         );
         CREATE TABLE IF NOT EXISTS meta (name TEXT PRIMARY KEY, value TEXT NOT NULL);
     """
-    _BUSY_TIMEOUT_MS = 5000
+    # how long a write (or the first open) waits for another process's transaction. A worker that
+    # commits (synchronous=FULL: an fsync) while the machine stalls holds the lock for seconds;
+    # waiting that out beats failing a worker's start or an operator's change
+    _BUSY_TIMEOUT_MS = 30_000
 
     def __init__(self, path: Path, watch_interval_ms: int | None = 100) -> None:
         super().__init__()
@@ -301,10 +304,11 @@ class SqliteStore(_Subscribers):
             self._db.execute(f"PRAGMA busy_timeout={self._BUSY_TIMEOUT_MS}")
             self._use_wal()
             self._db.execute("PRAGMA synchronous=FULL")
-            # the tables made under the write lock, taken first (waiting on busy_timeout): a CREATE
-            # that reads the schema and then upgrades to write fails at once with "database is
-            # locked" when another worker made the tables in between (a stale WAL snapshot)
-            self._db.executescript(f"BEGIN IMMEDIATE; {self._SCHEMA} COMMIT;")
+            if not self._has_tables():
+                # made under the write lock, taken first (waiting on busy_timeout): a CREATE that
+                # reads the schema and then upgrades to write fails at once with "database is
+                # locked" when another worker made the tables in between (a stale WAL snapshot)
+                self._db.executescript(f"BEGIN IMMEDIATE; {self._SCHEMA} COMMIT;")
         except (OSError, sqlite3.Error) as exc:
             raise StoreError(f"cannot open the quota store {path}: {exc}") from exc
         self._table = self._read()
@@ -332,6 +336,12 @@ class SqliteStore(_Subscribers):
                     raise
             time.sleep(pause_s)
             pause_s = min(pause_s * 2, 0.1)
+
+    def _has_tables(self) -> bool:
+        """Whether the file has its tables: then opening it only reads (no write lock to wait for)."""
+        names = {row[0] for row in self._db.execute(
+            "SELECT name FROM sqlite_master WHERE type = 'table' AND name IN ('quotas', 'meta')")}
+        return names == {"quotas", "meta"}
 
     def _version(self) -> int:
         """SQLite's `data_version`: changes when another connection commits (never for our own)."""
@@ -882,6 +892,13 @@ def _number(key: str, value: bytes) -> float:
     if problem is not None:
         raise ValueError(problem)
     return float(number)
+
+
+def prepare_store(config: StoreConfig) -> None:
+    """Before the workers of one instance start: a new SQLite file is made (WAL, tables) by one
+    process, so the workers opening it together only read it. Raises StoreError naming the file."""
+    if config.type == "sqlite":
+        SqliteStore(config.path, watch_interval_ms=None).close()
 
 
 def open_store(config: StoreConfig, *, upstream_bootstrap: str, instance: str) -> QuotaStore:

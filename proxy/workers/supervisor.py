@@ -49,6 +49,7 @@ from prometheus_client import CollectorRegistry
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from proxy.admin.store import StoreError, prepare_store
 from proxy.config import ConfigError, ProxyConfig
 from proxy.fleet.local import ENV_HUB, ENV_INDEX, HubServer
 from proxy.ops.connections import BearerToken, merge_workers
@@ -415,8 +416,12 @@ def private_dir(runtime_dir: Path | None) -> Path:
 def supervise(config: ProxyConfig, argv: Sequence[str]) -> int:
     """Run the supervisor until every worker has exited; the process's exit status."""
     try:
+        prepare_store(config.store)
         supervisor = Supervisor(config, argv)
     except ConfigError as exc:
         log.error("sluice: %s", exc)
+        return 2
+    except StoreError as exc:
+        log.error("sluice: cannot start: %s", exc)
         return 2
     return asyncio.run(supervisor.run())

@@ -11,11 +11,11 @@ import re
 import shutil
 import socket
 import subprocess
-import threading
 from collections.abc import Mapping
 from pathlib import Path
 
 from tests.harness.kafka import REPO, _die_with_parent
+from tests.harness.lines import read_lines
 
 SAMPLE = REPO / "deploy" / "compose" / "haproxy.cfg"
 SOURCE = "127.0.0.9"
@@ -56,12 +56,8 @@ class Haproxy:
         self.process = subprocess.Popen([binary, "-db", "-f", str(cfg)], stdout=subprocess.PIPE,
                                         stderr=subprocess.STDOUT, text=True, preexec_fn=_die_with_parent)
         self.lines: list[str] = []
-        threading.Thread(target=self._pump, daemon=True).start()
-
-    def _pump(self) -> None:
         assert self.process.stdout is not None
-        for line in self.process.stdout:
-            self.lines.append(line)
+        read_lines(self.process.stdout, self.lines.append)
 
     def log(self) -> str:
         return "".join(self.lines)

@@ -20,7 +20,6 @@ import os
 import resource
 import shutil
 import subprocess
-import threading
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -28,6 +27,7 @@ from typing import Any
 from dockerfile_parse import DockerfileParser
 
 from tests.harness.kafka import REPO, _die_with_parent
+from tests.harness.lines import read_lines
 from tests.harness.wait import poll
 
 TOOLS = ("podman", "buildah", "debootstrap", "runc")
@@ -115,16 +115,14 @@ class Container:
     def start(self) -> Container:
         self.process = subprocess.Popen(self.argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                         text=True, preexec_fn=_die_with_parent)
-        threading.Thread(target=self._pump, daemon=True).start()
+        assert self.process.stdout is not None
+        read_lines(self.process.stdout, self._line)
         return self
 
-    def _pump(self) -> None:
-        assert self.process is not None and self.process.stdout is not None
-        with open(self.log_path, "a") as kept:
-            for line in self.process.stdout:
-                kept.write(line)
-                kept.flush()
-                self._lines.append(line)
+    def _line(self, line: str) -> None:
+        with open(self.log_path, "a") as kept:  # kept after the test, for a post-mortem
+            kept.write(line)
+        self._lines.append(line)
 
     def log(self) -> str:
         return "".join(self._lines)

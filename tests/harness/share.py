@@ -13,6 +13,7 @@ given at least `leave_after` records, however the broker splits them into batche
 
 from __future__ import annotations
 
+import contextlib
 import subprocess
 import threading
 from collections.abc import Callable
@@ -20,6 +21,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from tests.harness.kafka import REPO, _die_with_parent, java_command
+from tests.harness.lines import read_lines
 from tests.harness.wait import poll
 
 SHARE_MEMBER_JAVA = REPO / "tests" / "share" / "ShareGroupMember.java"
@@ -75,14 +77,13 @@ class JavaShareMember:
         self.output: list[str] = []
         self.process = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                         stderr=subprocess.STDOUT, text=True, preexec_fn=_die_with_parent)
-        threading.Thread(target=self._pump, daemon=True).start()
-
-    def _pump(self) -> None:
         assert self.process.stdout is not None
-        for line in self.process.stdout:
-            self.output.append(line)
-            if not line.startswith("["):  # log4j lines start with the date
-                self.log.add(line.rstrip("\n"))
+        read_lines(self.process.stdout, self._line)
+
+    def _line(self, line: str) -> None:
+        self.output.append(line)
+        if not line.startswith("["):  # log4j lines start with the date
+            self.log.add(line.rstrip("\n"))
 
     def stop(self, timeout_s: float = 60.0) -> None:
         if self.process.poll() is None and self.process.stdin is not None:
@@ -96,6 +97,9 @@ class JavaShareMember:
         except subprocess.TimeoutExpired:
             self.process.kill()
             self.process.wait(10)
+        if self.process.stdin is not None:
+            with contextlib.suppress(BrokenPipeError):
+                self.process.stdin.close()
 
     def wait_closed(self, timeout_s: float) -> bool:
         try:

@@ -8,7 +8,6 @@ import signal
 import subprocess
 import sys
 import threading
-import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -16,6 +15,7 @@ from typing import Any
 import yaml
 
 from tests.harness.kafka import REPO, _die_with_parent
+from tests.harness.lines import read_lines
 from tests.harness.wait import poll
 
 READY = re.compile(r"^sluice ready: bootstrap (\S+:\d+)$")  # the whole line, nothing run into it
@@ -39,6 +39,7 @@ class SluiceProcess:
         self.bootstrap = ""
         self._lines: list[str] = []
         self._ready = threading.Event()
+        self._reader: threading.Thread | None = None
 
     @property
     def config_path(self) -> Path:
@@ -59,23 +60,21 @@ class SluiceProcess:
         self.process = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                         text=True, preexec_fn=_die_with_parent,
                                         env={**os.environ, **self.env})
-        threading.Thread(target=self._pump, daemon=True).start()
+        assert self.process.stdout is not None
+        self._reader = read_lines(self.process.stdout, self._line)
         if not self._ready.wait(timeout_s):
             self.stop()
             raise RuntimeError(f"Sluice did not start:\n{self.log()}")
         return self
 
-    def _pump(self) -> None:
-        assert self.process is not None and self.process.stdout is not None
+    def _line(self, line: str) -> None:
         with open(self.workdir / "sluice.log", "a") as kept:  # kept after the test, for a post-mortem
-            for line in self.process.stdout:
-                kept.write(line)
-                kept.flush()
-                self._lines.append(line)
-                m = READY.match(line.rstrip("\n"))
-                if m:
-                    self.bootstrap = m.group(1)
-                    self._ready.set()
+            kept.write(line)
+        self._lines.append(line)
+        m = READY.match(line.rstrip("\n"))
+        if m:
+            self.bootstrap = m.group(1)
+            self._ready.set()
 
     def log(self) -> str:
         return "".join(self._lines)
@@ -102,7 +101,8 @@ class SluiceProcess:
             except subprocess.TimeoutExpired:
                 self.process.kill()
                 self.process.wait(timeout=10)
-        time.sleep(0.05)
+        if self._reader is not None:  # every line the process wrote is in log() after stop()
+            self._reader.join(10)
         return self.process.returncode
 
     def __enter__(self) -> SluiceProcess:

@@ -20,6 +20,7 @@ from collections.abc import Iterator, Mapping
 from pathlib import Path
 
 from tests.harness.kafka import KafkaCluster, _die_with_parent, java_command
+from tests.harness.lines import read_lines
 from tests.harness.wait import wait_until
 
 Record = tuple[int, int, str]  # (partition, offset, value)
@@ -44,17 +45,16 @@ class VerifiableTool:
         with self.stderr_path.open("w") as err:
             self.process = subprocess.Popen(self._cmd, stdout=subprocess.PIPE, stderr=err, text=True,
                                             preexec_fn=_die_with_parent)
-        threading.Thread(target=self._read, daemon=True).start()
+        assert self.process.stdout is not None
+        read_lines(self.process.stdout, self._line)
         return self
 
-    def _read(self) -> None:
-        assert self.process is not None and self.process.stdout is not None
-        for line in self.process.stdout:
-            if line.startswith("{"):
-                with contextlib.suppress(ValueError):
-                    event = json.loads(line)
-                    with self._lock:
-                        self.events.append(event)
+    def _line(self, line: str) -> None:
+        if line.startswith("{"):
+            with contextlib.suppress(ValueError):
+                event = json.loads(line)
+                with self._lock:
+                    self.events.append(event)
 
     def of(self, name: str) -> list[dict[str, object]]:
         with self._lock:

@@ -18,7 +18,6 @@ from __future__ import annotations
 import datetime as dt
 import json
 import subprocess
-import threading
 import uuid
 from pathlib import Path
 from typing import Any
@@ -28,6 +27,7 @@ import pytest
 from tests.conftest import unique_name
 from tests.harness import clients
 from tests.harness.kafka import KafkaCluster, _die_with_parent, java_command
+from tests.harness.lines import read_lines
 from tests.harness.rawclient import RawKafkaSocket, metadata_request
 from tests.harness.sluice import SluiceProcess
 from tests.harness.tools import KafkaTools
@@ -112,12 +112,8 @@ class JavaConsumer:
         self.values: list[str] = []
         self.process = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
                                         preexec_fn=_die_with_parent)
-        threading.Thread(target=self._pump, daemon=True).start()
-
-    def _pump(self) -> None:
         assert self.process.stdout is not None
-        for line in self.process.stdout:
-            self.values.append(line.rstrip("\n"))
+        read_lines(self.process.stdout, lambda line: self.values.append(line.rstrip("\n")))
 
     def wait_for(self, values: set[str], timeout_s: float) -> bool:
         return poll(lambda: values <= set(self.values), timeout_s, interval_s=0.3)

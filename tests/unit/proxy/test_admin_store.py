@@ -18,6 +18,7 @@ from proxy.admin.store import (
     StoreError,
     decode_entity,
     encode_entity,
+    prepare_store,
     reconcile_seed,
     seed_meta,
     table_from_described,
@@ -251,6 +252,36 @@ def test_workers_opening_a_new_sqlite_store_together_all_start(tmp_path: Path) -
         for opener in openers:
             opener.join(30)
         assert outcomes == ["ok"] * 4, outcomes
+
+
+def test_opening_a_made_store_only_reads_so_a_writer_holding_the_lock_does_not_stop_it(
+        tmp_path: Path) -> None:
+    # prepare_store makes the file (WAL, tables) before the workers start; a worker's open then
+    # takes no write lock, so another worker's long commit (an fsync on a stalled disk) cannot
+    # time it out. Here the lock is held for the whole open: an open that wrote would wait the
+    # busy timeout and fail.
+    path = tmp_path / "q.db"
+    prepare_store(StoreConfig(type="sqlite", path=path))
+    with sqlite3.connect(path, isolation_level=None) as db:
+        assert db.execute("PRAGMA journal_mode").fetchone() == ("wal",)
+        tables = {r[0] for r in db.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+        assert tables == {"quotas", "meta"}
+        db.execute("BEGIN IMMEDIATE")
+        db.execute("INSERT INTO meta VALUES ('held', 'by another worker')")
+        store = SqliteStore(path, watch_interval_ms=None)
+        try:
+            assert store.current() == {}
+        finally:
+            store.close()
+        db.execute("ROLLBACK")
+
+
+def test_prepare_store_names_a_file_it_cannot_make(tmp_path: Path) -> None:
+    (tmp_path / "a-file").write_text("")
+    with pytest.raises(StoreError, match=r"cannot open the quota store .*a-file/q\.db"):
+        prepare_store(StoreConfig(type="sqlite", path=tmp_path / "a-file" / "q.db"))
+    prepare_store(StoreConfig(type="memory"))  # nothing to make
+    assert not (tmp_path / "sluice-quotas.db").exists()
 
 
 def test_sqlite_changed_into_a_row_it_cannot_read_says_so_until_fixed(tmp_path: Path) -> None:

@@ -20,6 +20,7 @@ from proxy.workers.merge import merge_expositions, render
 from proxy.workers.policy import RestartBackoff, worker_argv
 from proxy.workers.ports import reserve_ports
 from proxy.workers.status import WorkerStatus, parse_status
+from proxy.workers.supervisor import supervise
 
 BASE = {"upstream": {"bootstrap": "broker:9092"}}
 
@@ -50,6 +51,18 @@ def test_memory_store_with_workers_is_refused_naming_store_type() -> None:
     with pytest.raises(ConfigError, match=r"store\.type: memory"):
         load_config(None, {**BASE, "workers": 2, "store": {"type": "memory"}}, environ={})
     assert load_config(None, {**BASE, "workers": 1, "store": {"type": "memory"}}, environ={}).workers == 1
+
+
+def test_supervisor_makes_the_sqlite_store_before_any_worker_and_stops_when_it_cannot(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    # the file is made once, before N workers open it together; one that cannot be made stops the
+    # start at once (exit 2, naming the file), as a worker's failed open would, without any worker
+    (tmp_path / "a-file").write_text("")
+    store = {"type": "sqlite", "path": str(tmp_path / "a-file" / "q.db")}
+    bad = load_config(None, {**BASE, "workers": 2, "store": store}, environ={})
+    assert supervise(bad, ["proxy"]) == 2
+    assert "cannot open the quota store" in caplog.text and "a-file/q.db" in caplog.text
+    assert "starting 2 workers" not in caplog.text
 
 
 def test_a_workers_role_in_the_environment_is_not_configuration(monkeypatch: pytest.MonkeyPatch) -> None:

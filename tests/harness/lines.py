@@ -1,0 +1,22 @@
+"""A child process's output, read line by line on a thread of its own."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from typing import IO
+
+
+def read_lines(stream: IO[str], on_line: Callable[[str], None]) -> threading.Thread:
+    """Hand each line of `stream` to `on_line` until the end, then close the stream. A pipe left
+    open would be collected later, inside whatever test runs then, as a ResourceWarning. Join the
+    thread (after the process has exited) to know every line has been handed over."""
+
+    def run() -> None:
+        with stream:
+            for line in stream:
+                on_line(line)
+
+    thread = threading.Thread(target=run, name="child-output", daemon=True)
+    thread.start()
+    return thread
