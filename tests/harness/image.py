@@ -116,13 +116,8 @@ class Container:
         self.process = subprocess.Popen(self.argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                         text=True, preexec_fn=_die_with_parent)
         assert self.process.stdout is not None
-        read_lines(self.process.stdout, self._line)
+        read_lines(self.process.stdout, self._lines.append, keep=self.log_path)
         return self
-
-    def _line(self, line: str) -> None:
-        with open(self.log_path, "a") as kept:  # kept after the test, for a post-mortem
-            kept.write(line)
-        self._lines.append(line)
 
     def log(self) -> str:
         return "".join(self._lines)

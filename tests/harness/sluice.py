@@ -61,15 +61,13 @@ class SluiceProcess:
                                         text=True, preexec_fn=_die_with_parent,
                                         env={**os.environ, **self.env})
         assert self.process.stdout is not None
-        self._reader = read_lines(self.process.stdout, self._line)
+        self._reader = read_lines(self.process.stdout, self._line, keep=self.workdir / "sluice.log")
         if not self._ready.wait(timeout_s):
             self.stop()
             raise RuntimeError(f"Sluice did not start:\n{self.log()}")
         return self
 
     def _line(self, line: str) -> None:
-        with open(self.workdir / "sluice.log", "a") as kept:  # kept after the test, for a post-mortem
-            kept.write(line)
         self._lines.append(line)
         m = READY.match(line.rstrip("\n"))
         if m:
